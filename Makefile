@@ -1,0 +1,31 @@
+# The commands users type. See README.md.
+BUILD   ?= build
+GENERATOR ?= Ninja
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test demo bench clean
+
+all: build
+
+deps:
+	@scripts/setup-deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G $(GENERATOR) $(CMAKE_FLAGS)
+
+configure: $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD)
+
+test: deps build
+	ctest --test-dir $(BUILD) --output-on-failure -j2
+
+demo: deps build
+	$(BUILD)/bin/ndslice_demo
+
+bench: deps build
+	scripts/run-bench.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs every Debian package monarch-cpp needs to build, test, benchmark and run its demo.
+# This is the one list of system dependencies; each layer adds its packages here.
+# Idempotent: runs `apt-get update` only when a package is missing. Must run as root (or via sudo).
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  # tests and benchmarks
+  googletest libgtest-dev libgmock-dev libbenchmark-dev
+  # runtime libraries (DESIGN.md section 5)
+  libspdlog-dev libfmt-dev libasio-dev libcereal-dev libcli11-dev nlohmann-json3-dev
+  # benchmark peer: C++ Actor Framework 0.17
+  libcaf-dev
+  # scripts
+  python3
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup-deps: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "setup-deps: missing packages (${missing[*]}) and not root; rerun as root" >&2
+    exit 1
+  fi
+fi
+
+echo "setup-deps: installing ${#missing[@]} missing package(s): ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup-deps: done"
