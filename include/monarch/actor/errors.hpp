@@ -1,0 +1,78 @@
+// Failure reports of the actor runtime (DESIGN.md section 2). All derive from monarch::Error, so
+// `catch (const monarch::Error&)` catches every runtime failure; each names what failed.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "monarch/actor/actor_id.hpp"
+
+namespace monarch {
+
+/// Base of every error the runtime throws or delivers.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A request/reply handler threw. Delivered to the caller's Future; the actor lives on.
+/// `actor()` is the actor that threw, `endpoint()` the handler ("Counter::incr" when registered,
+/// otherwise "endpoint"), `remote_message()` the exception's what().
+class ActorError : public Error {
+ public:
+  ActorError(ActorId actor, std::string endpoint, std::string message)
+      : Error("actor " + actor.to_string() + " failed in " + endpoint + ": " + message),
+        actor_(std::move(actor)),
+        endpoint_(std::move(endpoint)),
+        message_(std::move(message)) {}
+  const ActorId& actor() const { return actor_; }
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& remote_message() const { return message_; }
+
+ private:
+  ActorId actor_;
+  std::string endpoint_;
+  std::string message_;
+};
+
+/// A message could not be delivered: its destination is stopped, failed, killed or unknown.
+/// Returned to the sender: a call's Future fails with it; a send goes to the sending actor's
+/// `undeliverable()` (or to the Proc's fault hook when sent from outside any actor).
+class DeliveryFailure : public Error {
+ public:
+  DeliveryFailure(ActorId dest, std::string endpoint, std::string reason)
+      : Error("message " + endpoint + " to " + dest.to_string() + " undeliverable: " + reason),
+        dest_(std::move(dest)),
+        endpoint_(std::move(endpoint)),
+        reason_(std::move(reason)) {}
+  const ActorId& destination() const { return dest_; }
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  ActorId dest_;
+  std::string endpoint_;
+  std::string reason_;
+};
+
+/// A wait with a deadline expired. The future or receiver is left intact and can be waited on again.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A blocking wait that can never complete: an actor blocking on a reply only it can produce
+/// (directly, or through a cycle of actors each blocked on the next).
+class DeadlockError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Misuse of a Future/Port: value already retrieved, OncePort used twice, etc.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace monarch

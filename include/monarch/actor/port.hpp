@@ -1,0 +1,220 @@
+// Ports: first-class, typed message endpoints that can be sent inside messages.
+//
+//   auto [port, rx] = proc.open_port<int>();      // Port<int> + PortReceiver<int>
+//   worker.send(&Worker::start, port);             // the worker sends results to `port`
+//   int first = rx.recv(std::chrono::seconds(1));  // TimeoutError after 1 s; rx stays usable
+//
+//   auto [once, fut] = proc.open_once_port<std::string>();  // single reply -> Future
+//
+// Inside an actor, `open_port<T>(handler)` makes a port whose messages run `handler(T)` inside
+// that actor, serially with its other handlers.
+//
+// Port::send from any thread; messages from one sender to one port arrive in send order. If the
+// port is closed (its PortReceiver was destroyed, or its actor stopped) the message is returned
+// as DeliveryFailure to the sending actor's undeliverable() (outside actors: the fault hook).
+// OncePort::send a second time throws UsageError at the sender.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "monarch/actor/actor_ref.hpp"
+#include "monarch/actor/detail/cell.hpp"
+#include "monarch/actor/errors.hpp"
+#include "monarch/actor/future.hpp"
+
+namespace monarch {
+
+/// Names a port: its owner (an actor, or the Proc's client "proc.client[0]") and an index.
+struct PortId {
+  ActorId owner;
+  uint64_t index = 0;
+  std::string to_string() const { return owner.to_string() + ".port[" + std::to_string(index) + "]"; }
+  bool operator==(const PortId&) const = default;
+};
+
+namespace detail {
+
+/// Drives the deterministic scheduler on this thread until pred() holds; returns false when no
+/// deterministic scheduler drives this thread (then the caller blocks normally).
+bool drive_deterministic(const std::function<bool()>& pred);
+
+template <class T>
+struct PortSink {
+  PortId id;
+  Proc* proc = nullptr;
+  virtual ~PortSink() = default;
+  /// Delivers v; returns false when the port is closed.
+  virtual bool deliver(T&& v) = 0;
+};
+
+template <class T>
+struct QueueSink final : PortSink<T> {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<T> items;
+  bool closed = false;
+
+  bool deliver(T&& v) override {
+    {
+      std::lock_guard lock(mu);
+      if (closed) return false;
+      items.push_back(std::move(v));
+    }
+    cv.notify_one();
+    return true;
+  }
+  std::optional<T> try_pop() {
+    std::lock_guard lock(mu);
+    if (items.empty()) return std::nullopt;
+    T v = std::move(items.front());
+    items.pop_front();
+    return v;
+  }
+  bool has_items() {
+    std::lock_guard lock(mu);
+    return !items.empty();
+  }
+};
+
+template <class T, class F>
+struct ActorSink final : PortSink<T> {
+  CellPtr cell;
+  std::shared_ptr<F> handler;
+  bool deliver(T&& v) override {
+    if (cell->terminal()) return false;
+    post_closure(cell.get(), [h = handler, v = std::move(v)]() mutable { (*h)(std::move(v)); });
+    return true;
+  }
+};
+
+template <class T>
+struct OnceSink final : PortSink<T> {
+  Promise<T> promise;
+  std::atomic<bool> used{false};
+  bool deliver(T&& v) override {
+    if (used.exchange(true)) throw UsageError("OncePort " + this->id.to_string() + " used twice");
+    promise.set_value(std::move(v));
+    return true;
+  }
+};
+
+template <class T>
+void port_send(PortSink<T>& sink, T&& v) {
+  if (!sink.deliver(std::move(v))) {
+    route_undeliverable(current_cell(), sink.proc,
+                        DeliveryFailure(sink.id.owner, "port[" + std::to_string(sink.id.index) + "]",
+                                        "port closed"));
+  }
+}
+
+}  // namespace detail
+
+template <class T>
+class Port {
+ public:
+  Port() = default;
+  explicit Port(std::shared_ptr<detail::PortSink<T>> s) : sink_(std::move(s)) {}
+  /// Sends v to the port. See the file comment for failures.
+  void send(T v) const {
+    check();
+    detail::port_send(*sink_, std::move(v));
+  }
+  const PortId& id() const {
+    check();
+    return sink_->id;
+  }
+  bool valid() const noexcept { return sink_ != nullptr; }
+
+ private:
+  void check() const {
+    if (!sink_) throw UsageError("Port is empty (default-constructed)");
+  }
+  std::shared_ptr<detail::PortSink<T>> sink_;
+};
+
+template <class T>
+class OncePort {
+ public:
+  OncePort() = default;
+  explicit OncePort(std::shared_ptr<detail::OnceSink<T>> s) : sink_(std::move(s)) {}
+  /// Completes the paired Future with v. Throws UsageError when used a second time.
+  void send(T v) const {
+    if (!sink_) throw UsageError("OncePort is empty (default-constructed)");
+    detail::port_send<T>(*sink_, std::move(v));
+  }
+  const PortId& id() const { return sink_->id; }
+  bool valid() const noexcept { return sink_ != nullptr; }
+
+ private:
+  std::shared_ptr<detail::OnceSink<T>> sink_;
+};
+
+/// Receiving end of a Port<T>. Move-only; destroying it closes the port.
+template <class T>
+class PortReceiver {
+ public:
+  PortReceiver() = default;
+  explicit PortReceiver(std::shared_ptr<detail::QueueSink<T>> s) : sink_(std::move(s)) {}
+  PortReceiver(PortReceiver&&) noexcept = default;
+  PortReceiver& operator=(PortReceiver&& o) noexcept {
+    close();
+    sink_ = std::move(o.sink_);
+    return *this;
+  }
+  ~PortReceiver() { close(); }
+
+  /// Next message, blocking until one arrives.
+  T recv() { return wait(std::nullopt); }
+  /// Next message; throws TimeoutError if none arrives within `timeout` (nothing is lost).
+  template <class Rep, class Period>
+  T recv(std::chrono::duration<Rep, Period> timeout) {
+    return wait(std::chrono::steady_clock::now() +
+                std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
+  }
+  /// Next message if one is queued.
+  std::optional<T> try_recv() {
+    check();
+    return sink_->try_pop();
+  }
+  const PortId& id() const { return sink_->id; }
+
+ private:
+  void check() const {
+    if (!sink_) throw UsageError("PortReceiver is empty (moved from)");
+  }
+  void close() {
+    if (!sink_) return;
+    std::lock_guard lock(sink_->mu);
+    sink_->closed = true;
+  }
+  T wait(const std::optional<std::chrono::steady_clock::time_point>& deadline) {
+    check();
+    auto& s = *sink_;
+    if (detail::drive_deterministic([&] { return s.has_items(); })) {
+      if (auto v = s.try_pop()) return std::move(*v);
+      if (!deadline) throw DeadlockError("PortReceiver::recv on " + s.id.to_string() +
+                                         ": no actor left to run and no message queued");
+      throw TimeoutError("PortReceiver::recv on " + s.id.to_string() + ": timed out");
+    }
+    std::unique_lock lock(s.mu);
+    auto has = [&] { return !s.items.empty(); };
+    if (!deadline) {
+      s.cv.wait(lock, has);
+    } else if (!s.cv.wait_until(lock, *deadline, has)) {
+      throw TimeoutError("PortReceiver::recv on " + s.id.to_string() + ": timed out");
+    }
+    T v = std::move(s.items.front());
+    s.items.pop_front();
+    return v;
+  }
+  std::shared_ptr<detail::QueueSink<T>> sink_;
+};
+
+}  // namespace monarch

@@ -1,0 +1,157 @@
+// Proc: the process-level container of actors: its scheduler, its mailbox router (actor registry),
+// well-known named actors, and the root of its supervision tree.
+//
+//   monarch::Proc proc;                                    // one worker per core
+//   auto c = proc.spawn<Counter>("counter");               // owned by the Proc
+//   proc.set_fault_hook([](const monarch::ActorSupervisionEvent& e) { ... });
+//
+// Supervision: a top-level actor's failure that nobody handled reaches the Proc's fault hook. The
+// default hook prints the whole chain to stderr and exits the process with status 1 (fail fast).
+// Destroying the Proc stops every actor (children first), waiting up to ProcOptions::stop_timeout.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <typeindex>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "monarch/actor/actor.hpp"
+#include "monarch/actor/actor_ref.hpp"
+#include "monarch/actor/port.hpp"
+#include "monarch/actor/scheduler.hpp"
+#include "monarch/actor/supervision.hpp"
+
+namespace monarch {
+
+struct ProcOptions {
+  /// Name used in ActorIds: actors are "<name>.<actor>[<uid>]".
+  std::string name = "local[0]";
+  /// Worker threads; 0 = one per core (std::thread::hardware_concurrency()).
+  size_t workers = 0;
+  /// Messages one actor runs per activation before yielding its worker (fairness vs throughput).
+  size_t batch = 64;
+  /// Use the DeterministicScheduler: no threads; the test steps messages (see scheduler.hpp).
+  bool deterministic = false;
+  /// How long ~Proc / shutdown() waits for actors to stop, in ms.
+  std::chrono::milliseconds stop_timeout{5000};
+};
+
+class Proc {
+ public:
+  using FaultHook = std::function<void(const ActorSupervisionEvent&)>;
+
+  explicit Proc(ProcOptions options = {});
+  ~Proc();
+  Proc(const Proc&) = delete;
+  Proc& operator=(const Proc&) = delete;
+
+  /// Spawns a top-level actor owned by this Proc. Does not block: construction and init() run on
+  /// a worker before the first message. `args` are copied into the actor's constructor.
+  /// Any thread (inside an actor, prefer Actor::spawn so the new actor is that actor's child).
+  template <class A, class... Args>
+  ActorRef<A> spawn(std::string name, Args&&... args) {
+    static_assert(std::is_base_of_v<Actor, A>, "spawn<A>: A must derive from monarch::Actor");
+    auto factory = [... a = std::forward<Args>(args)]() mutable -> std::unique_ptr<Actor> {
+      return std::make_unique<A>(std::move(a)...);
+    };
+    return ActorRef<A>(detail::CellPtr::adopt(
+        detail::spawn_cell(*this, nullptr, std::move(name), typeid(A), std::move(factory))));
+  }
+
+  /// Makes `ref` findable by `name` through lookup(). Throws UsageError if the name is taken.
+  template <class A>
+  void register_name(const std::string& name, const ActorRef<A>& ref) {
+    register_cell(name, ref.cell());
+  }
+  /// The actor registered under `name`, if any. Throws UsageError if its type is not A.
+  template <class A>
+  std::optional<ActorRef<A>> lookup(const std::string& name) {
+    auto c = lookup_cell(name, typeid(A));
+    if (!c) return std::nullopt;
+    return ActorRef<A>(std::move(c));
+  }
+  /// A ref to the actor with this id. An id that is not (or no longer) live still gives a ref;
+  /// its messages come back as DeliveryFailure("unknown actor").
+  template <class A>
+  ActorRef<A> resolve(const ActorId& id) {
+    auto c = find(id);
+    if (!c) return ActorRef<A>(this, id);
+    return ActorRef<A>(std::move(c));
+  }
+
+  /// A port and its receiver, owned by this Proc's client (for code outside actors).
+  template <class T>
+  std::pair<Port<T>, PortReceiver<T>> open_port() {
+    auto sink = std::make_shared<detail::QueueSink<T>>();
+    sink->id = detail::next_port_id(*this, nullptr);
+    sink->proc = this;
+    return {Port<T>(sink), PortReceiver<T>(sink)};
+  }
+  /// A single-use port and the Future it completes.
+  template <class T>
+  std::pair<OncePort<T>, Future<T>> open_once_port() {
+    auto sink = std::make_shared<detail::OnceSink<T>>();
+    sink->id = detail::next_port_id(*this, nullptr);
+    sink->proc = this;
+    auto f = sink->promise.get_future();
+    return {OncePort<T>(sink), std::move(f)};
+  }
+
+  /// Replaces the unhandled-fault hook (see the file comment). Called on a worker thread.
+  void set_fault_hook(FaultHook hook);
+
+  /// Stops every actor (children before parents, pending messages drained) and waits up to
+  /// `timeout`. Returns true when all stopped in time; otherwise logs the ones still running.
+  bool shutdown(std::chrono::milliseconds timeout);
+
+  /// Live actors (spawned and not yet Stopped/Failed).
+  size_t num_actors() const;
+  const std::string& name() const { return options_.name; }
+  const ProcOptions& options() const { return options_; }
+  Scheduler& scheduler() { return *scheduler_; }
+  /// The deterministic scheduler; throws UsageError unless ProcOptions::deterministic.
+  DeterministicScheduler& test_scheduler();
+
+  // Internal (used by the runtime).
+  void on_root_event(const ActorSupervisionEvent& ev);
+  void on_root_child_stopped(detail::Cell* c);
+  void report_undeliverable(const DeliveryFailure& f);
+  void register_cell_uid(detail::Cell* c);
+  void unregister_cell(detail::Cell* c);
+  uint64_t next_uid() { return next_uid_.fetch_add(1, std::memory_order_relaxed); }
+  void add_root_child(detail::Cell* c);
+
+ private:
+  void register_cell(const std::string& name, detail::Cell* c);
+  detail::CellPtr lookup_cell(const std::string& name, std::type_index type);
+  detail::CellPtr find(const ActorId& id);
+
+  ProcOptions options_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::atomic<uint64_t> next_uid_{0};
+
+  static constexpr size_t kShards = 16;
+  struct Shard {
+    std::mutex mu;
+    std::unordered_map<uint64_t, detail::Cell*> cells;  // not owning
+  };
+  Shard shards_[kShards];
+  std::atomic<size_t> live_{0};
+
+  mutable std::mutex mu_;  // names_, root_children_, fault_hook_
+  std::condition_variable root_cv_;
+  std::unordered_map<std::string, detail::CellPtr> names_;
+  std::unordered_set<detail::Cell*> root_children_;  // references held
+  FaultHook fault_hook_;
+};
+
+}  // namespace monarch

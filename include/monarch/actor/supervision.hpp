@@ -1,0 +1,32 @@
+// ActorSupervisionEvent: what an owner receives in supervise() when a child fails.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "monarch/actor/actor_id.hpp"
+
+namespace monarch {
+
+/// One failure report. `caused_by` links to the child's event when this actor failed because it
+/// did not handle a child's failure, so a chain reads from the outermost owner to the root cause.
+struct ActorSupervisionEvent {
+  ActorId actor;           ///< the actor that failed
+  std::string actor_type;  ///< its C++ type name, e.g. "Counter"
+  std::string cause;       ///< e.g. "send handler Counter::boom threw: std::runtime_error: x"
+  std::shared_ptr<const ActorSupervisionEvent> caused_by;  ///< child event, or null
+
+  /// Multi-line report of the whole chain, outermost first:
+  ///   actor local[0].parent[1] (Parent) failed: unhandled failure of child ...
+  ///     caused by: actor local[0].child[2] (Child) failed: ...
+  std::string to_string() const {
+    std::string out = "actor " + actor.to_string() + " (" + actor_type + ") failed: " + cause;
+    for (auto* e = caused_by.get(); e != nullptr; e = e->caused_by.get()) {
+      out += "\n  caused by: actor " + e->actor.to_string() + " (" + e->actor_type +
+             ") failed: " + e->cause;
+    }
+    return out;
+  }
+};
+
+}  // namespace monarch

@@ -1,0 +1,192 @@
+#include "monarch/actor/proc.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "runtime_internal.hpp"
+
+namespace monarch {
+
+namespace {
+void default_fault_hook(const ActorSupervisionEvent& ev) {
+  std::fprintf(stderr, "monarch: unhandled actor failure; exiting (fail fast)\n%s\n",
+               ev.to_string().c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+}  // namespace
+
+Proc::Proc(ProcOptions options) : options_(std::move(options)), fault_hook_(default_fault_hook) {
+  if (options_.deterministic) {
+    scheduler_ = std::make_unique<DeterministicScheduler>();
+  } else {
+    scheduler_ = std::make_unique<ThreadPoolScheduler>(options_.workers, options_.batch);
+  }
+}
+
+Proc::~Proc() {
+  shutdown(options_.stop_timeout);
+  scheduler_->shutdown();
+  std::unordered_map<std::string, detail::CellPtr> names;
+  std::unordered_set<detail::Cell*> roots;
+  {
+    std::lock_guard lock(mu_);
+    names.swap(names_);
+    roots.swap(root_children_);
+  }
+  for (auto* c : roots) c->release();
+}
+
+DeterministicScheduler& Proc::test_scheduler() {
+  auto* d = dynamic_cast<DeterministicScheduler*>(scheduler_.get());
+  if (d == nullptr) throw UsageError("Proc::test_scheduler: this Proc was not created with deterministic = true");
+  return *d;
+}
+
+void Proc::set_fault_hook(FaultHook hook) {
+  std::lock_guard lock(mu_);
+  fault_hook_ = hook ? std::move(hook) : FaultHook(default_fault_hook);
+}
+
+void Proc::on_root_event(const ActorSupervisionEvent& ev) {
+  FaultHook hook;
+  {
+    std::lock_guard lock(mu_);
+    hook = fault_hook_;
+  }
+  hook(ev);
+}
+
+void Proc::report_undeliverable(const DeliveryFailure& f) {
+  on_root_event(ActorSupervisionEvent{ActorId{options_.name, "client", 0}, "client",
+                                      std::string("undeliverable message: ") + f.what(), nullptr});
+}
+
+void Proc::add_root_child(detail::Cell* c) {
+  c->add_ref();
+  std::lock_guard lock(mu_);
+  root_children_.insert(c);
+}
+
+void Proc::on_root_child_stopped(detail::Cell* c) {
+  {
+    std::lock_guard lock(mu_);
+    if (root_children_.erase(c) == 0) return;
+  }
+  root_cv_.notify_all();
+  c->release();
+}
+
+void Proc::register_cell_uid(detail::Cell* c) {
+  auto& shard = shards_[c->id().uid % kShards];
+  std::lock_guard lock(shard.mu);
+  shard.cells.emplace(c->id().uid, c);
+  live_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Proc::unregister_cell(detail::Cell* c) {
+  {
+    auto& shard = shards_[c->id().uid % kShards];
+    std::lock_guard lock(shard.mu);
+    if (shard.cells.erase(c->id().uid) == 0) return;
+  }
+  live_.fetch_sub(1, std::memory_order_relaxed);
+  detail::CellPtr named;  // released outside the lock
+  std::lock_guard lock(mu_);
+  for (auto it = names_.begin(); it != names_.end(); ++it) {
+    if (it->second.get() == c) {
+      named = std::move(it->second);
+      names_.erase(it);
+      break;
+    }
+  }
+}
+
+size_t Proc::num_actors() const { return live_.load(std::memory_order_relaxed); }
+
+void Proc::register_cell(const std::string& name, detail::Cell* c) {
+  if (c == nullptr) throw UsageError("Proc::register_name('" + name + "'): empty or unknown ActorRef");
+  std::lock_guard lock(mu_);
+  if (names_.count(name) != 0) {
+    throw UsageError("Proc::register_name: name '" + name + "' is already taken by " +
+                     names_[name]->id().to_string());
+  }
+  names_.emplace(name, detail::CellPtr::share(c));
+}
+
+detail::CellPtr Proc::lookup_cell(const std::string& name, std::type_index type) {
+  std::lock_guard lock(mu_);
+  auto it = names_.find(name);
+  if (it == names_.end()) return {};
+  if (it->second->type() != type) {
+    throw UsageError("Proc::lookup('" + name + "'): actor " + it->second->id().to_string() +
+                     " is a " + it->second->type_name() + ", not a " + detail::demangle(type.name()));
+  }
+  return it->second;
+}
+
+detail::CellPtr Proc::find(const ActorId& id) {
+  if (id.proc != options_.name) return {};
+  auto& shard = shards_[id.uid % kShards];
+  std::lock_guard lock(shard.mu);
+  auto it = shard.cells.find(id.uid);
+  if (it == shard.cells.end() || it->second->id() != id) return {};
+  return detail::CellPtr::share(it->second);
+}
+
+bool Proc::shutdown(std::chrono::milliseconds timeout) {
+  std::vector<detail::CellPtr> roots;
+  {
+    std::lock_guard lock(mu_);
+    for (auto* c : root_children_) roots.push_back(detail::CellPtr::share(c));
+  }
+  for (auto& c : roots) c->request_stop_nowait(false);
+  roots.clear();
+  auto done = [&] {
+    std::lock_guard lock(mu_);
+    return root_children_.empty();
+  };
+  if (options_.deterministic) {
+    test_scheduler().run_until(done);
+  } else {
+    std::unique_lock lock(mu_);
+    root_cv_.wait_for(lock, timeout, [&] { return root_children_.empty(); });
+  }
+  std::lock_guard lock(mu_);
+  if (root_children_.empty()) return true;
+  for (auto* c : root_children_) {
+    spdlog::error("monarch: {} did not stop within {} ms (state {})", c->id().to_string(),
+                  timeout.count(), to_string(c->state()));
+  }
+  return false;
+}
+
+namespace detail {
+
+Cell* spawn_cell(Proc& proc, Cell* parent, std::string name, std::type_index type,
+                 Cell::Factory factory) {
+  if (parent != nullptr && parent->state() == Lifecycle::Stopping) {
+    throw UsageError("spawn('" + name + "'): owner " + parent->id().to_string() + " is stopping");
+  }
+  auto* c = new Cell(proc, ActorId{proc.name(), std::move(name), proc.next_uid()}, parent, type,
+                     std::move(factory));
+  proc.register_cell_uid(c);
+  if (parent != nullptr) {
+    parent->adopt(c);
+  } else {
+    proc.add_root_child(c);
+  }
+  c->start();
+  return c;
+}
+
+PortId next_port_id(Proc& proc, Cell* cell) {
+  ActorId owner = cell != nullptr ? cell->id() : ActorId{proc.name(), "client", 0};
+  return PortId{std::move(owner), proc.next_uid()};
+}
+
+}  // namespace detail
+
+}  // namespace monarch
