@@ -338,8 +338,8 @@ void cell_release(Cell* c) noexcept { c->release(); }
 
 namespace {
 struct ClosureEnvelope final : Envelope {
-  std::function<void()> fn;
-  explicit ClosureEnvelope(std::function<void()> f) : fn(std::move(f)) {}
+  UniqueFunction<void()> fn;
+  explicit ClosureEnvelope(UniqueFunction<void()> f) : fn(std::move(f)) {}
   void invoke(Cell&) override { fn(); }
   void bounce(const DeliveryFailure&) noexcept override {}  // dropped: its captures are released
   std::string_view endpoint() const noexcept override { return "<continuation>"; }
@@ -363,7 +363,7 @@ struct UndeliverableEnvelope final : Envelope {
 };
 }  // namespace
 
-void post_closure(Cell* c, std::function<void()> fn) { c->post(new ClosureEnvelope(std::move(fn))); }
+void post_closure(Cell* c, UniqueFunction<void()> fn) { c->post(new ClosureEnvelope(std::move(fn))); }
 
 void route_undeliverable(Cell* sender, Proc* proc, const DeliveryFailure& f) noexcept {
   try {

@@ -49,7 +49,7 @@ struct StateBase {
 
   std::atomic<uint32_t> word{0};
   std::mutex mu;
-  std::function<void()> continuation;  // guarded by mu; runs once when ready
+  UniqueFunction<void()> continuation;  // guarded by mu; runs once when ready
   std::exception_ptr error;            // set before ready
   Cell* completer = nullptr;           // actor expected to complete this (ref held), for deadlocks
   bool retrieved = false;              // value already taken by the consumer
@@ -68,7 +68,7 @@ struct StateBase {
   void publish(std::unique_lock<std::mutex>& lock);
 
   /// Registers `fn` to run once ready (immediately, on this thread, if already ready).
-  void on_ready(std::function<void()> fn) {
+  void on_ready(UniqueFunction<void()> fn) {
     std::unique_lock lock(mu);
     if (ready()) {
       lock.unlock();
@@ -96,7 +96,7 @@ struct State final : StateBase {
 };
 
 /// Wraps a continuation so that, when registered from inside an actor, it runs in that actor.
-inline std::function<void()> in_current_actor(std::function<void()> fn) {
+inline UniqueFunction<void()> in_current_actor(UniqueFunction<void()> fn) {
   Cell* c = current_cell();
   if (c == nullptr) return fn;
   cell_add_ref(c);
@@ -107,6 +107,16 @@ inline std::function<void()> in_current_actor(std::function<void()> fn) {
   auto g = std::make_shared<Guard>(c);
   return [g, fn = std::move(fn)]() mutable { post_closure(g->c, std::move(fn)); };
 }
+
+/// Result type of a then() continuation: f(T), or f() for Future<void>.
+template <class F, class T>
+struct then_result {
+  using type = std::invoke_result_t<F, T>;
+};
+template <class F>
+struct then_result<F, void> {
+  using type = std::invoke_result_t<F>;
+};
 
 template <class T>
 struct is_future : std::false_type {};
@@ -230,8 +240,7 @@ class Future {
   template <class F>
   auto then(F f) {
     check_valid();
-    using U = std::conditional_t<std::is_void_v<T>, std::invoke_result_t<F>,
-                                 std::invoke_result_t<F, T>>;
+    using U = typename detail::then_result<F, T>::type;
     Promise<U> next;
     Future<U> out = next.get_future();
     auto s = std::move(state_);
@@ -261,7 +270,7 @@ class Future {
   }
 
   /// Internal: calls `fn(state)` once ready, on the completing thread. Consumes the future.
-  void on_complete(std::function<void(detail::State<T>&)> fn) {
+  void on_complete(detail::UniqueFunction<void(detail::State<T>&)> fn) {
     check_valid();
     auto s = std::move(state_);
     auto* raw = s.get();

@@ -30,7 +30,7 @@ template <class T>
 struct TaskPromiseBase {
   std::optional<stored_t<T>> value;
   std::exception_ptr error;
-  std::function<void(TaskPromiseBase&)> on_done;  // set when the runtime takes the task over
+  UniqueFunction<void(TaskPromiseBase&)> on_done;  // set when the runtime takes the task over
   bool finished = false;
 
   std::suspend_never initial_suspend() noexcept { return {}; }
@@ -92,7 +92,7 @@ class [[nodiscard]] Task {
 
   /// Hands the coroutine to `done`, called once with the promise (value or error) when it
   /// finishes (immediately if it already has). The coroutine frame then frees itself.
-  void detach(std::function<void(detail::TaskPromiseBase<T>&)> done) && {
+  void detach(detail::UniqueFunction<void(detail::TaskPromiseBase<T>&)> done) && {
     auto h = std::exchange(h_, nullptr);
     auto& p = h.promise();
     if (p.finished) {

@@ -13,6 +13,7 @@
 
 #include "monarch/actor/actor_id.hpp"
 #include "monarch/actor/detail/mailbox.hpp"
+#include "monarch/actor/detail/unique_function.hpp"
 #include "monarch/actor/future.hpp"
 #include "monarch/actor/lifecycle.hpp"
 #include "monarch/actor/supervision.hpp"
@@ -29,7 +30,7 @@ size_t live_cells() noexcept;
 
 class Cell {
  public:
-  using Factory = std::function<std::unique_ptr<Actor>()>;
+  using Factory = UniqueFunction<std::unique_ptr<Actor>()>;
 
   /// A new cell with one reference (the caller's). `parent` (may be null) gets a reference held
   /// until this cell reports its stop.

@@ -6,6 +6,8 @@
 #include <functional>
 #include <optional>
 
+#include "monarch/actor/detail/unique_function.hpp"
+
 namespace monarch {
 class Error;
 }
@@ -24,7 +26,7 @@ void cell_release(Cell* c) noexcept;
 
 /// Runs `fn` inside actor `c`, serially with its handlers (as a message at the back of its
 /// mailbox). If `c` can no longer run messages, `fn` is dropped (destroyed without running).
-void post_closure(Cell* c, std::function<void()> fn);
+void post_closure(Cell* c, UniqueFunction<void()> fn);
 
 using Deadline = std::optional<std::chrono::steady_clock::time_point>;
 

@@ -1,0 +1,417 @@
+// Lifecycle, stop/kill, supervision, undeliverable messages, deadlock detection, scale.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <vector>
+
+#include "monarch/actor/runtime.hpp"
+
+using namespace std::chrono_literals;
+using monarch::ActorRef;
+using monarch::ActorSupervisionEvent;
+using monarch::Future;
+using monarch::Lifecycle;
+using monarch::Proc;
+using monarch::ProcOptions;
+using monarch::Promise;
+using monarch::Task;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+namespace {
+
+// A thread-safe event log shared by the actors of one test.
+struct Log {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  void add(std::string s) {
+    std::lock_guard lock(mu);
+    lines.push_back(std::move(s));
+  }
+  std::vector<std::string> get() {
+    std::lock_guard lock(mu);
+    return lines;
+  }
+};
+
+// Captures the first event reaching the Proc's fault hook.
+struct HookCatcher {
+  Promise<ActorSupervisionEvent> promise;
+  Future<ActorSupervisionEvent> future = promise.get_future();
+  std::atomic<int> calls{0};
+  void install(Proc& proc) {
+    proc.set_fault_hook([this](const ActorSupervisionEvent& e) {
+      if (calls.fetch_add(1) == 0) promise.set_value(e);
+    });
+  }
+};
+
+struct Tracked : monarch::Actor {
+  Tracked(Log* l, std::string n) : log(l), name(std::move(n)) { log->add(name + ":construct"); }
+  void init() override { log->add(name + ":init"); }
+  void cleanup(const std::optional<ActorSupervisionEvent>& err) override {
+    log->add(name + ":cleanup" + (err ? "(" + err->cause + ")" : ""));
+  }
+  void note(std::string s) { log->add(name + ":" + s); }
+  ActorRef<Tracked> child(std::string n) { return spawn<Tracked>(n, log, n); }
+  void fail_now() { throw std::runtime_error("send failure in " + name); }
+  int ping() { return 1; }
+  MONARCH_ENDPOINTS(Tracked, note, child, fail_now, ping)
+  Log* log;
+  std::string name;
+};
+
+TEST(Lifecycle, InitRunsBeforeFirstMessageAndCleanupOnStop) {  // CELL-2
+  Log log;
+  Proc proc;
+  auto a = proc.spawn<Tracked>("a", &log, std::string("a"));
+  a.send(&Tracked::note, std::string("m1"));
+  EXPECT_EQ(a.call(&Tracked::ping).get(), 1);
+  EXPECT_THAT(a.state(), ::testing::AnyOf(Lifecycle::Idle, Lifecycle::Processing));
+  a.stop().get(5s);
+  EXPECT_EQ(a.state(), Lifecycle::Stopped);
+  EXPECT_THAT(log.get(), ElementsAre("a:construct", "a:init", "a:m1", "a:cleanup"));
+  EXPECT_EQ(proc.num_actors(), 0u);
+}
+
+TEST(Lifecycle, ChildrenStopBeforeTheirParent) {  // CELL-4
+  Log log;
+  Proc proc;
+  auto p = proc.spawn<Tracked>("p", &log, std::string("p"));
+  auto c1 = p.call(&Tracked::child, std::string("c1")).get();
+  auto g = c1.call(&Tracked::child, std::string("g")).get();
+  EXPECT_EQ(g.call(&Tracked::ping).get(), 1);
+  p.stop().get(5s);
+  EXPECT_EQ(g.state(), Lifecycle::Stopped);
+  EXPECT_EQ(c1.state(), Lifecycle::Stopped);
+  auto lines = log.get();
+  auto pos = [&](const std::string& s) { return std::find(lines.begin(), lines.end(), s) - lines.begin(); };
+  EXPECT_LT(pos("g:cleanup"), pos("c1:cleanup"));
+  EXPECT_LT(pos("c1:cleanup"), pos("p:cleanup"));
+  EXPECT_EQ(pos("p:cleanup"), static_cast<long>(lines.size()) - 1);
+}
+
+// Stop drains queued messages; kill does not (they bounce as DeliveryFailure).
+struct Slow : monarch::Actor {
+  void wait_for(std::shared_ptr<Promise<void>> started, std::shared_ptr<std::atomic<bool>> go) {
+    started->set_value();
+    while (!go->load()) std::this_thread::yield();  // the test releases it once messages queued
+  }
+  int bump() { return ++count; }
+  void cleanup(const std::optional<ActorSupervisionEvent>& e) override {
+    if (seen) seen->set_value(count);
+    if (e) cleanup_cause = e->cause;
+  }
+  MONARCH_ENDPOINTS(Slow, wait_for, bump)
+  int count = 0;
+  std::shared_ptr<Promise<int>> seen;
+  std::string cleanup_cause;
+};
+
+TEST(Lifecycle, StopDrainsPendingMessages) {  // CELL-3
+  Proc proc;
+  auto s = proc.spawn<Slow>("slow");
+  auto started = std::make_shared<Promise<void>>();
+  auto go = std::make_shared<std::atomic<bool>>(false);
+  auto started_f = started->get_future();
+  s.send(&Slow::wait_for, started, go);
+  started_f.get(5s);  // the actor is busy: what follows queues up behind it
+  std::vector<Future<int>> replies;
+  for (int i = 0; i < 100; ++i) replies.push_back(s.call(&Slow::bump));
+  auto stopped = s.stop();
+  auto late = s.call(&Slow::bump);  // after the stop request: refused
+  go->store(true);
+  stopped.get(5s);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(replies[i].get(5s), i + 1);
+  try {
+    late.get(5s);
+    FAIL();
+  } catch (const monarch::DeliveryFailure& e) {
+    EXPECT_THAT(e.reason(), HasSubstr("actor st"));  // "actor stopping" or "actor stopped"
+  }
+}
+
+TEST(Lifecycle, KillDiscardsPendingMessages) {
+  Proc proc;
+  auto s = proc.spawn<Slow>("slow");
+  auto started = std::make_shared<Promise<void>>();
+  auto go = std::make_shared<std::atomic<bool>>(false);
+  auto started_f = started->get_future();
+  s.send(&Slow::wait_for, started, go);
+  started_f.get(5s);
+  std::vector<Future<int>> replies;
+  for (int i = 0; i < 100; ++i) replies.push_back(s.call(&Slow::bump));
+  auto killed = s.kill();
+  go->store(true);
+  killed.get(5s);
+  EXPECT_EQ(s.state(), Lifecycle::Stopped);
+  for (auto& r : replies) {
+    try {
+      r.get(5s);
+      FAIL() << "a pending message ran after kill";
+    } catch (const monarch::DeliveryFailure& e) {
+      EXPECT_EQ(e.reason(), "actor killed");
+    }
+  }
+}
+
+// --- supervision -------------------------------------------------------------------------------
+
+struct Child : monarch::Actor {
+  void explode() { throw std::runtime_error("child exploded"); }
+  int ping() { return 7; }
+  MONARCH_ENDPOINTS(Child, explode, ping)
+};
+
+struct BadInit : monarch::Actor {
+  void init() override { throw std::runtime_error("cannot init"); }
+};
+
+struct BadCtor : monarch::Actor {
+  BadCtor() { throw std::runtime_error("cannot construct"); }
+};
+
+struct Parent : monarch::Actor {
+  explicit Parent(bool h) : handle(h) {}
+  ActorRef<Child> make_child() { return spawn<Child>("child"); }
+  void make_bad_init() { (void)spawn<BadInit>("bad-init"); }
+  bool supervise(const ActorSupervisionEvent& ev) override {
+    events.push_back(ev.cause);
+    if (got) got->set_value(ev);
+    return handle;
+  }
+  std::vector<std::string> seen() const { return events; }
+  void set_probe(std::shared_ptr<Promise<ActorSupervisionEvent>> p) { got = std::move(p); }
+  MONARCH_ENDPOINTS(Parent, make_child, make_bad_init, seen, set_probe)
+  bool handle;
+  std::vector<std::string> events;
+  std::shared_ptr<Promise<ActorSupervisionEvent>> got;
+};
+
+TEST(Supervision, SendFailureGoesToParentWhichHandlesIt) {
+  Proc proc;
+  HookCatcher hook;
+  hook.install(proc);
+  auto p = proc.spawn<Parent>("parent", true);
+  auto probe = std::make_shared<Promise<ActorSupervisionEvent>>();
+  auto probe_f = probe->get_future();
+  p.call(&Parent::set_probe, probe).get();
+  auto c = p.call(&Parent::make_child).get();
+  c.send(&Child::explode);
+  auto ev = probe_f.get(5s);
+  EXPECT_EQ(ev.actor, c.id());
+  EXPECT_EQ(ev.actor_type, "(anonymous namespace)::Child");
+  EXPECT_THAT(ev.cause, HasSubstr("Child::explode"));
+  EXPECT_THAT(ev.cause, HasSubstr("child exploded"));
+  c.stop().get(5s);  // completes at once: the child is already down
+  EXPECT_EQ(c.state(), Lifecycle::Failed);
+  EXPECT_EQ(p.call(&Parent::seen).get().size(), 1u);  // parent lives on
+  EXPECT_THAT(p.state(), ::testing::AnyOf(Lifecycle::Idle, Lifecycle::Processing));
+  EXPECT_THROW(c.call(&Child::ping).get(5s), monarch::DeliveryFailure);
+  EXPECT_EQ(hook.calls.load(), 0);
+}
+
+TEST(Supervision, UnhandledFailureClimbsToTheFaultHookWithTheWholeChain) {
+  Proc proc;
+  HookCatcher hook;
+  hook.install(proc);
+  auto p = proc.spawn<Parent>("parent", false);
+  auto c = p.call(&Parent::make_child).get();
+  c.send(&Child::explode);
+  auto ev = hook.future.get(5s);
+  EXPECT_EQ(ev.actor, p.id());
+  EXPECT_THAT(ev.cause, HasSubstr("unhandled failure of child"));
+  ASSERT_NE(ev.caused_by, nullptr);
+  EXPECT_EQ(ev.caused_by->actor, c.id());
+  EXPECT_THAT(ev.to_string(), HasSubstr("caused by: actor " + c.id().to_string()));
+  p.stop().get(5s);
+  EXPECT_EQ(p.state(), Lifecycle::Failed);
+}
+
+TEST(Supervision, InitAndConstructorFailuresAreSupervisionEvents) {
+  Proc proc;
+  HookCatcher hook;
+  hook.install(proc);
+  auto b = proc.spawn<BadInit>("bad");
+  auto ev = hook.future.get(5s);
+  EXPECT_EQ(ev.actor, b.id());
+  EXPECT_THAT(ev.cause, HasSubstr("init threw"));
+  EXPECT_THAT(ev.cause, HasSubstr("cannot init"));
+
+  Proc proc2;
+  HookCatcher hook2;
+  hook2.install(proc2);
+  auto c = proc2.spawn<BadCtor>("bad-ctor");
+  auto ev2 = hook2.future.get(5s);
+  EXPECT_THAT(ev2.cause, HasSubstr("constructor threw"));
+  c.stop().get(5s);
+  EXPECT_EQ(c.state(), Lifecycle::Failed);
+}
+
+TEST(Supervision, ChildInitFailureReachesParentSupervise) {
+  Proc proc;
+  auto p = proc.spawn<Parent>("parent", true);
+  auto probe = std::make_shared<Promise<ActorSupervisionEvent>>();
+  auto probe_f = probe->get_future();
+  p.call(&Parent::set_probe, probe).get();
+  p.send(&Parent::make_bad_init);
+  EXPECT_THAT(probe_f.get(5s).cause, HasSubstr("cannot init"));
+}
+
+TEST(Supervision, DefaultFaultHookExitsNonZeroWithTheChain) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        Proc proc;
+        auto c = proc.spawn<Child>("doomed");
+        c.send(&Child::explode);
+        c.stop().get(5s);
+        // The hook runs before the stop completes, so this process must already be gone.
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(1), "unhandled actor failure(.|\n)*doomed(.|\n)*child exploded");
+}
+
+// --- undeliverable messages ----------------------------------------------------------------------
+
+struct Sender : monarch::Actor {
+  explicit Sender(bool h) : handle(h) {}
+  void fire(ActorRef<Child> to) { to.send(&Child::explode); }
+  void undeliverable(const monarch::DeliveryFailure& f) override {
+    if (probe) probe->set_value(f.what());
+    if (!handle) throw f;
+  }
+  void set_probe(std::shared_ptr<Promise<std::string>> p) { probe = std::move(p); }
+  MONARCH_ENDPOINTS(Sender, fire, set_probe)
+  bool handle;
+  std::shared_ptr<Promise<std::string>> probe;
+};
+
+TEST(Undeliverable, SendToStoppedActorReturnsToSendersHandler) {
+  Proc proc;
+  HookCatcher hook;
+  hook.install(proc);
+  auto target = proc.spawn<Child>("target");
+  target.stop().get(5s);
+  auto s = proc.spawn<Sender>("sender", true);
+  auto probe = std::make_shared<Promise<std::string>>();
+  auto probe_f = probe->get_future();
+  s.call(&Sender::set_probe, probe).get();
+  s.send(&Sender::fire, target);
+  EXPECT_THAT(probe_f.get(5s), HasSubstr("actor stopped"));
+  EXPECT_THAT(s.state(), ::testing::AnyOf(Lifecycle::Idle, Lifecycle::Processing));  // handled
+  EXPECT_EQ(hook.calls.load(), 0);
+}
+
+TEST(Undeliverable, DefaultHandlerEscalates) {
+  Proc proc;
+  HookCatcher hook;
+  hook.install(proc);
+  auto target = proc.spawn<Child>("target");
+  target.stop().get(5s);
+  auto s = proc.spawn<Sender>("sender", false);
+  s.send(&Sender::fire, target);
+  auto ev = hook.future.get(5s);
+  EXPECT_EQ(ev.actor, s.id());
+  EXPECT_THAT(ev.cause, HasSubstr("undeliverable"));
+}
+
+TEST(Undeliverable, FromOutsideActorsGoesToFaultHook) {
+  Proc proc;
+  HookCatcher hook;
+  hook.install(proc);
+  auto target = proc.spawn<Child>("target");
+  target.stop().get(5s);
+  target.send(&Child::ping);
+  EXPECT_THAT(hook.future.get(5s).cause, HasSubstr("undeliverable message"));
+}
+
+// --- blocking and deadlock ---------------------------------------------------------------------
+
+struct SelfCaller : monarch::Actor {
+  int value() { return 1; }
+  int call_self_blocking() { return self<SelfCaller>().call(&SelfCaller::value).get(); }
+  Task<int> call_self_await() { co_return co_await self<SelfCaller>().call(&SelfCaller::value); }
+  MONARCH_ENDPOINTS(SelfCaller, value, call_self_blocking, call_self_await)
+};
+
+TEST(Blocking, ActorWaitingOnItselfIsDetected) {
+  Proc proc;
+  auto a = proc.spawn<SelfCaller>("selfish");
+  try {
+    a.call(&SelfCaller::call_self_blocking).get(5s);
+    FAIL();
+  } catch (const monarch::ActorError& e) {
+    EXPECT_THAT(e.remote_message(), HasSubstr("deadlock"));
+    EXPECT_THAT(e.remote_message(), HasSubstr("selfish"));
+  }
+  EXPECT_EQ(a.call(&SelfCaller::call_self_await).get(5s), 1);  // co_await is fine
+}
+
+struct CycleA;
+struct CycleB : monarch::Actor {
+  int ask(ActorRef<monarch::Actor> a);
+  MONARCH_ENDPOINTS(CycleB, ask)
+};
+struct CycleA : monarch::Actor {
+  int leaf() { return 1; }
+  int start(ActorRef<CycleB> b) { return b.call(&CycleB::ask, self<monarch::Actor>()).get(); }
+  MONARCH_ENDPOINTS(CycleA, leaf, start)
+};
+int CycleB::ask(ActorRef<monarch::Actor> a) {
+  auto typed = proc().resolve<CycleA>(a.id());
+  return typed.call(&CycleA::leaf).get();
+}
+
+TEST(Blocking, CycleOfBlockedActorsIsDetected) {
+  Proc proc(ProcOptions{.workers = 2});
+  auto a = proc.spawn<CycleA>("a");
+  auto b = proc.spawn<CycleB>("b");
+  try {
+    a.call(&CycleA::start, b).get(5s);
+    FAIL();
+  } catch (const monarch::ActorError& e) {
+    EXPECT_THAT(e.remote_message(), HasSubstr("deadlock"));
+  }
+}
+
+struct Waiter : monarch::Actor {
+  int wait_on(ActorRef<Child> c) { return c.call(&Child::ping).get(); }
+  MONARCH_ENDPOINTS(Waiter, wait_on)
+};
+
+TEST(Blocking, BlockedWorkerGetsASpareSoOthersProgress) {
+  Proc proc(ProcOptions{.workers = 1});
+  auto w = proc.spawn<Waiter>("waiter");
+  auto c = proc.spawn<Child>("child");
+  // With one worker, the waiter blocks it; the child's reply needs a spare worker.
+  EXPECT_EQ(w.call(&Waiter::wait_on, c).get(10s), 7);
+}
+
+// --- scale ---------------------------------------------------------------------------------------
+
+struct Tiny : monarch::Actor {
+  int id_plus(int x) { return x + 1; }
+  MONARCH_ENDPOINTS(Tiny, id_plus)
+};
+
+TEST(Scale, SpawnAndStopManyActorsWithoutLeaks) {
+  const size_t baseline = monarch::detail::live_cells();
+  {
+    Proc proc(ProcOptions{.workers = 2});
+    constexpr int kN = 100000;
+    std::vector<ActorRef<Tiny>> refs;
+    refs.reserve(kN);
+    for (int i = 0; i < kN; ++i) refs.push_back(proc.spawn<Tiny>("t"));
+    EXPECT_EQ(refs[kN - 1].call(&Tiny::id_plus, 1).get(30s), 2);
+    std::vector<Future<void>> stops;
+    stops.reserve(kN);
+    for (auto& r : refs) stops.push_back(r.stop());
+    for (auto& s : stops) s.get(30s);
+    EXPECT_EQ(proc.num_actors(), 0u);
+  }
+  EXPECT_EQ(monarch::detail::live_cells(), baseline);
+}
+
+}  // namespace
