@@ -23,6 +23,8 @@ test: deps build
 
 demo: deps build
 	$(BUILD)/bin/ndslice_demo
+	@echo
+	$(BUILD)/bin/actors_demo
 
 bench: deps build
 	scripts/run-bench.sh $(BUILD)
