@@ -1,0 +1,141 @@
+#pragma once
+// monarch::wire framing: length-prefixed, multipart frames on a byte stream.
+//
+// Wire format (all integers little-endian, no padding, 40-byte fixed header):
+//
+//   offset size field
+//        0    4 magic        kFrameMagic = 0x4D4E5243, i.e. the bytes 'C','R','N','M' on the wire
+//        4    2 version      kFrameVersion = 1
+//        6    1 kind         FrameKind
+//        7    1 flags        opaque to this layer (carried unchanged)
+//        8    8 session_id
+//       16    8 incarnation
+//       24    8 seq          Data: sequence number of this message; Ack: highest seq delivered
+//       32    4 num_parts
+//       36    4 body_len     = 4*num_parts + sum of part lengths
+//       40      body: num_parts uint32 part lengths, then the parts' bytes back to back
+//
+// Multipart frames let large byte payloads go out with writev and no copy: encode_prefix() writes
+// the header plus the length table; the caller then writes [prefix, part0, part1, ...].
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace monarch::wire {
+
+inline constexpr std::uint32_t kFrameMagic = 0x4D4E5243;  // bytes on the wire: 'C','R','N','M'
+inline constexpr std::uint16_t kFrameVersion = 1;
+inline constexpr std::size_t kFrameHeaderSize = 40;
+
+enum class FrameKind : std::uint8_t {
+  Hello = 1,
+  Auth = 2,
+  Accept = 3,
+  Reject = 4,
+  Data = 5,
+  Ack = 6,
+  Heartbeat = 7,
+  Close = 8,
+};
+
+// "Hello", "Data", ...; "Unknown(42)" for a value outside the enum.
+std::string to_string(FrameKind kind);
+// True for the values listed in FrameKind.
+bool is_valid_frame_kind(std::uint8_t v) noexcept;
+
+struct FrameHeader {
+  FrameKind kind = FrameKind::Data;
+  std::uint8_t flags = 0;
+  std::uint64_t session_id = 0;
+  std::uint64_t incarnation = 0;
+  std::uint64_t seq = 0;
+  // Filled in by the encoder from the parts (values passed in are ignored); set by the decoder.
+  std::uint32_t num_parts = 0;
+  std::uint32_t body_len = 0;
+
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+// A decoded frame. Owns its bytes: each part is its own vector (one copy out of the stream buffer),
+// so a Frame can be moved, copied and kept after the decoder is gone or fed more bytes.
+struct Frame {
+  FrameHeader header;
+  std::vector<std::vector<std::byte>> parts;
+
+  // The parts as spans, e.g. to re-encode.
+  std::vector<std::span<const std::byte>> part_spans() const;
+  friend bool operator==(const Frame&, const Frame&) = default;
+};
+
+// Malformed input (decoder) or a frame that cannot be represented (encoder). The message names the
+// field and the bad value, e.g. "frame: bad magic 0x41414141".
+class FrameError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+using Parts = std::span<const std::span<const std::byte>>;
+
+// Appends the 40-byte header plus the 4*parts.size() length table to `out` and returns the number
+// of bytes appended. header.num_parts/body_len are computed from `parts`. Throws FrameError when
+// there are more than 2^32-1 parts or the body would not fit body_len's uint32.
+std::size_t encode_prefix(const FrameHeader& header, Parts parts, std::vector<std::byte>& out);
+
+// Header + length table + all parts in one buffer (tests, small control frames).
+std::vector<std::byte> encode_frame(const FrameHeader& header, Parts parts = {});
+std::vector<std::byte> encode_frame(const Frame& frame);
+
+// Total encoded size of a frame with these parts (header + table + parts).
+std::size_t encoded_size(Parts parts) noexcept;
+
+struct DecoderLimits {
+  std::size_t max_frame_bytes = std::size_t{64} << 20;  // limit on body_len
+  std::uint32_t max_parts = 4096;
+};
+
+// Incremental decoder for a byte stream. Not thread-safe.
+//
+// feed() appends bytes; next() returns the next complete frame, or nullopt when more bytes are
+// needed. The header (magic, version, kind, num_parts, body_len against the limits) is validated as
+// soon as its 40 bytes are buffered, and the length table as soon as it is buffered, so an
+// oversize or inconsistent frame is rejected before its body arrives. On malformed input next()
+// throws FrameError and the decoder is poisoned: every later next() throws the same error and
+// feed() discards its input.
+//
+// Buffering: consumed bytes are dropped lazily (when everything is consumed, or when the consumed
+// prefix is at least half the buffer), so a stream of frames is not re-copied per frame.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(DecoderLimits limits = {});
+
+  void feed(std::span<const std::byte> bytes);
+  std::optional<Frame> next();
+
+  // Bytes fed but not yet returned as frames.
+  std::size_t buffered() const noexcept { return buf_.size() - pos_; }
+  bool poisoned() const noexcept { return error_.has_value(); }
+  const DecoderLimits& limits() const noexcept { return limits_; }
+
+ private:
+  [[noreturn]] void fail(std::string msg);
+  void compact();
+
+  DecoderLimits limits_;
+  std::vector<std::byte> buf_;
+  std::size_t pos_ = 0;  // start of the first unconsumed byte in buf_
+  // State of the frame at pos_ once its header/length table have been validated.
+  std::optional<FrameHeader> header_;
+  bool table_checked_ = false;
+  std::optional<std::string> error_;
+};
+
+// Parses a 40-byte header without validating it (no magic/version/kind checks). `bytes` must hold
+// at least kFrameHeaderSize bytes (throws FrameError otherwise).
+FrameHeader parse_header_unchecked(std::span<const std::byte> bytes);
+
+}  // namespace monarch::wire
