@@ -1,0 +1,129 @@
+// Channels: ordered, acknowledged, reconnecting message links between processes.
+//
+//   monarch::channel::IoRuntime io;                                   // one event-loop thread
+//   auto rx = Listener::serve(io, ChannelAddr::parse("tcp://127.0.0.1:0"), opts,
+//                             [](Message&& m) { /* io thread, in per-sender order */ });
+//   auto tx = Sender::connect(io, rx->bound_addr(), opts,
+//                             [](Message&& m, const std::string& why) { /* returned */ });
+//   tx->send(Message{{bytes}});                                        // any thread
+//
+// Guarantees (numbered; tests cite them):
+//  CH-1 Messages on one Sender are delivered to the Listener's handler in send order, each at
+//       most once, across any number of reconnects.
+//  CH-2 A message is kept by the Sender until acknowledged. After a broken connection it reconnects
+//       (backoff from reconnect_initial doubling to reconnect_max) and resends what the Listener
+//       has not yet delivered; the Listener drops duplicates by sequence number.
+//  CH-3 If the Listener's process restarted (new incarnation), messages that were sent but not
+//       acknowledged may have reached the dead process, so they are returned to the sender as
+//       failures ("peer restarted"), never delivered twice; later messages go to the new process
+//       as a new session.
+//  CH-4 A message not acknowledged within delivery_timeout of being sent closes the link: it and
+//       every queued or unacknowledged message are returned through the failure handler, and
+//       later sends fail at once. Nothing is lost silently.
+//  CH-5 TCP listeners require the job's shared secret (HMAC-SHA256 challenge at connect). A peer
+//       that fails the challenge is refused with a logged reason; other peers are unaffected.
+//  CH-6 Malformed, truncated or oversize frames close only the connection that sent them (logged).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "monarch/channel/address.hpp"
+
+namespace monarch::channel {
+
+using Bytes = std::vector<std::byte>;
+
+/// One message: one or more byte parts. Large parts are written with writev, never copied into a
+/// contiguous buffer. Total size (sum of part sizes) is limited by ChannelOptions::max_frame_bytes.
+struct Message {
+  std::vector<Bytes> parts;
+  size_t size_bytes() const {
+    size_t n = 0;
+    for (const auto& p : parts) n += p.size();
+    return n;
+  }
+};
+
+struct ChannelOptions {
+  /// Largest message accepted, in bytes (sum of parts). Larger sends throw ChannelError at the
+  /// sender; larger incoming frames close the offending connection.
+  size_t max_frame_bytes = 64u << 20;
+  /// The Listener acknowledges after this many messages, or after ack_interval, whichever first.
+  uint32_t ack_every = 256;
+  std::chrono::milliseconds ack_interval{5};
+  /// See CH-4. Default 30 s.
+  std::chrono::milliseconds delivery_timeout{30000};
+  /// Reconnect backoff: starts here, doubles up to reconnect_max.
+  std::chrono::milliseconds reconnect_initial{1};
+  std::chrono::milliseconds reconnect_max{1000};
+  /// Handshake (hello/auth/accept) must finish within this, else the connection is dropped.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Shared secret for TCP (CH-5). Empty: taken from $MONARCH_SECRET, else from the file named by
+  /// $MONARCH_SECRET_FILE. A TCP Listener without any secret refuses to start.
+  std::string secret;
+};
+
+/// The event loop that runs channel I/O: one thread, owned by this object.
+class IoRuntime {
+ public:
+  IoRuntime();
+  ~IoRuntime();
+  IoRuntime(const IoRuntime&) = delete;
+  IoRuntime& operator=(const IoRuntime&) = delete;
+  /// Internal: the asio::io_context (opaque here to keep asio out of this header).
+  void* context();
+  /// A process-wide runtime, created on first use.
+  static IoRuntime& shared();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Receives messages on an address. Handler calls run on the IoRuntime thread, one at a time, in
+/// send order per Sender (CH-1). Destroying the Listener closes its connections.
+class Listener {
+ public:
+  using Handler = std::function<void(Message&&)>;
+
+  /// Binds and listens. Returns once bound: bound_addr() has the real port for tcp port 0.
+  /// Throws ChannelError when the address cannot be bound (names it and the OS error) or when a
+  /// TCP listener has no secret.
+  static std::unique_ptr<Listener> serve(IoRuntime& io, const ChannelAddr& addr,
+                                         ChannelOptions options, Handler handler);
+  virtual ~Listener() = default;
+  /// The address peers dial (DIAL part of DIAL@BIND, real port for port 0).
+  virtual ChannelAddr bound_addr() const = 0;
+  /// Number of connections refused or dropped for protocol errors or a bad secret (CH-5/6).
+  virtual size_t rejected_connections() const = 0;
+};
+
+/// Sends messages to one address. Thread-safe. Connects lazily and reconnects (CH-2).
+class Sender {
+ public:
+  /// Called (on the IoRuntime thread) with each message that could not be delivered (CH-3, CH-4).
+  using FailureHandler = std::function<void(Message&&, const std::string& reason)>;
+
+  static std::shared_ptr<Sender> connect(IoRuntime& io, const ChannelAddr& addr,
+                                         ChannelOptions options, FailureHandler on_failure);
+  virtual ~Sender() = default;
+  /// Queues `m`. Throws ChannelError if m exceeds max_frame_bytes (the link is unaffected).
+  /// After the link closed (CH-4), `m` goes to the failure handler instead.
+  virtual void send(Message m) = 0;
+  /// Messages sent but not yet acknowledged, plus those queued.
+  virtual size_t pending() const = 0;
+  virtual bool closed() const = 0;
+  virtual const ChannelAddr& addr() const = 0;
+  /// Closes the link; pending messages go to the failure handler with `reason`.
+  virtual void close(const std::string& reason) = 0;
+};
+
+/// This process's incarnation: random, fixed for the life of the process.
+uint64_t process_incarnation();
+
+}  // namespace monarch::channel
