@@ -10,7 +10,7 @@ PACKAGES=(
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # runtime libraries (DESIGN.md section 5)
-  libspdlog-dev libfmt-dev libasio-dev libcereal-dev libcli11-dev nlohmann-json3-dev
+  libspdlog-dev libfmt-dev libasio-dev libcereal-dev libcli11-dev nlohmann-json3-dev libssl-dev
   # benchmark peer: C++ Actor Framework 0.17
   libcaf-dev
   # scripts

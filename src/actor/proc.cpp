@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "remote_state.hpp"
 #include "runtime_internal.hpp"
 
 namespace monarch {
@@ -24,10 +25,12 @@ Proc::Proc(ProcOptions options) : options_(std::move(options)), fault_hook_(defa
   } else {
     scheduler_ = std::make_unique<ThreadPoolScheduler>(options_.workers, options_.batch);
   }
+  start_remote();
 }
 
 Proc::~Proc() {
   shutdown(options_.stop_timeout);
+  stop_remote();
   scheduler_->shutdown();
   std::unordered_map<std::string, detail::CellPtr> names;
   std::unordered_set<detail::Cell*> roots;

@@ -82,6 +82,7 @@ class Actor {
   template <class C, class... Args>
   ActorRef<C> spawn(std::string name, Args&&... args) {
     static_assert(std::is_base_of_v<Actor, C>, "spawn<C>: C must derive from monarch::Actor");
+    detail::register_endpoints<C>();
     auto factory = [... a = std::forward<Args>(args)]() mutable -> std::unique_ptr<Actor> {
       return std::make_unique<C>(std::move(a)...);
     };

@@ -27,6 +27,7 @@
 #include "monarch/actor/endpoint.hpp"
 #include "monarch/actor/errors.hpp"
 #include "monarch/actor/future.hpp"
+#include "monarch/actor/remote.hpp"
 #include "monarch/actor/task.hpp"
 
 namespace monarch {
@@ -63,6 +64,7 @@ struct CallEnvelope final : Envelope {
 
   template <class... Args>
   CallEnvelope(M m, Args&&... a) : method(m), args(std::forward<Args>(a)...) {}
+  CallEnvelope(M m, typename traits::stored&& a) : method(m), args(std::move(a)) {}
 
   void invoke(Cell& c) override {
     A& self = static_cast<A&>(*c.actor());
@@ -115,10 +117,13 @@ struct SendEnvelope final : Envelope {
   typename traits::stored args;
   CellPtr sender;  // for undeliverable reports; null outside actors
   Proc* proc;
+  UniqueFunction<void(const DeliveryFailure&)> remote_bounce;  // set when sent from another Proc
 
   template <class... Args>
   SendEnvelope(Proc* p, M m, Args&&... a)
       : method(m), args(std::forward<Args>(a)...), sender(CellPtr::share(current_cell())), proc(p) {}
+  SendEnvelope(Proc* p, M m, typename traits::stored&& a)
+      : method(m), args(std::move(a)), proc(p) {}
 
   void invoke(Cell& c) override {
     A& self = static_cast<A&>(*c.actor());
@@ -134,6 +139,7 @@ struct SendEnvelope final : Envelope {
     }
   }
   void bounce(const DeliveryFailure& f) noexcept override {
+    if (remote_bounce) return remote_bounce(f);
     route_undeliverable(sender.get(), proc, f);
   }
   std::string_view endpoint() const noexcept override {
@@ -153,6 +159,120 @@ constexpr void check_endpoint() {
                 "monarch: argument types do not convert to the endpoint's parameter types");
 }
 
+template <class M>
+constexpr bool remotable() {
+  using traits = method_traits<M>;
+  using R = typename reply_type<typename traits::ret>::type;
+  return wire::is_serializable_v<typename traits::stored> &&
+         (std::is_void_v<R> || wire::is_serializable_v<R>);
+}
+
+template <class A, class M>
+const char* remote_endpoint_name(M method) {
+  const char* name = endpoint_name<A>(method);
+  if (name == nullptr) {
+    throw UsageError("this endpoint of " + std::string(typeid(A).name()) +
+                     " is not registered with MONARCH_ENDPOINTS, so it cannot be called in "
+                     "another process");
+  }
+  return name;
+}
+
+/// Sends a call to an actor in another Proc; the reply completes the returned Future.
+template <class A, class M, class... Args>
+auto remote_call(Proc& proc, const ActorId& dest, M method, Args&&... args) {
+  using traits = method_traits<M>;
+  using R = typename reply_type<typename traits::ret>::type;
+  Promise<R> p;
+  auto f = p.get_future();
+  if constexpr (remotable<M>()) {
+    const char* name = remote_endpoint_name<A>(method);
+    typename traits::stored stored(std::forward<Args>(args)...);
+    remote_dispatch(proc, dest, RemoteKind::Call, name, wire::encode(stored),
+                    [p = std::move(p)](RemoteResult&& r) mutable {
+                      if (r.error) return p.set_error(r.error);
+                      try {
+                        if constexpr (std::is_void_v<R>) {
+                          p.set_value();
+                        } else {
+                          p.set_value(wire::decode<R>(r.payload));
+                        }
+                      } catch (...) {
+                        p.set_error(std::current_exception());
+                      }
+                    });
+  } else {
+    p.set_error(UsageError("arguments or result of this endpoint are not serialisable, so it "
+                           "cannot be called on an actor in another process"));
+  }
+  return f;
+}
+
+template <class A, class M, class... Args>
+void remote_send(Proc& proc, const ActorId& dest, M method, Args&&... args) {
+  using traits = method_traits<M>;
+  if constexpr (remotable<M>()) {
+    const char* name = remote_endpoint_name<A>(method);
+    typename traits::stored stored(std::forward<Args>(args)...);
+    remote_dispatch(proc, dest, RemoteKind::Send, name, wire::encode(stored), nullptr);
+  } else {
+    throw UsageError("arguments of this endpoint are not serialisable, so it cannot be sent to "
+                     "an actor in another process");
+  }
+}
+
+/// Makes A's registered endpoints callable from other processes (once per type).
+template <class A>
+void register_endpoints() {
+  if constexpr (has_endpoints<A>::value) {
+    static const bool once = [] {
+      std::apply(
+          [](const auto&... e) {
+            (
+                [&] {
+                  using M = std::decay_t<decltype(e.method)>;
+                  M m = e.method;
+                  add_remote_invoker(typeid(A), e.name, [m](Cell& c, RemoteRequest&& req) {
+                    if constexpr (!remotable<M>()) {
+                      throw UsageError("endpoint has arguments or a result that are not "
+                                       "serialisable; it can only be called in-process");
+                    } else {
+                      using traits = method_traits<M>;
+                      using R = typename reply_type<typename traits::ret>::type;
+                      auto args = wire::decode<typename traits::stored>(req.payload);
+                      if (!req.is_call) {
+                        auto* env = new SendEnvelope<A, M>(&c.proc(), m, std::move(args));
+                        env->remote_bounce = std::move(req.bounce_send);
+                        return c.post(env);
+                      }
+                      auto* env = new CallEnvelope<A, M>(m, std::move(args));
+                      env->promise.get_future().on_complete(
+                          [reply = std::move(req.reply)](State<R>& st) mutable {
+                            RemoteResult r;
+                            if (st.error) {
+                              r.error = st.error;
+                            } else if constexpr (!std::is_void_v<R>) {
+                              try {
+                                r.payload = wire::encode(*st.value);
+                              } catch (...) {
+                                r.error = std::current_exception();
+                              }
+                            }
+                            reply(std::move(r));
+                          });
+                      c.post(env);
+                    }
+                  });
+                }(),
+                ...);
+          },
+          A::monarch_endpoints());
+      return true;
+    }();
+    (void)once;
+  }
+}
+
 }  // namespace detail
 
 template <class A>
@@ -161,13 +281,18 @@ class ActorRef {
   ActorRef() = default;
   /// Internal: wraps a cell (shares the reference).
   explicit ActorRef(detail::CellPtr cell) : cell_(std::move(cell)) {}
-  /// Internal: a ref to an actor id that is not (or no longer) known: every message bounces.
-  ActorRef(Proc* proc, ActorId unknown)
-      : unknown_(std::make_shared<const ActorId>(std::move(unknown))), proc_(proc) {}
+  /// Internal: a ref to an actor id that is not (or no longer) known here: every message bounces;
+  /// or, with remote = true, to an actor in another Proc (messages go through `proc`'s channel).
+  ActorRef(Proc* proc, ActorId id, bool remote = false)
+      : unknown_(std::make_shared<const ActorId>(std::move(id))), proc_(proc), remote_(remote) {}
 
   /// Upcast: ActorRef<Derived> converts to ActorRef<Base>.
   template <class B, class = std::enable_if_t<std::is_base_of_v<A, B> && !std::is_same_v<A, B>>>
-  ActorRef(const ActorRef<B>& o) : cell_(o.cell_), unknown_(o.unknown_), proc_(o.proc_) {}
+  ActorRef(const ActorRef<B>& o)
+      : cell_(o.cell_), unknown_(o.unknown_), proc_(o.proc_), remote_(o.remote_) {}
+
+  /// True when the actor lives in another process.
+  bool is_remote() const noexcept { return remote_; }
 
   bool valid() const noexcept { return cell_ || unknown_; }
   const ActorId& id() const {
@@ -175,13 +300,18 @@ class ActorRef {
     if (unknown_) return *unknown_;
     throw UsageError("ActorRef is empty (default-constructed)");
   }
-  /// Current lifecycle state (Stopped for an unknown actor).
-  Lifecycle state() const { return cell_ ? cell_->state() : Lifecycle::Stopped; }
+  /// Current lifecycle state (Stopped for an unknown actor; Idle, meaning "unknown here", for a
+  /// remote one).
+  Lifecycle state() const {
+    if (cell_) return cell_->state();
+    return remote_ ? Lifecycle::Idle : Lifecycle::Stopped;
+  }
 
   /// Request/reply: see the file comment. Returns Future<R>.
   template <class M, class... Args>
   auto call(M method, Args&&... args) const {
     detail::check_endpoint<A, M, Args...>();
+    if (remote_) return detail::remote_call<A>(*proc_, *unknown_, method, std::forward<Args>(args)...);
     auto* e = new detail::CallEnvelope<A, M>(method, std::forward<Args>(args)...);
     auto f = e->promise.get_future();
     if (!cell_) {
@@ -197,6 +327,7 @@ class ActorRef {
   template <class M, class... Args>
   void send(M method, Args&&... args) const {
     detail::check_endpoint<A, M, Args...>();
+    if (remote_) return detail::remote_send<A>(*proc_, *unknown_, method, std::forward<Args>(args)...);
     Proc* p = cell_ ? &cell_->proc() : proc_;
     auto* e = new detail::SendEnvelope<A, M>(p, method, std::forward<Args>(args)...);
     if (!cell_) return bounce_unknown(e);
@@ -205,10 +336,16 @@ class ActorRef {
 
   /// Stops the actor after the messages already queued (drain); children stop first, then
   /// cleanup() runs. The future completes once the actor is Stopped or Failed.
-  Future<void> stop() const { return cell_ ? cell_->request_stop(false) : Future<void>::ready_value(); }
+  Future<void> stop() const {
+    if (remote_) return remote_unsupported("stop");
+    return cell_ ? cell_->request_stop(false) : Future<void>::ready_value();
+  }
   /// Like stop(), but pending messages are not run: they bounce to their senders as
   /// DeliveryFailure ("actor killed").
-  Future<void> kill() const { return cell_ ? cell_->request_stop(true) : Future<void>::ready_value(); }
+  Future<void> kill() const {
+    if (remote_) return remote_unsupported("kill");
+    return cell_ ? cell_->request_stop(true) : Future<void>::ready_value();
+  }
 
   bool operator==(const ActorRef& o) const { return id() == o.id(); }
 
@@ -219,6 +356,12 @@ class ActorRef {
   template <class B>
   friend class ActorRef;
 
+  Future<void> remote_unsupported(const char* what) const {
+    return Future<void>::ready_error(std::make_exception_ptr(UsageError(
+        std::string(what) + "() of " + id().to_string() +
+        ": actors in another process are stopped by their own Proc (or their mesh)")));
+  }
+
   void bounce_unknown(detail::Envelope* e) const {
     std::unique_ptr<detail::Envelope> owned(e);
     e->bounce(DeliveryFailure(id(), std::string(e->endpoint()), "unknown actor"));
@@ -227,6 +370,25 @@ class ActorRef {
   detail::CellPtr cell_;
   std::shared_ptr<const ActorId> unknown_;
   Proc* proc_ = nullptr;
+  bool remote_ = false;
 };
+
+namespace detail {
+/// Resolves an ActorId arriving in a remote message: local actor, or a remote ref.
+template <class A>
+ActorRef<A> resolve_incoming(const ActorId& id);
+}  // namespace detail
+
+// ActorRefs travel inside messages to other processes as their ActorId.
+template <class Archive, class A>
+void save(Archive& ar, const ActorRef<A>& ref) {
+  ar(ref.id());
+}
+template <class Archive, class A>
+void load(Archive& ar, ActorRef<A>& ref) {
+  ActorId id;
+  ar(id);
+  ref = detail::resolve_incoming<A>(id);
+}
 
 }  // namespace monarch

@@ -29,6 +29,7 @@
 #include "monarch/actor/port.hpp"
 #include "monarch/actor/scheduler.hpp"
 #include "monarch/actor/supervision.hpp"
+#include "monarch/channel/channel.hpp"
 
 namespace monarch {
 
@@ -43,6 +44,13 @@ struct ProcOptions {
   bool deterministic = false;
   /// How long ~Proc / shutdown() waits for actors to stop, in ms.
   std::chrono::milliseconds stop_timeout{5000};
+  /// Channel address to serve, making this Proc's actors reachable from other processes (and
+  /// letting it receive replies from them), e.g. "unix://@job-7/p0" or "tcp://0.0.0.0:0". When
+  /// set, the Proc's name becomes the bound address, so every ActorId says where its actor lives.
+  /// Empty: this Proc talks to other processes not at all.
+  std::string listen{};
+  /// Settings for the channels of `listen` (timeouts, max message size, TCP secret).
+  channel::ChannelOptions channel{};
 };
 
 class Proc {
@@ -60,12 +68,25 @@ class Proc {
   template <class A, class... Args>
   ActorRef<A> spawn(std::string name, Args&&... args) {
     static_assert(std::is_base_of_v<Actor, A>, "spawn<A>: A must derive from monarch::Actor");
+    detail::register_endpoints<A>();
     auto factory = [... a = std::forward<Args>(args)]() mutable -> std::unique_ptr<Actor> {
       return std::make_unique<A>(std::move(a)...);
     };
     return ActorRef<A>(detail::CellPtr::adopt(
         detail::spawn_cell(*this, nullptr, std::move(name), typeid(A), std::move(factory))));
   }
+
+  /// A ref to the actor registered as `name` (register_name) in the Proc serving `proc_addr`.
+  /// The future fails with DeliveryFailure if that Proc cannot be reached, or UsageError if it
+  /// has no such name or the actor there is not an A. This Proc must listen (ProcOptions::listen).
+  template <class A>
+  Future<ActorRef<A>> lookup_remote(const std::string& proc_addr, const std::string& name) {
+    return remote_lookup_id(proc_addr, name, detail::demangle(typeid(A).name()))
+        .then([this](ActorId id) { return ActorRef<A>(this, std::move(id), true); });
+  }
+
+  /// The address other processes reach this Proc at (empty when it does not listen).
+  std::string address() const;
 
   /// Makes `ref` findable by `name` through lookup(). Throws UsageError if the name is taken.
   template <class A>
@@ -122,6 +143,10 @@ class Proc {
   DeterministicScheduler& test_scheduler();
 
   // Internal (used by the runtime).
+  struct Remote;
+  Remote& remote();
+  Future<ActorId> remote_lookup_id(const std::string& proc_addr, const std::string& name,
+                                   const std::string& type_name);
   void on_root_event(const ActorSupervisionEvent& ev);
   void on_root_child_stopped(detail::Cell* c);
   void report_undeliverable(const DeliveryFailure& f);
@@ -131,6 +156,8 @@ class Proc {
   void add_root_child(detail::Cell* c);
 
  private:
+  void start_remote();
+  void stop_remote();
   void register_cell(const std::string& name, detail::Cell* c);
   detail::CellPtr lookup_cell(const std::string& name, std::type_index type);
   detail::CellPtr find(const ActorId& id);
@@ -152,6 +179,17 @@ class Proc {
   std::unordered_map<std::string, detail::CellPtr> names_;
   std::unordered_set<detail::Cell*> root_children_;  // references held
   FaultHook fault_hook_;
+  std::unique_ptr<Remote> remote_;  // channel state when listening
 };
+
+namespace detail {
+template <class A>
+ActorRef<A> resolve_incoming(const ActorId& id) {
+  Proc* p = decoding_proc();
+  if (p == nullptr) throw UsageError("ActorRef decoded outside a Proc's message handling");
+  if (id.proc == p->name()) return p->resolve<A>(id);
+  return ActorRef<A>(p, id, true);
+}
+}  // namespace detail
 
 }  // namespace monarch

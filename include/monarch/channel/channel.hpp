@@ -65,7 +65,7 @@ struct ChannelOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   /// Shared secret for TCP (CH-5). Empty: taken from $MONARCH_SECRET, else from the file named by
   /// $MONARCH_SECRET_FILE. A TCP Listener without any secret refuses to start.
-  std::string secret;
+  std::string secret{};
 };
 
 /// The event loop that runs channel I/O: one thread, owned by this object.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "monarch/actor/detail/unique_function.hpp"
 
@@ -16,6 +17,9 @@ namespace monarch::detail {
 
 class Cell;
 struct StateBase;
+
+/// Demangled C++ type name ("Counter" for typeid(Counter).name()).
+std::string demangle(const char* mangled);
 
 /// The actor whose handler is running on this thread, or nullptr outside any actor.
 Cell* current_cell() noexcept;

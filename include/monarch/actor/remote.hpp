@@ -1,0 +1,96 @@
+// Internal: messages to actors in other processes. An ActorRef whose actor lives in another Proc
+// (its ActorId's `proc` is that Proc's channel address) sends through the local Proc's channel:
+//
+//   parts[0] = RemoteHeader (cereal), parts[1] = payload (endpoint arguments, or the reply value)
+//
+// The receiving Proc looks the actor up by uid, finds the endpoint by its registered name
+// (MONARCH_ENDPOINTS) and posts an ordinary envelope, so remote messages keep every local
+// guarantee (FIFO per sender, one message at a time, supervision). Replies and errors come back
+// the same way; an undeliverable message comes back as DeliveryFailure.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <typeindex>
+#include <vector>
+
+#include "monarch/actor/actor_id.hpp"
+#include "monarch/actor/detail/unique_function.hpp"
+#include "monarch/actor/errors.hpp"
+#include "monarch/wire/serialize.hpp"
+
+namespace monarch {
+
+class Proc;
+
+template <class Archive>
+void serialize(Archive& ar, ActorId& id) {
+  ar(id.proc, id.name, id.uid);
+}
+
+namespace detail {
+
+class Cell;
+using Bytes = std::vector<std::byte>;
+
+enum class RemoteKind : uint8_t { Call = 1, Send = 2, Reply = 3, Bounce = 4, Lookup = 5 };
+
+/// An error crossing the wire: rebuilt on arrival as the same exception type.
+struct WireError {
+  uint8_t kind = 0;  // 0 none, 1 ActorError, 2 DeliveryFailure, 3 UsageError, 4 other Error
+  ActorId actor;
+  std::string endpoint;
+  std::string message;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(kind, actor, endpoint, message);
+  }
+  static WireError from(const std::exception_ptr& e);
+  [[noreturn]] void rethrow() const;
+  std::exception_ptr to_exception_ptr() const;
+};
+
+struct RemoteHeader {
+  RemoteKind kind = RemoteKind::Call;
+  ActorId dest;            // Call/Send: the actor; Lookup: dest.name = well-known name
+  std::string endpoint;    // Call/Send: registered endpoint name; Lookup: expected type name
+  std::string reply_proc;  // where replies and bounces go (the sending Proc's address)
+  uint64_t request_id = 0; // Call/Lookup/Reply
+  ActorId sender;          // Send/Bounce: the sending actor (uid 0: outside any actor)
+  WireError error;         // Reply/Bounce
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(kind, dest, endpoint, reply_proc, request_id, sender, error);
+  }
+};
+
+/// The outcome of a remote call: payload (encoded value) or error.
+struct RemoteResult {
+  Bytes payload;
+  std::exception_ptr error;
+};
+using ReplyHandler = UniqueFunction<void(RemoteResult&&)>;
+
+/// A remote Call/Send arriving for a local actor.
+struct RemoteRequest {
+  Bytes payload;
+  bool is_call = true;
+  UniqueFunction<void(RemoteResult&&)> reply;               // Call
+  UniqueFunction<void(const DeliveryFailure&)> bounce_send;  // Send: back to the remote sender
+};
+
+/// Decodes arguments and posts the envelope for one endpoint of one actor type.
+using RemoteInvoker = UniqueFunction<void(Cell&, RemoteRequest&&)>;
+void add_remote_invoker(std::type_index type, std::string endpoint, RemoteInvoker inv);
+
+/// Sends a Call or Send to `dest` (in another Proc) through `proc`'s channel. For a call,
+/// `on_reply` runs once with the result, or a DeliveryFailure when it cannot be delivered.
+void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const char* endpoint,
+                     Bytes payload, ReplyHandler on_reply);
+
+/// The Proc decoding the current remote message on this thread (resolves ActorRefs in payloads).
+Proc* decoding_proc() noexcept;
+
+}  // namespace detail
+}  // namespace monarch
