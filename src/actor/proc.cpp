@@ -185,6 +185,8 @@ Cell* spawn_cell(Proc& proc, Cell* parent, std::string name, std::type_index typ
   return c;
 }
 
+const std::string& proc_name(Proc& p) { return p.name(); }
+
 PortId next_port_id(Proc& proc, Cell* cell) {
   ActorId owner = cell != nullptr ? cell->id() : ActorId{proc.name(), "client", 0};
   return PortId{std::move(owner), proc.next_uid()};

@@ -91,7 +91,7 @@ void Proc::start_remote() {
 }
 
 void Proc::stop_remote() {
-  if (remote_) remote_->shutdown();
+  if (remote_) remote_->shutdown(std::min<std::chrono::milliseconds>(options_.stop_timeout, std::chrono::milliseconds(2000)));
 }
 
 std::string Proc::address() const { return remote_ ? remote_->address : std::string(); }
@@ -133,6 +133,32 @@ Future<ActorId> Proc::remote_lookup_id(const std::string& proc_addr, const std::
 }
 
 namespace detail {
+
+void export_port(Proc& proc, uint64_t index, std::weak_ptr<void> sink, std::type_index type,
+                 PortBytesDeliver deliver) {
+  auto& r = proc.remote();
+  std::lock_guard lock(r.mu);
+  r.ports[index] = Proc::Remote::Exported{std::move(sink), type, std::move(deliver)};
+}
+
+std::shared_ptr<void> find_exported_port(Proc& proc, uint64_t index, std::type_index type) {
+  auto& r = proc.remote();
+  std::lock_guard lock(r.mu);
+  auto it = r.ports.find(index);
+  if (it == r.ports.end() || it->second.type != type) return nullptr;
+  return it->second.sink.lock();
+}
+
+void remote_port_send(Proc& proc, const PortId& id, std::vector<std::byte> payload) {
+  auto& r = proc.remote();
+  RemoteHeader h;
+  h.kind = RemoteKind::PortSend;
+  h.dest = id.owner;
+  h.request_id = id.index;
+  h.reply_proc = r.address;
+  if (Cell* c = current_cell()) h.sender = c->id();
+  r.send(id.owner.proc, h, std::move(payload));
+}
 
 void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const char* endpoint,
                      Bytes payload, ReplyHandler on_reply) {

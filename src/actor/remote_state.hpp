@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "monarch/actor/proc.hpp"
@@ -37,6 +38,12 @@ struct Proc::Remote {
   std::unordered_map<uint64_t, detail::ReplyHandler> pending;
   uint64_t next_request = 1;
   bool closed = false;
+  struct Exported {
+    std::weak_ptr<void> sink;
+    std::type_index type = typeid(void);
+    detail::PortBytesDeliver deliver;
+  };
+  std::unordered_map<uint64_t, Exported> ports;  // guarded by mu
 
   std::shared_ptr<channel::Sender> sender_for(const std::string& addr) {
     std::lock_guard lock(mu);
@@ -99,6 +106,13 @@ struct Proc::Remote {
 
   // A message this Proc sent could not be delivered (channel failure: CH-3, CH-4).
   void on_returned(channel::Message&& m, const std::string& why) {
+    {
+      std::lock_guard lock(mu);
+      if (closed) {  // this Proc is shutting down: its actors are gone; pending calls already failed
+        spdlog::debug("monarch: {}: message returned during shutdown: {}", address, why);
+        return;
+      }
+    }
     RemoteHeader h;
     try {
       h = wire::decode<RemoteHeader>(m.parts.at(0));
@@ -112,7 +126,8 @@ struct Proc::Remote {
       case RemoteKind::Lookup:
         if (auto r = take_pending(h.request_id)) r(detail::RemoteResult{{}, std::make_exception_ptr(f)});
         return;
-      case RemoteKind::Send: return local_bounce(h.sender, f);
+      case RemoteKind::Send:
+      case RemoteKind::PortSend: return local_bounce(h.sender, f);
       default: spdlog::warn("monarch: {} (a reply or report was lost)", f.what());
     }
   }
@@ -157,7 +172,31 @@ struct Proc::Remote {
         }
       }
       case RemoteKind::Lookup: return on_lookup(h);
+      case RemoteKind::PortSend: return on_port_send(h, std::move(payload));
     }
+  }
+
+  void on_port_send(const RemoteHeader& h, channel::Bytes payload) {
+    detail::PortBytesDeliver deliver;
+    {
+      std::lock_guard lock(mu);
+      auto it = ports.find(h.request_id);
+      if (it != ports.end()) {
+        if (it->second.sink.expired()) {
+          ports.erase(it);
+        } else {
+          deliver = it->second.deliver;
+        }
+      }
+    }
+    std::string why = "port closed";
+    try {
+      if (deliver && deliver(payload)) return;
+    } catch (const std::exception& e) {
+      why = std::string("cannot deliver to port: ") + e.what();
+    }
+    bounce_to_sender(h.reply_proc, h.sender,
+                     DeliveryFailure(h.dest, "port[" + std::to_string(h.request_id) + "]", why));
   }
 
   void on_request(const RemoteHeader& h, channel::Bytes payload) {
@@ -208,7 +247,18 @@ struct Proc::Remote {
     reply(h.reply_proc, h.request_id, std::move(r));
   }
 
-  void shutdown() {
+  void shutdown(std::chrono::milliseconds flush_timeout) {
+    // Let what was already sent reach its destination (acknowledged) before closing the links.
+    auto deadline = std::chrono::steady_clock::now() + flush_timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      size_t pending_msgs = 0;
+      {
+        std::lock_guard lock(mu);
+        for (auto& [addr, s] : senders) pending_msgs += s->closed() ? 0 : s->pending();
+      }
+      if (pending_msgs == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     std::unordered_map<uint64_t, detail::ReplyHandler> left;
     std::unordered_map<std::string, std::shared_ptr<channel::Sender>> links;
     {

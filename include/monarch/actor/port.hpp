@@ -21,7 +21,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <typeindex>
 #include <utility>
 
 #include "monarch/actor/actor_ref.hpp"
@@ -37,9 +39,16 @@ struct PortId {
   uint64_t index = 0;
   std::string to_string() const { return owner.to_string() + ".port[" + std::to_string(index) + "]"; }
   bool operator==(const PortId&) const = default;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(owner, index);
+  }
 };
 
 namespace detail {
+
+/// The Proc's name (its address when it listens); defined in proc.cpp.
+const std::string& proc_name(Proc& p);
 
 /// Drives the deterministic scheduler on this thread until pred() holds; returns false when no
 /// deterministic scheduler drives this thread (then the caller blocks normally).
@@ -105,6 +114,67 @@ struct OnceSink final : PortSink<T> {
   }
 };
 
+// Ports crossing processes (implemented in remote.cpp). A port serialised into a message is
+// exported by its Proc under its index; a port decoded in another Proc sends back through it.
+using PortBytesDeliver = std::function<bool(std::span<const std::byte>)>;
+void export_port(Proc& proc, uint64_t index, std::weak_ptr<void> sink, std::type_index type,
+                 PortBytesDeliver deliver);
+std::shared_ptr<void> find_exported_port(Proc& proc, uint64_t index, std::type_index type);
+void remote_port_send(Proc& proc, const PortId& id, std::vector<std::byte> payload);
+
+template <class T>
+struct RemotePortSink final : PortSink<T> {
+  bool once = false;
+  std::atomic<bool> used{false};
+  bool deliver(T&& v) override {
+    if constexpr (wire::is_serializable_v<T>) {
+      if (once && used.exchange(true)) throw UsageError("OncePort " + this->id.to_string() + " used twice");
+      remote_port_send(*this->proc, this->id, wire::encode(v));
+      return true;
+    } else {
+      throw UsageError("port message type is not serialisable; cannot send to " + this->id.to_string());
+    }
+  }
+};
+
+template <class Archive, class T>
+void save_port(Archive& ar, const std::shared_ptr<PortSink<T>>& sink, bool once) {
+  if (!sink) throw UsageError("cannot send an empty Port");
+  if constexpr (wire::is_serializable_v<T>) {
+    if (dynamic_cast<RemotePortSink<T>*>(sink.get()) == nullptr) {
+      std::weak_ptr<PortSink<T>> weak = sink;
+      export_port(*sink->proc, sink->id.index, std::static_pointer_cast<void>(sink), typeid(T),
+                  [weak](std::span<const std::byte> b) {
+                    auto s = weak.lock();
+                    return s && s->deliver(wire::decode<T>(b));
+                  });
+    }
+    ar(sink->id, once);
+  } else {
+    throw UsageError("port " + sink->id.to_string() +
+                     " carries a type that is not serialisable; it cannot leave its process");
+  }
+}
+
+template <class Archive, class T>
+std::shared_ptr<PortSink<T>> load_port(Archive& ar) {
+  PortId id;
+  bool once = false;
+  ar(id, once);
+  Proc* p = decoding_proc();
+  if (p == nullptr) throw UsageError("Port decoded outside a Proc's message handling");
+  if (id.owner.proc == proc_name(*p)) {
+    if (auto local = find_exported_port(*p, id.index, typeid(T))) {
+      return std::static_pointer_cast<PortSink<T>>(local);
+    }
+  }
+  auto r = std::make_shared<RemotePortSink<T>>();
+  r->id = std::move(id);
+  r->proc = p;
+  r->once = once;
+  return r;
+}
+
 template <class T>
 void port_send(PortSink<T>& sink, T&& v) {
   if (!sink.deliver(std::move(v))) {
@@ -132,6 +202,16 @@ class Port {
   }
   bool valid() const noexcept { return sink_ != nullptr; }
 
+  // Ports travel inside messages to other processes (as their PortId).
+  template <class Archive>
+  void save(Archive& ar) const {
+    detail::save_port(ar, sink_, false);
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    sink_ = detail::load_port<Archive, T>(ar);
+  }
+
  private:
   void check() const {
     if (!sink_) throw UsageError("Port is empty (default-constructed)");
@@ -143,7 +223,7 @@ template <class T>
 class OncePort {
  public:
   OncePort() = default;
-  explicit OncePort(std::shared_ptr<detail::OnceSink<T>> s) : sink_(std::move(s)) {}
+  explicit OncePort(std::shared_ptr<detail::PortSink<T>> s) : sink_(std::move(s)) {}
   /// Completes the paired Future with v. Throws UsageError when used a second time.
   void send(T v) const {
     if (!sink_) throw UsageError("OncePort is empty (default-constructed)");
@@ -152,8 +232,17 @@ class OncePort {
   const PortId& id() const { return sink_->id; }
   bool valid() const noexcept { return sink_ != nullptr; }
 
+  template <class Archive>
+  void save(Archive& ar) const {
+    detail::save_port(ar, sink_, true);
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    sink_ = detail::load_port<Archive, T>(ar);
+  }
+
  private:
-  std::shared_ptr<detail::OnceSink<T>> sink_;
+  std::shared_ptr<detail::PortSink<T>> sink_;
 };
 
 /// Receiving end of a Port<T>. Move-only; destroying it closes the port.

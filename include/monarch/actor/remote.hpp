@@ -34,7 +34,7 @@ namespace detail {
 class Cell;
 using Bytes = std::vector<std::byte>;
 
-enum class RemoteKind : uint8_t { Call = 1, Send = 2, Reply = 3, Bounce = 4, Lookup = 5 };
+enum class RemoteKind : uint8_t { Call = 1, Send = 2, Reply = 3, Bounce = 4, Lookup = 5, PortSend = 6 };
 
 /// An error crossing the wire: rebuilt on arrival as the same exception type.
 struct WireError {
@@ -53,7 +53,8 @@ struct WireError {
 
 struct RemoteHeader {
   RemoteKind kind = RemoteKind::Call;
-  ActorId dest;            // Call/Send: the actor; Lookup: dest.name = well-known name
+  ActorId dest;            // Call/Send: the actor; Lookup: dest.name = well-known name;
+                           // PortSend: the port's owner (request_id = port index)
   std::string endpoint;    // Call/Send: registered endpoint name; Lookup: expected type name
   std::string reply_proc;  // where replies and bounces go (the sending Proc's address)
   uint64_t request_id = 0; // Call/Lookup/Reply

@@ -91,6 +91,20 @@ TEST(Remote, RefsTravelInsideMessagesBothWays) {
   EXPECT_THAT(sink.call(&Sink::all).get(5s), ElementsAre(0, 1, 2, 3, 4));
 }
 
+TEST(Remote, PortsAndOncePortsTravelAcrossProcs) {
+  Proc server(listening("server"));
+  Proc client(listening("client"));
+  server.register_name("counter", server.spawn<Counter>("counter"));
+  auto c = client.lookup_remote<Counter>(server.address(), "counter").get(5s);
+  c.call(&Counter::incr, 10).get(5s);
+  auto [port, rx] = client.open_port<int>();
+  c.send(&Counter::stream_to, port, 20);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(rx.recv(5s), 10 + i);
+  auto [once, answer] = client.open_once_port<std::string>();
+  c.send(&Counter::answer, once);
+  EXPECT_THAT(answer.get(5s), HasSubstr("from " + server.address()));
+}
+
 TEST(Remote, StoppedOrUnknownRemoteActorIsADeliveryFailure) {
   Proc server(listening("server"));
   Proc client(listening("client"));

@@ -30,7 +30,12 @@ struct Counter : monarch::Actor {
     auto all = co_await to.call(&Sink::all);
     co_return static_cast<int>(all.size());
   }
-  MONARCH_ENDPOINTS(Counter, incr, add, get, where, boom, forward, ask_back)
+  // Ports travel across processes too.
+  void stream_to(monarch::Port<int> out, int n) {
+    for (int i = 0; i < n; ++i) out.send(value + i);
+  }
+  void answer(monarch::OncePort<std::string> reply) { reply.send("from " + id().to_string()); }
+  MONARCH_ENDPOINTS(Counter, incr, add, get, where, boom, forward, ask_back, stream_to, answer)
   int value = 0;
 };
 
