@@ -1,5 +1,7 @@
 #include "monarch/actor/scheduler.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "monarch/actor/detail/cell.hpp"
@@ -31,6 +33,7 @@ struct ThreadPoolScheduler::Worker {
 
 ThreadPoolScheduler::ThreadPoolScheduler(size_t workers, size_t batch)
     : batch_(std::max<size_t>(1, batch)) {
+  (void)spdlog::default_logger_raw();  // build the logging registry before any worker runs
   size_t n = workers != 0 ? workers : std::max(1u, std::thread::hardware_concurrency());
   for (size_t i = 0; i < n; ++i) start_worker();
 }

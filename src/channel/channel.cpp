@@ -208,6 +208,9 @@ struct IoRuntime::Impl {
 };
 
 IoRuntime::IoRuntime() : impl_(std::make_unique<Impl>()) {
+  // Create spdlog's registry before our thread starts: it is a lazily built static inside the
+  // (uninstrumented) shared library, so racing to build it would be invisible to TSan.
+  (void)spdlog::default_logger_raw();
   impl_->thread = std::thread([this] { impl_->ctx.run(); });
 }
 
