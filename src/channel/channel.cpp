@@ -315,6 +315,7 @@ struct Conn {
   uint32_t since_ack = 0;
   uint64_t last_acked = 0;
   uint64_t session = 0;
+  SessionState* state = nullptr;  // sessions_[session]; node addresses are stable
 };
 
 struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
@@ -402,11 +403,20 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
                              none);
       }
       c->session = session;
-      c->last_acked = sessions[session].last_delivered;
+      c->state = &sessions[session];
+      c->last_acked = c->state->last_delivered;
       asio::co_spawn(ctx, ack_writer(c), asio::detached);
       while (c->open) {
-        size_t n = co_await c->sock.async_read_some(asio::buffer(buf), use_awaitable);
-        dec.feed(std::span<const std::byte>(buf.data(), n));
+        // Large parts are read straight into their final buffers (no copy through `buf`).
+        auto direct = dec.direct_buffer();
+        if (!direct.empty()) {
+          size_t n = co_await c->sock.async_read_some(asio::buffer(direct.data(), direct.size()),
+                                                      use_awaitable);
+          dec.commit_direct(n);
+        } else {
+          size_t n = co_await c->sock.async_read_some(asio::buffer(buf), use_awaitable);
+          dec.feed(std::span<const std::byte>(buf.data(), n));
+        }
         while (auto f = dec.next()) on_frame(*c, std::move(*f));
       }
     } catch (const wire::FrameError& e) {
@@ -425,7 +435,7 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
   void on_frame(Conn& c, wire::Frame&& f) {
     switch (f.header.kind) {
       case FrameKind::Data: {
-        SessionState& ss = sessions[c.session];
+        SessionState& ss = *c.state;
         if (f.header.session_id != c.session) {
           throw wire::FrameError("data frame for session " + std::to_string(f.header.session_id) +
                                  " on a connection of session " + std::to_string(c.session));
@@ -463,7 +473,7 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
         if (c->ack_timer.expiry() > Clock::now()) continue;  // re-armed while waiting
         c->ack_timer.expires_at(Clock::time_point::max());
         c->ack_armed = false;
-        uint64_t last = sessions[c->session].last_delivered;
+        uint64_t last = c->state->last_delivered;
         if (last <= c->last_acked) continue;
         c->since_ack = 0;
         c->last_acked = last;
@@ -577,7 +587,6 @@ struct Pending {
   uint64_t seq = 0;  // assigned when first written (so a new session can renumber from 1)
   Message msg;
   Clock::time_point sent_at;
-  std::vector<std::byte> prefix;
 };
 
 struct SenderCore : std::enable_shared_from_this<SenderCore> {
@@ -620,7 +629,7 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     {
       std::lock_guard lock(mu);
       if (!closed) {
-        queue.push_back(Pending{0, std::move(m), Clock::now(), {}});
+        queue.push_back(Pending{0, std::move(m), Clock::now()});
         pending_count.fetch_add(1, std::memory_order_relaxed);
         accepted = true;
         post = !wake_posted;
@@ -808,6 +817,19 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   }
 
   awaitable<void> writer() {
+    // One gathering write per batch. Headers, part tables and small parts are copied into one
+    // reused buffer (no allocation per message); parts of kDirectPart bytes or more are written
+    // straight from the message (never copied).
+    constexpr size_t kDirectPart = 16 * 1024;
+    constexpr size_t kMaxBatchBytes = 8u << 20;
+    struct Segment {
+      const std::byte* ext;  // nullptr: [off, off+len) of `batch`
+      size_t off;
+      size_t len;
+    };
+    std::vector<std::byte> batch;
+    std::vector<Segment> segs;
+    std::vector<std::span<const std::byte>> spans;
     std::vector<asio::const_buffer> bufs;
     while (connected && !closed) {
       {
@@ -818,28 +840,56 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
           queue.pop_front();
         }
       }
-      // Assign sequence numbers to newly queued messages and write everything not yet written.
-      bufs.clear();
+      batch.clear();
+      segs.clear();
       uint64_t upto = written_upto;
       size_t bytes = 0;
+      auto small = [&](size_t from) {
+        if (batch.size() > from) segs.push_back({nullptr, from, batch.size() - from});
+      };
       for (auto& p : unacked) {
         if (p.seq == 0) p.seq = next_seq++;
         if (p.seq <= written_upto) continue;
-        if (bufs.size() + 1 + p.msg.parts.size() > 1000 || bytes > (8u << 20)) break;
-        p.prefix = prefix_of(header(FrameKind::Data, session, process_incarnation(), p.seq), p.msg.parts);
-        bufs.emplace_back(p.prefix.data(), p.prefix.size());
-        for (auto& part : p.msg.parts) bufs.emplace_back(part.data(), part.size());
-        bytes += p.prefix.size() + p.msg.size_bytes();
+        if (bytes > kMaxBatchBytes || segs.size() > 900) break;
+        spans.clear();
+        for (const auto& part : p.msg.parts) spans.emplace_back(part.data(), part.size());
+        size_t from = batch.size();
+        wire::encode_prefix(header(FrameKind::Data, session, process_incarnation(), p.seq), spans,
+                            batch);
+        for (const auto& part : p.msg.parts) {
+          if (part.size() < kDirectPart) {
+            batch.insert(batch.end(), part.begin(), part.end());
+            continue;
+          }
+          small(from);
+          segs.push_back({part.data(), 0, part.size()});
+          from = batch.size();
+        }
+        small(from);
+        bytes += p.msg.size_bytes() + wire::kFrameHeaderSize;
         upto = p.seq;
       }
-      if (!bufs.empty()) {
-        co_await asio::async_write(*sock, bufs, use_awaitable);
-        written_upto = upto;
+      if (segs.empty()) {
+        wake.expires_at(Clock::time_point::max());
+        asio::error_code ec;
+        co_await wake.async_wait(asio::redirect_error(use_awaitable, ec));
         continue;
       }
-      wake.expires_at(Clock::time_point::max());
-      asio::error_code ec;
-      co_await wake.async_wait(asio::redirect_error(use_awaitable, ec));
+      // Adjacent pieces of `batch` are merged so small messages go out as one iovec.
+      bufs.clear();
+      for (size_t i = 0; i < segs.size(); ++i) {
+        if (segs[i].ext != nullptr) {
+          bufs.emplace_back(segs[i].ext, segs[i].len);
+          continue;
+        }
+        size_t off = segs[i].off, len = segs[i].len;
+        while (i + 1 < segs.size() && segs[i + 1].ext == nullptr && segs[i + 1].off == off + len) {
+          len += segs[++i].len;
+        }
+        bufs.emplace_back(batch.data() + off, len);
+      }
+      co_await asio::async_write(*sock, bufs, use_awaitable);
+      written_upto = upto;
     }
     if (!connected) throw std::system_error(std::make_error_code(std::errc::connection_reset));
   }

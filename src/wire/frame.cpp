@@ -167,12 +167,63 @@ void FrameDecoder::compact() {
 
 void FrameDecoder::feed(std::span<const std::byte> bytes) {
   if (error_ || bytes.empty()) return;
+  if (direct_ && !direct_complete()) bytes = bytes.subspan(absorb(bytes));
+  if (bytes.empty()) return;
   compact();
   buf_.insert(buf_.end(), bytes.begin(), bytes.end());
 }
 
+std::size_t FrameDecoder::absorb(std::span<const std::byte> bytes) {
+  std::size_t used = 0;
+  while (direct_part_ < direct_lens_.size()) {
+    auto& part = direct_->parts[direct_part_];
+    const std::size_t len = direct_lens_[direct_part_];
+    if (direct_off_ == len) {  // part complete (or empty): next one
+      ++direct_part_;
+      direct_off_ = 0;
+      continue;
+    }
+    if (used == bytes.size()) break;
+    if (part.size() != len) part.resize(len);  // allocated when its first byte arrives
+    const std::size_t n = std::min(len - direct_off_, bytes.size() - used);
+    std::memcpy(part.data() + direct_off_, bytes.data() + used, n);
+    direct_off_ += n;
+    used += n;
+  }
+  direct_filled_ += used;
+  return used;
+}
+
+std::span<std::byte> FrameDecoder::direct_buffer() {
+  if (error_ || !direct_) return {};
+  absorb({});  // skips finished and empty parts
+  if (direct_complete()) return {};
+  auto& part = direct_->parts[direct_part_];
+  const std::size_t len = direct_lens_[direct_part_];
+  if (part.size() != len) part.resize(len);
+  return {part.data() + direct_off_, len - direct_off_};
+}
+
+void FrameDecoder::commit_direct(std::size_t n) {
+  if (!direct_ || direct_complete()) return;
+  const std::size_t room = direct_lens_[direct_part_] - direct_off_;
+  if (n > room) n = room;
+  direct_off_ += n;
+  direct_filled_ += n;
+  absorb({});
+}
+
 std::optional<Frame> FrameDecoder::next() {
   if (error_) throw FrameError(*error_);
+  if (direct_) {
+    absorb({});
+    if (!direct_complete()) return std::nullopt;
+    Frame f = std::move(*direct_);
+    direct_.reset();
+    direct_lens_.clear();
+    direct_filled_ = 0;
+    return f;
+  }
   const std::size_t avail = buf_.size() - pos_;
   const std::byte* base = buf_.data() + pos_;
 
@@ -220,6 +271,28 @@ std::optional<Frame> FrameDecoder::next() {
   }
 
   const std::size_t total = kFrameHeaderSize + h.body_len;
+  if (avail < total && h.body_len - table_bytes >= limits_.direct_min_bytes) {
+    // Large frame: assemble its parts in place from here on.
+    direct_.emplace();
+    direct_->header = h;
+    direct_->parts.resize(h.num_parts);
+    direct_lens_.resize(h.num_parts);
+    const std::byte* t = base + kFrameHeaderSize;
+    for (std::uint32_t i = 0; i < h.num_parts; ++i) direct_lens_[i] = load_le<std::uint32_t>(t + 4 * i);
+    direct_part_ = 0;
+    direct_off_ = 0;
+    direct_header_ = kFrameHeaderSize + table_bytes;
+    direct_filled_ = direct_header_;
+    pos_ += direct_header_;
+    header_.reset();
+    table_checked_ = false;
+    pos_ += absorb({buf_.data() + pos_, buf_.size() - pos_});
+    if (pos_ == buf_.size()) {
+      buf_.clear();
+      pos_ = 0;
+    }
+    return next();
+  }
   if (avail < total) return std::nullopt;
 
   Frame f;

@@ -298,5 +298,47 @@ TEST(FrameErrors, ThrowsFrameErrorType) {
   EXPECT_THROW(d.next(), std::runtime_error);
 }
 
+TEST(Frame, LargeFramesAreAssembledInPlace) {
+  // Two frames: a small one, then one with a 1 MiB part, then a small one, read the way the
+  // channel reads: straight into direct_buffer() while a large frame is pending, else feed().
+  std::vector<std::byte> big(1u << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>(i * 7 + 3);
+  std::vector<std::byte> head(5, std::byte{1});
+  std::vector<std::span<const std::byte>> parts{head, big, {}};
+  FrameHeader h{};
+  h.seq = 2;
+  auto stream = encode_frame(FrameHeader{}, {});
+  auto f2 = encode_frame(h, parts);
+  stream.insert(stream.end(), f2.begin(), f2.end());
+  auto f3 = encode_frame(FrameHeader{}, {});
+  stream.insert(stream.end(), f3.begin(), f3.end());
+
+  FrameDecoder d;
+  std::vector<Frame> out;
+  size_t off = 0, direct_reads = 0;
+  while (off < stream.size()) {
+    auto direct = d.direct_buffer();
+    size_t n = std::min<size_t>(stream.size() - off, 100000);
+    if (!direct.empty()) {
+      n = std::min(n, direct.size());
+      std::memcpy(direct.data(), stream.data() + off, n);
+      d.commit_direct(n);
+      ++direct_reads;
+    } else {
+      d.feed({stream.data() + off, n});
+    }
+    off += n;
+    while (auto f = d.next()) out.push_back(std::move(*f));
+  }
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_GT(direct_reads, 5u);  // most of the 1 MiB went straight into the part
+  EXPECT_EQ(out[1].header.seq, 2u);
+  ASSERT_EQ(out[1].parts.size(), 3u);
+  EXPECT_EQ(out[1].parts[0], head);
+  EXPECT_TRUE(out[1].parts[1] == big);
+  EXPECT_TRUE(out[1].parts[2].empty());
+  EXPECT_EQ(d.buffered(), 0u);
+}
+
 }  // namespace
 }  // namespace monarch::wire

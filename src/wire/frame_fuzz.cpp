@@ -54,7 +54,15 @@ Result run(std::span<const std::byte> in, std::uint64_t seed, bool split, Decode
       if (off < in.size()) {
         std::size_t n = in.size() - off;
         if (split) n = std::min<std::size_t>(n, 1 + splitmix(seed) % 64);
-        d.feed(in.subspan(off, n));
+        auto direct = d.direct_buffer();
+        if (split && !direct.empty() && (splitmix(seed) & 1) != 0) {
+          // Read straight into the part being assembled, as the channel does for large frames.
+          n = std::min(n, direct.size());
+          std::memcpy(direct.data(), in.data() + off, n);
+          d.commit_direct(n);
+        } else {
+          d.feed(in.subspan(off, n));
+        }
         off += n;
       }
       while (auto f = d.next()) {
@@ -92,6 +100,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   DecoderLimits limits;
   limits.max_frame_bytes = 2048;
   limits.max_parts = 64;
+  limits.direct_min_bytes = 24;  // small, so in-place assembly of "large" frames is exercised
   Result whole = run(in, seed, false, limits);
   Result split = run(in, seed, true, limits);
   check(whole.frames == split.frames, "split decode yields different frames");

@@ -96,6 +96,10 @@ std::size_t encoded_size(Parts parts) noexcept;
 struct DecoderLimits {
   std::size_t max_frame_bytes = std::size_t{64} << 20;  // limit on body_len
   std::uint32_t max_parts = 4096;
+  // Frames whose parts total at least this many bytes are assembled in place: once the header and
+  // length table are validated, each part is allocated at its final size and filled directly
+  // (see FrameDecoder::direct_buffer), so large payloads are never copied through the stream buffer.
+  std::size_t direct_min_bytes = std::size_t{64} << 10;
 };
 
 // Incremental decoder for a byte stream. Not thread-safe.
@@ -116,8 +120,16 @@ class FrameDecoder {
   void feed(std::span<const std::byte> bytes);
   std::optional<Frame> next();
 
-  // Bytes fed but not yet returned as frames.
-  std::size_t buffered() const noexcept { return buf_.size() - pos_; }
+  // Bytes fed but not yet returned as frames (including those already placed into the parts of
+  // a large frame being assembled in place).
+  std::size_t buffered() const noexcept { return buf_.size() - pos_ + direct_filled_; }
+
+  // While a large frame is being assembled in place: the unfilled rest of its current part, where
+  // the caller may read the next bytes of the stream directly (then call commit_direct(n)).
+  // Empty otherwise: read into your own buffer and feed() it.
+  std::span<std::byte> direct_buffer();
+  // Records that the first n bytes of direct_buffer() now hold stream bytes (n <= its size).
+  void commit_direct(std::size_t n);
   bool poisoned() const noexcept { return error_.has_value(); }
   const DecoderLimits& limits() const noexcept { return limits_; }
 
@@ -132,6 +144,15 @@ class FrameDecoder {
   std::optional<FrameHeader> header_;
   bool table_checked_ = false;
   std::optional<std::string> error_;
+  // In-place assembly of a large frame (header and table already consumed from buf_).
+  std::size_t absorb(std::span<const std::byte> bytes);
+  bool direct_complete() const noexcept { return direct_ && direct_part_ == direct_lens_.size(); }
+  std::optional<Frame> direct_;
+  std::vector<std::uint32_t> direct_lens_;
+  std::size_t direct_part_ = 0;    // part being filled
+  std::size_t direct_off_ = 0;     // bytes of it filled
+  std::size_t direct_header_ = 0;  // header + table bytes of the frame (for buffered())
+  std::size_t direct_filled_ = 0;  // header + table + part bytes received so far
 };
 
 // Parses a 40-byte header without validating it (no magic/version/kind checks). `bytes` must hold
