@@ -33,13 +33,19 @@ Proc::~Proc() {
   stop_remote();
   scheduler_->shutdown();
   std::unordered_map<std::string, detail::CellPtr> names;
-  std::unordered_set<detail::Cell*> roots;
+  detail::Cell* roots = nullptr;
   {
     std::lock_guard lock(mu_);
     names.swap(names_);
-    roots.swap(root_children_);
+    roots = std::exchange(root_head_, nullptr);
+    root_count_ = 0;
   }
-  for (auto* c : roots) c->release();
+  while (roots != nullptr) {  // actors that did not stop in time
+    detail::Cell* next = std::exchange(roots->root_next, nullptr);
+    roots->root_prev = nullptr;
+    roots->release();
+    roots = next;
+  }
 }
 
 DeterministicScheduler& Proc::test_scheduler() {
@@ -70,15 +76,24 @@ void Proc::report_undeliverable(const DeliveryFailure& f) {
 void Proc::add_root_child(detail::Cell* c) {
   c->add_ref();
   std::lock_guard lock(mu_);
-  root_children_.insert(c);
+  c->root_next = root_head_;
+  if (root_head_ != nullptr) root_head_->root_prev = c;
+  root_head_ = c;
+  ++root_count_;
 }
 
 void Proc::on_root_child_stopped(detail::Cell* c) {
+  bool last = false;
   {
     std::lock_guard lock(mu_);
-    if (root_children_.erase(c) == 0) return;
+    if (c->root_prev == nullptr && root_head_ != c) return;  // not in the list (already removed)
+    if (c->root_prev != nullptr) c->root_prev->root_next = c->root_next;
+    if (c->root_next != nullptr) c->root_next->root_prev = c->root_prev;
+    if (root_head_ == c) root_head_ = c->root_next;
+    c->root_prev = c->root_next = nullptr;
+    last = --root_count_ == 0;
   }
-  root_cv_.notify_all();
+  if (last) root_cv_.notify_all();
   c->release();
 }
 
@@ -143,23 +158,24 @@ bool Proc::shutdown(std::chrono::milliseconds timeout) {
   std::vector<detail::CellPtr> roots;
   {
     std::lock_guard lock(mu_);
-    for (auto* c : root_children_) roots.push_back(detail::CellPtr::share(c));
+    roots.reserve(root_count_);
+    for (auto* c = root_head_; c != nullptr; c = c->root_next) roots.push_back(detail::CellPtr::share(c));
   }
   for (auto& c : roots) c->request_stop_nowait(false);
   roots.clear();
   auto done = [&] {
     std::lock_guard lock(mu_);
-    return root_children_.empty();
+    return root_count_ == 0;
   };
   if (options_.deterministic) {
     test_scheduler().run_until(done);
   } else {
     std::unique_lock lock(mu_);
-    root_cv_.wait_for(lock, timeout, [&] { return root_children_.empty(); });
+    root_cv_.wait_for(lock, timeout, [&] { return root_count_ == 0; });
   }
   std::lock_guard lock(mu_);
-  if (root_children_.empty()) return true;
-  for (auto* c : root_children_) {
+  if (root_count_ == 0) return true;
+  for (auto* c = root_head_; c != nullptr; c = c->root_next) {
     spdlog::error("monarch: {} did not stop within {} ms (state {})", c->id().to_string(),
                   timeout.count(), to_string(c->state()));
   }

@@ -174,10 +174,11 @@ class Proc {
   Shard shards_[kShards];
   std::atomic<size_t> live_{0};
 
-  mutable std::mutex mu_;  // names_, root_children_, fault_hook_
+  mutable std::mutex mu_;  // names_, the root list, fault_hook_
   std::condition_variable root_cv_;
   std::unordered_map<std::string, detail::CellPtr> names_;
-  std::unordered_set<detail::Cell*> root_children_;  // references held
+  detail::Cell* root_head_ = nullptr;  // top-level actors (intrusive list; references held)
+  size_t root_count_ = 0;
   FaultHook fault_hook_;
   std::unique_ptr<Remote> remote_;  // channel state when listening
 };

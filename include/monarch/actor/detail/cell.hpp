@@ -81,6 +81,11 @@ class Cell {
   void on_child_stopped(Cell* child);
   void on_child_event(std::shared_ptr<const ActorSupervisionEvent> ev);
 
+  /// Links in the Proc's list of top-level actors (guarded by the Proc's mutex): an intrusive
+  /// list, so spawning and stopping a top-level actor never allocates.
+  Cell* root_prev = nullptr;
+  Cell* root_next = nullptr;
+
   /// The endpoint name of the envelope being processed (deterministic stepping reports).
   const std::string& last_endpoint() const noexcept { return last_endpoint_; }
 
