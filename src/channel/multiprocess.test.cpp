@@ -1,18 +1,15 @@
 // Channels across real processes (fork/exec of channel_peer): ping-pong, kill -9 and restart of
 // the receiver mid-stream, and a frozen (SIGSTOP) receiver past the delivery timeout.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <mutex>
 #include <set>
 
 #include "monarch/channel/channel.hpp"
 #include "test_util.hpp"
+#include "testing/subprocess.hpp"
 
 using namespace monarch::channel;
 using namespace std::chrono_literals;
@@ -25,82 +22,21 @@ using ::testing::HasSubstr;
 
 namespace {
 
-/// A child process running channel_peer, with its stdin and stdout on pipes.
-class Peer {
+/// A channel_peer child process (see channel_peer.cpp).
+class Peer : public monarch::testing::Subprocess {
  public:
-  Peer(const std::string& mode, const std::string& addr) {
-    int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      ::execl(MONARCH_CHANNEL_PEER, "channel_peer", mode.c_str(), addr.c_str(), nullptr);
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    stdin_ = in[1];
-    stdout_ = out[0];
-  }
-  ~Peer() {
-    if (stdin_ >= 0) ::close(stdin_);
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (stdout_ >= 0) ::close(stdout_);
-  }
-  Peer(const Peer&) = delete;
-  Peer& operator=(const Peer&) = delete;
-
-  /// Next stdout line, or nullopt at EOF or after the deadline.
-  std::optional<std::string> line(std::chrono::milliseconds deadline) {
-    auto end = std::chrono::steady_clock::now() + deadline;
-    while (true) {
-      auto nl = buf_.find('\n');
-      if (nl != std::string::npos) {
-        std::string l = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return l;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return std::nullopt;
-      pollfd p{stdout_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      char tmp[4096];
-      ssize_t n = ::read(stdout_, tmp, sizeof tmp);
-      if (n <= 0) return std::nullopt;
-      buf_.append(tmp, static_cast<size_t>(n));
-    }
-  }
-  /// Waits for "LISTENING <addr>" and returns the address.
-  std::string listening() {
-    auto l = line(10s);
-    if (!l || !l->starts_with("LISTENING ")) throw std::runtime_error("peer did not start");
-    return l->substr(10);
-  }
-  void signal(int sig) { ::kill(pid_, sig); }
-  void kill9() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    reaped_ = true;
-  }
+  Peer(const std::string& mode, const std::string& addr)
+      : Subprocess(MONARCH_CHANNEL_PEER, {mode, addr}) {}
+  void signal(int sig) { kill(sig); }
+  void kill9() { kill(SIGKILL); }
   /// Every "MSG x" line until EOF (call after the process ended or was killed).
   std::vector<std::string> drain_messages() {
     std::vector<std::string> out;
-    while (auto l = line(2s)) {
+    while (auto l = line(std::chrono::seconds(2))) {
       if (l->starts_with("MSG ")) out.push_back(l->substr(4));
     }
     return out;
   }
-
- private:
-  pid_t pid_ = -1;
-  int stdin_ = -1;
-  int stdout_ = -1;
-  bool reaped_ = false;
-  std::string buf_;
 };
 
 ChannelOptions opts() {

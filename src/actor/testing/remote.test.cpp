@@ -1,15 +1,12 @@
 // ActorRefs to actors in other Procs: two listening Procs in this process, and a real peer process.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 
 #include "remote_actors.hpp"
+#include "testing/subprocess.hpp"
 
 using namespace std::chrono_literals;
 using monarch::ActorRef;
@@ -121,55 +118,9 @@ TEST(Remote, StoppedOrUnknownRemoteActorIsADeliveryFailure) {
   }
 }
 
-/// A remote_peer child process (see remote_peer.cpp).
-class PeerProcess {
- public:
-  explicit PeerProcess(const std::string& addr) {
-    int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      ::execl(MONARCH_REMOTE_PEER, "remote_peer", addr.c_str(), nullptr);
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    stdin_ = in[1];
-    stdout_ = out[0];
-  }
-  ~PeerProcess() {
-    ::close(stdin_);
-    if (!reaped_) kill(SIGKILL);
-    ::close(stdout_);
-  }
-  PeerProcess(const PeerProcess&) = delete;
-  PeerProcess& operator=(const PeerProcess&) = delete;
-  std::string address() {
-    std::string buf;
-    char c;
-    pollfd p{stdout_, POLLIN, 0};
-    while (::poll(&p, 1, 10000) > 0 && ::read(stdout_, &c, 1) == 1 && c != '\n') buf += c;
-    if (!buf.starts_with("LISTENING ")) throw std::runtime_error("remote_peer did not start: " + buf);
-    return buf.substr(10);
-  }
-  void kill(int sig) {
-    ::kill(pid_, sig);
-    ::waitpid(pid_, nullptr, 0);
-    reaped_ = true;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int stdin_ = -1;
-  int stdout_ = -1;
-  bool reaped_ = false;
-};
-
 TEST(Remote, RealPeerProcessAndItsDeath) {
-  PeerProcess peer(unique_addr("peer"));
-  std::string addr = peer.address();
+  monarch::testing::Subprocess peer(MONARCH_REMOTE_PEER, {unique_addr("peer")});
+  std::string addr = peer.listening();
   ProcOptions o = listening("client");
   o.channel.delivery_timeout = 500ms;
   Proc client(o);
