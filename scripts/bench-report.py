@@ -20,12 +20,12 @@ def main(path):
     groups = OrderedDict()
     for r in rows:
         groups.setdefault(key_of(r), []).append(r)
-    header = f"{'bench':<28} {'metric':<10} {'params':<22} {'impl':<12} {'value':>14} {'unit':<9} {'ratio':>8}  verdict"
+    header = f"{'bench':<28} {'metric':<10} {'params':<34} {'impl':<12} {'value':>14} {'unit':<9} {'ratio':>8}  verdict"
     print(header)
     print("-" * len(header))
     for (bench, metric, params), rs in groups.items():
         mine = next((r for r in rs if r["impl"] == "monarch"), None)
-        ptxt = ",".join(f"{k}={v}" for k, v in params)[:22]
+        ptxt = ",".join(f"{k}={v}" for k, v in params)[:34]
         for r in rs:
             ratio, verdict = "", ""
             if mine is not None and r is not mine and r["value"]:
@@ -33,7 +33,7 @@ def main(path):
                 ratio = f"{q:.2f}x"
                 ahead = q <= 1.0 if r.get("better") == "lower" else q >= 1.0
                 verdict = f"monarch {'ahead of' if ahead else 'behind'} {r['impl']}"
-            print(f"{bench:<28} {metric:<10} {ptxt:<22} {r['impl']:<12} {r['value']:>14.4g} {r['unit']:<9} {ratio:>8}  {verdict}")
+            print(f"{bench:<28} {metric:<10} {ptxt:<34} {r['impl']:<12} {r['value']:>14.4g} {r['unit']:<9} {ratio:>8}  {verdict}")
 
 
 if __name__ == "__main__":

@@ -284,6 +284,8 @@ struct InprocSender final : Sender {
         if (auto l = it->second.lock()) h = l->handler;
       }
     }
+    for (auto& sp : m.shared_parts) m.parts.push_back(sp ? *sp : Bytes{});  // receivers own parts
+    m.shared_parts.clear();
     std::string why = is_closed ? "link closed" : "no inproc listener named '" + target.name + "'";
     asio::post(ctx, [h, m = std::move(m), fail = on_failure, why]() mutable {
       if (h) return (*h)(std::move(m));
@@ -852,19 +854,19 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
         if (p.seq <= written_upto) continue;
         if (bytes > kMaxBatchBytes || segs.size() > 900) break;
         spans.clear();
-        for (const auto& part : p.msg.parts) spans.emplace_back(part.data(), part.size());
+        p.msg.for_each_part([&](const Bytes& part) { spans.emplace_back(part.data(), part.size()); });
         size_t from = batch.size();
         wire::encode_prefix(header(FrameKind::Data, session, process_incarnation(), p.seq), spans,
                             batch);
-        for (const auto& part : p.msg.parts) {
+        p.msg.for_each_part([&](const Bytes& part) {
           if (part.size() < kDirectPart) {
             batch.insert(batch.end(), part.begin(), part.end());
-            continue;
+            return;
           }
           small(from);
           segs.push_back({part.data(), 0, part.size()});
           from = batch.size();
-        }
+        });
         small(from);
         bytes += p.msg.size_bytes() + wire::kFrameHeaderSize;
         upto = p.seq;

@@ -136,6 +136,28 @@ TEST(Channel, MultipartLargeMessageArrivesIntact) {
   EXPECT_TRUE(m.parts[2].empty());
 }
 
+TEST(Channel, SharedPartsArriveAfterOwnedPartsAndAreReleasedOnceAcknowledged) {
+  IoRuntime io;
+  for (std::string addr : {std::string("tcp://127.0.0.1:0"), "inproc://" + unique_name("s")}) {
+    Inbox inbox;
+    auto l = Listener::serve(io, ChannelAddr::parse(addr), opts(), inbox.handler());
+    auto s = Sender::connect(io, l->bound_addr(), opts(), nullptr);
+    auto payload = std::make_shared<const Bytes>(Bytes(3u << 20, std::byte{0x5a}));
+    for (int i = 0; i < 4; ++i) s->send(Message{{bytes("m" + std::to_string(i))}, {payload, nullptr}});
+    ASSERT_TRUE(inbox.wait_for_count(4, 20s)) << addr;
+    for (size_t i = 0; i < 4; ++i) {
+      auto m = inbox.take(i);
+      ASSERT_EQ(m.parts.size(), 3u);
+      EXPECT_EQ(text(m.parts[0]), "m" + std::to_string(i));
+      EXPECT_TRUE(m.parts[1] == *payload);
+      EXPECT_TRUE(m.parts[2].empty());  // a null shared part arrives as an empty part
+    }
+    // The sender holds the shared buffer only until the receiver acknowledged it.
+    ASSERT_TRUE(monarch::channel::testing::wait_until([&] { return s->pending() == 0; }, 10s));
+    EXPECT_EQ(payload.use_count(), 1) << addr;
+  }
+}
+
 TEST(Channel, OversizeSendIsAnErrorAtTheSenderAndTheLinkSurvives) {
   IoRuntime io;
   Inbox inbox;

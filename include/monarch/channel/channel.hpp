@@ -38,14 +38,26 @@ namespace monarch::channel {
 
 using Bytes = std::vector<std::byte>;
 
-/// One message: one or more byte parts. Large parts are written with writev, never copied into a
-/// contiguous buffer. Total size (sum of part sizes) is limited by ChannelOptions::max_frame_bytes.
+/// One message: byte parts, delivered as `parts` in the order [parts..., shared_parts...].
+/// `shared_parts` are buffers the sender keeps sharing (e.g. one payload sent to many peers, or a
+/// large tensor): they are written straight from the shared buffer, never copied in user space,
+/// and kept alive until the receiver acknowledges them. Large owned parts are not copied either.
+/// Total size (all parts) is limited by ChannelOptions::max_frame_bytes.
 struct Message {
   std::vector<Bytes> parts;
+  std::vector<std::shared_ptr<const Bytes>> shared_parts{};
   size_t size_bytes() const {
     size_t n = 0;
     for (const auto& p : parts) n += p.size();
+    for (const auto& p : shared_parts) n += p ? p->size() : 0;
     return n;
+  }
+  /// Calls f(const Bytes&) for every part, in delivery order.
+  template <class F>
+  void for_each_part(F&& f) const {
+    static const Bytes empty;
+    for (const auto& p : parts) f(p);
+    for (const auto& p : shared_parts) f(p ? *p : empty);
   }
 };
 
