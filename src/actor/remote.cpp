@@ -110,7 +110,7 @@ Future<ActorId> Proc::remote_lookup_id(const std::string& proc_addr, const std::
   Promise<ActorId> p;
   auto f = p.get_future();
   auto& r = remote();
-  uint64_t id = r.add_pending([p = std::move(p)](detail::RemoteResult&& res) mutable {
+  uint64_t id = r.add_pending(proc_addr, [p = std::move(p)](detail::RemoteResult&& res) mutable {
     if (res.error) return p.set_error(res.error);
     try {
       p.set_value(wire::decode<ActorId>(res.payload));
@@ -169,7 +169,7 @@ void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const cha
   h.endpoint = endpoint;
   h.reply_proc = r.address;
   if (Cell* c = current_cell()) h.sender = c->id();
-  if (kind == RemoteKind::Call) h.request_id = r.add_pending(std::move(on_reply));
+  if (kind == RemoteKind::Call) h.request_id = r.add_pending(dest.proc, std::move(on_reply));
   try {
     r.send(dest.proc, h, std::move(payload));
   } catch (...) {

@@ -35,7 +35,11 @@ struct Proc::Remote {
 
   std::mutex mu;
   std::unordered_map<std::string, std::shared_ptr<channel::Sender>> senders;
-  std::unordered_map<uint64_t, detail::ReplyHandler> pending;
+  struct PendingCall {
+    std::string dest_proc;  // failed when the link to it closes (REM-1)
+    detail::ReplyHandler handler;
+  };
+  std::unordered_map<uint64_t, PendingCall> pending;
   uint64_t next_request = 1;
   bool closed = false;
   struct Exported {
@@ -48,36 +52,66 @@ struct Proc::Remote {
   std::shared_ptr<channel::Sender> sender_for(const std::string& addr) {
     std::lock_guard lock(mu);
     if (closed) throw DeliveryFailure(ActorId{addr, "", 0}, "", "proc " + address + " shut down");
-    auto& s = senders[addr];
-    if (!s || s->closed()) {  // a closed link (CH-4) is replaced: the peer may be back
-      s = channel::Sender::connect(*io, channel::ChannelAddr::parse(addr), opts,
-                                   [this](channel::Message&& m, const std::string& why) {
-                                     on_returned(std::move(m), why);
-                                   });
-    }
+    auto it = senders.find(addr);
+    if (it != senders.end() && !it->second->closed()) return it->second;
+    // A closed link (CH-4) is replaced: the peer may be back. Parse first, so a bad address
+    // leaves no entry behind.
+    auto target = channel::ChannelAddr::parse(addr);
+    auto s = channel::Sender::connect(
+        *io, target, opts,
+        [this](channel::Message&& m, const std::string& why) { on_returned(std::move(m), why); });
+    s->on_close([this, addr](const std::string& why) { on_link_closed(addr, why); });
+    senders[addr] = s;
     return s;
   }
 
-  uint64_t add_pending(detail::ReplyHandler h) {
+  uint64_t add_pending(const std::string& dest_proc, detail::ReplyHandler h) {
     std::lock_guard lock(mu);
     uint64_t id = next_request++;
-    pending.emplace(id, std::move(h));
+    pending.emplace(id, PendingCall{dest_proc, std::move(h)});
     return id;
+  }
+
+  // The link to `addr` closed (delivery timeout, peer unreachable): calls already delivered there
+  // will never be answered, so they fail now instead of waiting forever (REM-1).
+  void on_link_closed(const std::string& addr, const std::string& why) {
+    std::vector<detail::ReplyHandler> lost;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      for (auto it = pending.begin(); it != pending.end();) {
+        if (it->second.dest_proc == addr) {
+          lost.push_back(std::move(it->second.handler));
+          it = pending.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& h : lost) {
+      h(detail::RemoteResult{{}, std::make_exception_ptr(DeliveryFailure(
+                                     ActorId{addr, "", 0}, "", "link to proc closed: " + why))});
+    }
   }
   detail::ReplyHandler take_pending(uint64_t id) {
     std::lock_guard lock(mu);
     auto it = pending.find(id);
     if (it == pending.end()) return nullptr;
-    auto h = std::move(it->second);
+    auto h = std::move(it->second.handler);
     pending.erase(it);
     return h;
   }
 
+  // Throws UsageError for a malformed address or an oversize message (the caller's mistake).
   void send(const std::string& to, const RemoteHeader& h, channel::Bytes payload) {
     channel::Message m;
     m.parts.push_back(wire::encode(h));
     m.parts.push_back(std::move(payload));
-    sender_for(to)->send(std::move(m));
+    try {
+      sender_for(to)->send(std::move(m));
+    } catch (const channel::ChannelError& e) {
+      throw UsageError(e.what());
+    }
   }
 
   void reply(const std::string& to, uint64_t request, detail::RemoteResult&& r) {
@@ -259,7 +293,7 @@ struct Proc::Remote {
       if (pending_msgs == 0) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    std::unordered_map<uint64_t, detail::ReplyHandler> left;
+    std::unordered_map<uint64_t, PendingCall> left;
     std::unordered_map<std::string, std::shared_ptr<channel::Sender>> links;
     {
       std::lock_guard lock(mu);
@@ -270,8 +304,8 @@ struct Proc::Remote {
     listener.reset();
     links.clear();
     io.reset();
-    for (auto& [id, h] : left) {
-      h(detail::RemoteResult{{}, std::make_exception_ptr(DeliveryFailure(
+    for (auto& [id, call] : left) {
+      call.handler(detail::RemoteResult{{}, std::make_exception_ptr(DeliveryFailure(
                                      ActorId{}, "", "proc " + address + " shut down"))});
     }
   }

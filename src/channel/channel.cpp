@@ -295,7 +295,21 @@ struct InprocSender final : Sender {
   size_t pending() const override { return 0; }
   bool closed() const override { return is_closed; }
   const ChannelAddr& addr() const override { return target; }
-  void close(const std::string&) override { is_closed = true; }
+  void close(const std::string& why) override {
+    is_closed = true;
+    std::function<void(const std::string&)> h;
+    {
+      std::lock_guard lock(mu);
+      h = std::move(close_handler);
+    }
+    if (h) asio::post(ctx, [h, why] { h(why); });
+  }
+  void on_close(std::function<void(const std::string&)> f) override {
+    std::lock_guard lock(mu);
+    close_handler = std::move(f);
+  }
+  std::mutex mu;
+  std::function<void(const std::string&)> close_handler;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -609,6 +623,7 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   std::atomic<bool> closed{false};
   std::atomic<size_t> pending_count{0};
   std::string close_reason;
+  std::function<void(const std::string&)> close_handler;  // guarded by mu
 
   // IoRuntime thread only.
   std::deque<Pending> unacked;  // in seq order
@@ -617,6 +632,8 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   uint64_t peer_incarnation = 0;
   std::shared_ptr<Socket> sock;
   bool connected = false;
+  Clock::time_point down_since{};  // when the peer became unreachable (CH-7); epoch = reachable
+  std::string last_error;          // of the last failed connection, for reports
   asio::steady_timer wake;
   asio::steady_timer tick;
 
@@ -680,6 +697,13 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     wake.cancel();
     tick.cancel();
     for (auto& p : all) fail(std::move(p.msg), why);
+    std::function<void(const std::string&)> h;
+    {
+      std::lock_guard lock(mu);
+      h = std::move(close_handler);
+      close_handler = nullptr;
+    }
+    if (h) h(why);
   }
 
   awaitable<void> watchdog() {
@@ -698,9 +722,14 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
         std::lock_guard lock(mu);
         if (!queue.empty()) oldest = std::min(oldest, queue.front().sent_at);
       }
+      std::string detail = last_error.empty() ? "" : " (last connection error: " + last_error + ")";
       if (oldest != Clock::time_point::max() && Clock::now() - oldest > opt.delivery_timeout) {
         close_link("delivery timeout: no acknowledgement from " + addr.to_string() + " within " +
-                   std::to_string(opt.delivery_timeout.count()) + " ms");
+                   std::to_string(opt.delivery_timeout.count()) + " ms" + detail);
+      } else if (!connected && down_since != Clock::time_point{} &&
+                 Clock::now() - down_since > opt.delivery_timeout) {
+        close_link("peer " + addr.to_string() + " unreachable for " +
+                   std::to_string(opt.delivery_timeout.count()) + " ms" + detail);
       }
     }
   }
@@ -713,17 +742,22 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
       try {
         co_await connect_and_handshake();
         was_connected = true;
+        down_since = Clock::time_point{};
+        last_error.clear();
         backoff = opt.reconnect_initial;
         asio::co_spawn(ctx, reader(), asio::detached);
         co_await writer();
       } catch (const wire::FrameError& e) {
         spdlog::warn("channel to {}: protocol error: {}", addr.to_string(), e.what());
+        last_error = e.what();
       } catch (const ChannelError& e) {
         close_link(e.what());
       } catch (const std::system_error& e) {
         spdlog::debug("channel to {}: connection lost: {}", addr.to_string(), e.what());
+        last_error = e.code().message();
       }
       connected = false;
+      if (down_since == Clock::time_point{}) down_since = Clock::now();
       if (sock) {
         asio::error_code ignored;
         sock->close(ignored);
@@ -910,6 +944,19 @@ struct SocketSender final : Sender {
   void close(const std::string& reason) override {
     auto c = core;
     run_on_io(c->ctx, [c, reason] { c->close_link(reason); });
+  }
+  void on_close(std::function<void(const std::string&)> f) override {
+    std::string why;
+    {
+      std::lock_guard lock(core->mu);
+      if (!core->closed) {
+        core->close_handler = std::move(f);
+        return;
+      }
+      why = core->close_reason;
+    }
+    auto c = core;
+    asio::post(c->ctx, [f = std::move(f), why] { f(why); });
   }
 };
 

@@ -6,6 +6,7 @@
 //                            [payload] back to reply-addr
 // TCP needs MONARCH_SECRET (or MONARCH_SECRET_FILE) in the environment.
 #include <cstdio>
+#include <future>
 #include <map>
 #include <string>
 #include <thread>
@@ -28,7 +29,12 @@ int main(int argc, char** argv) {
     IoRuntime io;
     ChannelOptions opts;
     std::map<std::string, std::shared_ptr<Sender>> replies;  // io thread only
+    // Messages may arrive as soon as we listen; hold them until LISTENING is printed, so that
+    // line always comes first.
+    std::promise<void> announced;
+    std::shared_future<void> ready = announced.get_future().share();
     auto listener = Listener::serve(io, ChannelAddr::parse(argv[2]), opts, [&](Message&& m) {
+      ready.wait();
       if (mode == "recv") {
         std::printf("MSG %s\n", m.parts.empty() ? "" : text(m.parts[0]).c_str());
         std::fflush(stdout);
@@ -42,6 +48,7 @@ int main(int argc, char** argv) {
     });
     std::printf("LISTENING %s\n", listener->bound_addr().to_string().c_str());
     std::fflush(stdout);
+    announced.set_value();
     // Runs until killed, or until stdin closes (the test's end of the pipe).
     char c;
     while (std::fread(&c, 1, 1, stdin) == 1) {

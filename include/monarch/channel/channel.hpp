@@ -23,6 +23,9 @@
 //  CH-5 TCP listeners require the job's shared secret (HMAC-SHA256 challenge at connect). A peer
 //       that fails the challenge is refused with a logged reason; other peers are unaffected.
 //  CH-6 Malformed, truncated or oversize frames close only the connection that sent them (logged).
+//  CH-7 A peer that cannot be reached (connection lost or refused, reconnects failing) for
+//       delivery_timeout closes the link even when nothing is pending, so owners of requests
+//       awaiting replies from it learn of it (Sender::on_close); the reason names the last error.
 #pragma once
 
 #include <chrono>
@@ -133,6 +136,10 @@ class Sender {
   virtual const ChannelAddr& addr() const = 0;
   /// Closes the link; pending messages go to the failure handler with `reason`.
   virtual void close(const std::string& reason) = 0;
+  /// Registers `f(reason)`, called once (on the IoRuntime thread) when the link closes: by
+  /// close(), a delivery timeout (CH-4), a refusal, or the peer being unreachable for
+  /// delivery_timeout after a connection was lost (CH-7). Called at once if already closed.
+  virtual void on_close(std::function<void(const std::string&)> f) = 0;
 };
 
 /// This process's incarnation: random, fixed for the life of the process.

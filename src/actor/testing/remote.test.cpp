@@ -73,6 +73,12 @@ TEST(Remote, LookupErrorsNameWhatIsWrong) {
   } catch (const monarch::UsageError& e) {
     EXPECT_THAT(e.what(), HasSubstr("Sink, not a monarch::testing::Counter"));
   }
+  try {
+    client.lookup_remote<Counter>("garbage", "sink").get(5s);
+    FAIL();
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("bad channel address 'garbage'"));
+  }
   Proc deaf;  // not listening
   EXPECT_THROW(deaf.lookup_remote<Counter>(server.address(), "sink"), monarch::UsageError);
 }
@@ -137,7 +143,15 @@ TEST(Remote, RealPeerProcessAndItsDeath) {
     EXPECT_THAT(e.cause, HasSubstr("undeliverable"));
     ++reports;
   });
+  auto stuck = c.call(&Counter::freeze);  // delivered, and will never be answered
+  EXPECT_FALSE(stuck.wait_for(50ms));
   peer.kill(SIGKILL);  // fault injection: the peer dies; pending and later calls must not hang
+  try {
+    stuck.get(10s);  // REM-1 via CH-7: the link to the dead process closes, the call fails
+    FAIL() << "a call pending on a dead process succeeded";
+  } catch (const monarch::DeliveryFailure& e) {
+    EXPECT_THAT(e.what(), HasSubstr("link to proc closed"));
+  }
   try {
     c.call(&Counter::get).get(10s);
     FAIL() << "call to a dead process succeeded";

@@ -1,6 +1,7 @@
 // Actor types shared by the remote-actor tests and their peer process (remote_peer).
 #pragma once
 
+#include <future>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,7 +36,14 @@ struct Counter : monarch::Actor {
     for (int i = 0; i < n; ++i) out.send(value + i);
   }
   void answer(monarch::OncePort<std::string> reply) { reply.send("from " + id().to_string()); }
-  MONARCH_ENDPOINTS(Counter, incr, add, get, where, boom, forward, ask_back, stream_to, answer)
+  // Fault injection: never returns (the test kills the process while this call is pending).
+  int freeze() {
+    std::promise<void> never;
+    never.get_future().wait();
+    return 0;
+  }
+  MONARCH_ENDPOINTS(Counter, incr, add, get, where, boom, forward, ask_back, stream_to, answer,
+                    freeze)
   int value = 0;
 };
 
