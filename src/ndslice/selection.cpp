@@ -1,6 +1,8 @@
 #include "monarch/ndslice/selection.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <limits>
 #include <cctype>
 #include <iterator>
 
@@ -310,15 +312,44 @@ class Parser {
   }
 
  private:
+  // Quotes input for an error message: at most kQuote characters around the error column,
+  // control and non-ASCII bytes escaped, so a hostile input cannot flood or garble the message.
+  static constexpr std::size_t kQuote = 60;
+  static std::string escaped(std::string_view s) {
+    std::string out;
+    for (unsigned char c : s) {
+      if (c >= 0x20 && c < 0x7f) {
+        out += static_cast<char>(c);
+      } else {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\x%02x", c);
+        out += buf;
+      }
+    }
+    return out;
+  }
+  std::string quoted_input(std::size_t pos) const {
+    if (t_.size() <= kQuote) return escaped(t_);
+    std::size_t from = pos > kQuote / 2 ? pos - kQuote / 2 : 0;
+    from = std::min(from, t_.size() - kQuote);
+    return (from > 0 ? "..." : "") + escaped(t_.substr(from, kQuote)) +
+           (from + kQuote < t_.size() ? "..." : "");
+  }
   [[noreturn]] void fail_at(std::size_t pos, const std::string& what) const {
     throw ParseError("selection parse error at column " + std::to_string(pos + 1) + " in \"" +
-                         std::string(t_) + "\": " + what,
+                         quoted_input(pos) + "\": " + what,
                      pos + 1);
   }
   [[noreturn]] void fail(const std::string& expected) const {
-    std::string got = pos_ < t_.size() ? "'" + std::string(1, t_[pos_]) + "'" : "end of input";
+    std::string got =
+        pos_ < t_.size() ? "'" + escaped(t_.substr(pos_, 1)) + "'" : "end of input";
     fail_at(pos_, "expected " + expected + ", got " + got);
   }
+
+  // Limits that keep every later recursion over the tree (printing, evaluation) shallow.
+  static constexpr std::size_t kMaxNesting = 64;
+  static constexpr std::size_t kMaxComponents = 256;
+  std::size_t depth_ = 0;
 
   void skip_ws() {
     while (pos_ < t_.size() && std::isspace(static_cast<unsigned char>(t_[pos_])) != 0) ++pos_;
@@ -351,7 +382,12 @@ class Parser {
   Selection parse_seq() {
     std::vector<Selection> atoms;
     atoms.push_back(parse_atom());
-    while (eat(',')) atoms.push_back(parse_atom());
+    while (eat(',')) {
+      if (atoms.size() == kMaxComponents) {
+        fail_at(pos_, "more than " + std::to_string(kMaxComponents) + " dimension components");
+      }
+      atoms.push_back(parse_atom());
+    }
     Selection s = atoms.back();
     for (std::size_t i = atoms.size() - 1; i-- > 0;) s = atoms[i].then(s);
     return s;
@@ -393,8 +429,12 @@ class Parser {
     if (eat('*')) return Selection::all();
     if (eat('?')) return Selection::first();
     if (eat('(')) {
+      if (++depth_ > kMaxNesting) {
+        fail_at(pos_ - 1, "parentheses nested deeper than " + std::to_string(kMaxNesting));
+      }
       Selection s = parse_union();
       if (!eat(')')) fail("')' or an operator ('|', '&', ',')");
+      --depth_;
       return s;
     }
     if (eat('@')) {
@@ -413,7 +453,12 @@ class Parser {
     if (peek_digit() || (pos_ < t_.size() && t_[pos_] == ':')) {
       Range r;
       if (peek_digit()) r.begin = parse_int("an integer");
-      if (!eat(':')) return Selection::index(r.begin);
+      if (!eat(':')) {
+        if (r.begin == std::numeric_limits<std::size_t>::max()) {
+          fail_at(start, "index " + std::to_string(r.begin) + " is too large");
+        }
+        return Selection::index(r.begin);
+      }
       if (peek_digit()) {
         const std::size_t end_pos = pos_;
         r.end = parse_int("an integer");

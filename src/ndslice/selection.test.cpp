@@ -124,5 +124,30 @@ TEST(Selection, ParseErrorColumns) {
   EXPECT_THROW((void)parse("*|"), Error);  // ParseError is an Error
 }
 
+TEST(SelectionParse, HostileInputIsRejectedWithABoundedClearMessage) {
+  auto message = [](const std::string& text) {
+    try {
+      (void)parse(text);
+    } catch (const ParseError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // Deep nesting: an error, not a stack overflow.
+  std::string deep = std::string(20000, '(') + "*" + std::string(20000, ')');
+  EXPECT_THAT(message(deep), HasSubstr("nested deeper than 64"));
+  EXPECT_NO_THROW((void)parse(std::string(64, '(') + "*" + std::string(64, ')')));
+  // Too many components.
+  std::string wide = "*";
+  for (int i = 0; i < 1000; ++i) wide += ",*";
+  EXPECT_THAT(message(wide), HasSubstr("more than 256 dimension components"));
+  // The largest integer as an index cannot form a range.
+  EXPECT_THAT(message("18446744073709551615"), HasSubstr("is too large"));
+  // The message quotes at most a window of the input, with control bytes escaped.
+  std::string huge = std::string(100000, '*');
+  EXPECT_LT(message(huge).size(), 300u);
+  EXPECT_THAT(message("*,\x01"), HasSubstr("'\\x01'"));
+}
+
 }  // namespace
 }  // namespace monarch::ndslice
