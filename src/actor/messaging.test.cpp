@@ -28,8 +28,9 @@ struct Counter : monarch::Actor {
     return p;
   }
   int boom(int) { throw std::runtime_error("boom!"); }
+  int throw_int() { throw 42; }
   Task<int> twice(int n) { co_return n * 2; }
-  MONARCH_ENDPOINTS(Counter, incr, get, add, echo, boxed, boom, twice)
+  MONARCH_ENDPOINTS(Counter, incr, get, add, echo, boxed, boom, throw_int, twice)
   int value = 0;
 };
 
@@ -88,6 +89,20 @@ TEST(Messaging, HandlerExceptionBecomesActorErrorAndActorLives) {
   EXPECT_EQ(c.call(&Counter::incr, 1).get(), 1);  // still alive
   // The reply is sent from inside the handler, so the state may still read Processing.
   EXPECT_THAT(c.state(), ::testing::AnyOf(monarch::Lifecycle::Idle, monarch::Lifecycle::Processing));
+}
+
+TEST(Messaging, EmptyRefsAndNonStdExceptionsAreReportedClearly) {
+  Proc proc;
+  ActorRef<Counter> empty;
+  EXPECT_THROW(empty.call(&Counter::get), monarch::UsageError);
+  EXPECT_THROW(empty.stop().get(), monarch::UsageError);
+  auto c = proc.spawn<Counter>("counter");
+  try {
+    c.call(&Counter::throw_int).get();
+    FAIL();
+  } catch (const monarch::ActorError& e) {
+    EXPECT_THAT(e.remote_message(), HasSubstr("exception of type int"));
+  }
 }
 
 TEST(Messaging, GetWithTimeoutDoesNotConsume) {

@@ -41,12 +41,22 @@ std::string describe_exception(const std::exception_ptr& e) {
   } catch (const std::exception& err) {
     return demangle(typeid(err).name()) + ": " + err.what();
   } catch (...) {
-    return "unknown exception (not derived from std::exception)";
+    const std::type_info* t = abi::__cxa_current_exception_type();
+    return "exception of type " + (t != nullptr ? demangle(t->name()) : std::string("?")) +
+           " (not derived from std::exception)";
   }
 }
 
 std::string endpoint_label(const std::string& type_name, const char* registered) {
   return type_name + "::" + (registered != nullptr ? registered : "<endpoint>");
+}
+
+std::string timeout_message(const StateBase& s) {
+  if (s.completer != nullptr) {
+    return "Future::get: timed out waiting for a reply from actor " + s.completer->id().to_string() +
+           " (the future is still valid)";
+  }
+  return "Future::get: timed out waiting for the result (the future is still valid)";
 }
 
 void futex_wake_all(std::atomic<uint32_t>* addr) noexcept {

@@ -57,6 +57,9 @@ ChannelAddr parse_one(std::string_view whole, std::string_view s) {
       if (host.find(':') != std::string_view::npos) bad(whole, "IPv6 addresses need brackets");
     }
     if (host.empty()) bad(whole, "empty host");
+    if (port.find('@') != std::string_view::npos || host.find('@') != std::string_view::npos) {
+      bad(whole, "'@' must be followed by the BIND address (DIAL@BIND)");
+    }
     unsigned p = 0;
     auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
     if (port.empty() || ec != std::errc() || ptr != port.data() + port.size() || p > 65535) {
@@ -72,11 +75,18 @@ ChannelAddr parse_one(std::string_view whole, std::string_view s) {
 }  // namespace
 
 ChannelAddr ChannelAddr::parse(std::string_view text) {
+  for (unsigned char c : text) {
+    if (c <= 0x20 || c == 0x7f) bad(text, "whitespace or control characters are not allowed");
+  }
   // DIAL@BIND: split at an '@' that is followed by a scheme (unix://@name also contains '@').
   for (size_t at = text.find('@'); at != std::string_view::npos; at = text.find('@', at + 1)) {
     if (at > 0 && starts_with_scheme(text.substr(at + 1)) && starts_with_scheme(text)) {
+      auto rest = text.substr(at + 1);
+      for (size_t more = rest.find('@'); more != std::string_view::npos; more = rest.find('@', more + 1)) {
+        if (starts_with_scheme(rest.substr(more + 1))) bad(text, "more than one '@' between addresses");
+      }
       auto dial = parse_one(text, text.substr(0, at));
-      auto bind = parse_one(text, text.substr(at + 1));
+      auto bind = parse_one(text, rest);
       if (dial.transport != bind.transport) bad(text, "DIAL and BIND must use the same transport");
       bind.dial = std::make_shared<const ChannelAddr>(std::move(dial));
       return bind;

@@ -77,6 +77,10 @@ TEST(ChannelAddr, RejectsBadInputWithAClearMessage) {
   EXPECT_THAT(err("unix://@"), HasSubstr("empty"));
   EXPECT_THAT(err("tcp://a:1@unix:///x"), HasSubstr("same transport"));
   EXPECT_THAT(err("tcp://[::1:5"), HasSubstr("']'"));
+  EXPECT_THAT(err("tcp://a:1@tcp://b:2@tcp://c:3"), HasSubstr("more than one '@'"));
+  EXPECT_THAT(err("tcp://a:1@"), HasSubstr("DIAL@BIND"));
+  EXPECT_THAT(err("tcp://a b:1"), HasSubstr("whitespace"));
+  EXPECT_THAT(err("inproc://x\ny"), HasSubstr("control"));
 }
 
 // CH-1 on every transport: many messages, in order, none lost or duplicated.

@@ -171,9 +171,9 @@ template <class A, class M>
 const char* remote_endpoint_name(M method) {
   const char* name = endpoint_name<A>(method);
   if (name == nullptr) {
-    throw UsageError("this endpoint of " + std::string(typeid(A).name()) +
-                     " is not registered with MONARCH_ENDPOINTS, so it cannot be called in "
-                     "another process");
+    throw UsageError("this endpoint of " + demangle(typeid(A).name()) +
+                     " is not registered with MONARCH_ENDPOINTS(" + demangle(typeid(A).name()) +
+                     ", ...), so it cannot be called in another process");
   }
   return name;
 }
@@ -337,12 +337,14 @@ class ActorRef {
   /// Stops the actor after the messages already queued (drain); children stop first, then
   /// cleanup() runs. The future completes once the actor is Stopped or Failed.
   Future<void> stop() const {
+    if (!valid()) return empty_ref("stop");
     if (remote_) return remote_unsupported("stop");
     return cell_ ? cell_->request_stop(false) : Future<void>::ready_value();
   }
   /// Like stop(), but pending messages are not run: they bounce to their senders as
   /// DeliveryFailure ("actor killed").
   Future<void> kill() const {
+    if (!valid()) return empty_ref("kill");
     if (remote_) return remote_unsupported("kill");
     return cell_ ? cell_->request_stop(true) : Future<void>::ready_value();
   }
@@ -355,6 +357,11 @@ class ActorRef {
  private:
   template <class B>
   friend class ActorRef;
+
+  static Future<void> empty_ref(const char* what) {
+    return Future<void>::ready_error(std::make_exception_ptr(
+        UsageError(std::string(what) + "() on an empty ActorRef (default-constructed)")));
+  }
 
   Future<void> remote_unsupported(const char* what) const {
     return Future<void>::ready_error(std::make_exception_ptr(UsageError(

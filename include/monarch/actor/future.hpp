@@ -308,7 +308,7 @@ class Future {
   T take(const detail::Deadline& deadline) {
     check_valid();
     if (!state_->ready() && !detail::wait_ready(*state_, deadline)) {
-      throw TimeoutError("Future::get: timed out waiting for the result");
+      throw TimeoutError(detail::timeout_message(*state_));
     }
     return consume();
   }

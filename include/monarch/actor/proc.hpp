@@ -7,7 +7,10 @@
 //
 // Supervision: a top-level actor's failure that nobody handled reaches the Proc's fault hook. The
 // default hook prints the whole chain to stderr and exits the process with status 1 (fail fast).
-// Destroying the Proc stops every actor (children first), waiting up to ProcOptions::stop_timeout.
+// Destroying the Proc stops every actor (children first), waiting up to ProcOptions::stop_timeout
+// and logging the actors that did not stop in time; it then joins its worker threads, which
+// finish the handlers still running (C++ cannot interrupt a running function: a handler that
+// never returns keeps the destructor waiting).
 #pragma once
 
 #include <atomic>

@@ -39,4 +39,7 @@ using Deadline = std::optional<std::chrono::steady_clock::time_point>;
 /// while a worker thread blocks, and drives the deterministic test scheduler when one is active.
 bool wait_ready(StateBase& s, const Deadline& deadline);
 
+/// TimeoutError text for a wait on `s` (names the actor expected to reply, when known).
+std::string timeout_message(const StateBase& s);
+
 }  // namespace monarch::detail
