@@ -1,4 +1,4 @@
-// Failure reports of the actor runtime (DESIGN.md section 2). All derive from monarch::Error, so
+// Failure reports of the actor runtime (vocabulary: docs/actor-runtime.md). All derive from monarch::Error, so
 // `catch (const monarch::Error&)` catches every runtime failure; each names what failed.
 #pragma once
 
