@@ -21,6 +21,15 @@ namespace monarch::detail {
 
 namespace {
 std::atomic<size_t> g_live_cells{0};
+thread_local size_t tls_message_rank = static_cast<size_t>(-1);
+
+struct MessageRankScope {
+  size_t prev;
+  explicit MessageRankScope(size_t r) : prev(tls_message_rank) { tls_message_rank = r; }
+  ~MessageRankScope() { tls_message_rank = prev; }
+  MessageRankScope(const MessageRankScope&) = delete;
+  MessageRankScope& operator=(const MessageRankScope&) = delete;
+};
 
 struct StopEnvelope final : Envelope {
   bool kill;
@@ -56,6 +65,7 @@ struct ChildEventEnvelope final : Envelope {
 }  // namespace
 
 size_t live_cells() noexcept { return g_live_cells.load(); }
+size_t current_message_rank() noexcept { return tls_message_rank; }
 
 Cell::Cell(Proc& proc, ActorId id, Cell* parent, std::type_index type, Factory factory)
     : proc_(&proc),
@@ -212,6 +222,7 @@ void Cell::dispatch(Envelope* e) {
     return;
   }
   state_.store(Lifecycle::Processing, std::memory_order_relaxed);
+  MessageRankScope rank(e->message_rank);
   try {
     e->invoke(*this);
   } catch (...) {

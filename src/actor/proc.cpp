@@ -22,6 +22,9 @@ void default_fault_hook(const ActorSupervisionEvent& ev) {
 Proc::Proc(ProcOptions options) : options_(std::move(options)), fault_hook_(default_fault_hook) {
   if (options_.deterministic) {
     scheduler_ = std::make_unique<DeterministicScheduler>();
+  } else if (options_.scheduler) {
+    scheduler_ = options_.scheduler;
+    owns_scheduler_ = false;
   } else {
     scheduler_ = std::make_unique<ThreadPoolScheduler>(options_.workers, options_.batch);
   }
@@ -31,7 +34,7 @@ Proc::Proc(ProcOptions options) : options_(std::move(options)), fault_hook_(defa
 Proc::~Proc() {
   shutdown(options_.stop_timeout);
   stop_remote();
-  scheduler_->shutdown();
+  if (owns_scheduler_) scheduler_->shutdown();
   std::unordered_map<std::string, detail::CellPtr> names;
   detail::Cell* roots = nullptr;
   {
@@ -83,7 +86,6 @@ void Proc::add_root_child(detail::Cell* c) {
 }
 
 void Proc::on_root_child_stopped(detail::Cell* c) {
-  bool last = false;
   {
     std::lock_guard lock(mu_);
     if (c->root_prev == nullptr && root_head_ != c) return;  // not in the list (already removed)
@@ -91,10 +93,12 @@ void Proc::on_root_child_stopped(detail::Cell* c) {
     if (c->root_next != nullptr) c->root_next->root_prev = c->root_prev;
     if (root_head_ == c) root_head_ = c->root_next;
     c->root_prev = c->root_next = nullptr;
-    last = --root_count_ == 0;
   }
-  if (last) root_cv_.notify_all();
   c->release();
+  // Count down last, under the lock: shutdown() may destroy this Proc as soon as it sees zero,
+  // so nothing here may touch the Proc after the lock is released.
+  std::lock_guard lock(mu_);
+  if (--root_count_ == 0) root_cv_.notify_all();
 }
 
 void Proc::register_cell_uid(detail::Cell* c) {
@@ -155,14 +159,7 @@ detail::CellPtr Proc::find(const ActorId& id) {
 }
 
 bool Proc::shutdown(std::chrono::milliseconds timeout) {
-  std::vector<detail::CellPtr> roots;
-  {
-    std::lock_guard lock(mu_);
-    roots.reserve(root_count_);
-    for (auto* c = root_head_; c != nullptr; c = c->root_next) roots.push_back(detail::CellPtr::share(c));
-  }
-  for (auto& c : roots) c->request_stop_nowait(false);
-  roots.clear();
+  begin_shutdown();
   auto done = [&] {
     std::lock_guard lock(mu_);
     return root_count_ == 0;
@@ -180,6 +177,16 @@ bool Proc::shutdown(std::chrono::milliseconds timeout) {
                   timeout.count(), to_string(c->state()));
   }
   return false;
+}
+
+void Proc::begin_shutdown() {
+  std::vector<detail::CellPtr> roots;
+  {
+    std::lock_guard lock(mu_);
+    roots.reserve(root_count_);
+    for (auto* c = root_head_; c != nullptr; c = c->root_next) roots.push_back(detail::CellPtr::share(c));
+  }
+  for (auto& c : roots) c->request_stop_nowait(false);
 }
 
 namespace detail {

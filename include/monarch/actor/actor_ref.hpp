@@ -323,6 +323,28 @@ class ActorRef {
     return f;
   }
 
+  /// Internal (mesh casts): call()/send() whose handler sees Context::message_rank() == rank.
+  /// (In-process members; across processes the rank does not travel yet.)
+  template <class M, class... Args>
+  auto call_ranked(size_t rank, M method, Args&&... args) const {
+    detail::check_endpoint<A, M, Args...>();
+    if (remote_ || !cell_) return call(method, std::forward<Args>(args)...);
+    auto* e = new detail::CallEnvelope<A, M>(method, std::forward<Args>(args)...);
+    e->message_rank = rank;
+    auto f = e->promise.get_future();
+    e->promise.set_completer(cell_.get());
+    cell_->post(e);
+    return f;
+  }
+  template <class M, class... Args>
+  void send_ranked(size_t rank, M method, Args&&... args) const {
+    detail::check_endpoint<A, M, Args...>();
+    if (remote_ || !cell_) return send(method, std::forward<Args>(args)...);
+    auto* e = new detail::SendEnvelope<A, M>(&cell_->proc(), method, std::forward<Args>(args)...);
+    e->message_rank = rank;
+    cell_->post(e);
+  }
+
   /// Fire-and-forget: see the file comment.
   template <class M, class... Args>
   void send(M method, Args&&... args) const {

@@ -54,6 +54,10 @@ struct ProcOptions {
   std::string listen{};
   /// Settings for the channels of `listen` (timeouts, max message size, TCP secret).
   channel::ChannelOptions channel{};
+  /// Run on this scheduler instead of one of the Proc's own (many Procs sharing one pool, as the
+  /// mesh LocalAllocator does). The Proc then does not shut it down; its owner does, after the
+  /// Procs are gone. Ignored with `deterministic`.
+  std::shared_ptr<Scheduler> scheduler{};
 };
 
 class Proc {
@@ -136,6 +140,8 @@ class Proc {
   /// Stops every actor (children before parents, pending messages drained) and waits up to
   /// `timeout`. Returns true when all stopped in time; otherwise logs the ones still running.
   bool shutdown(std::chrono::milliseconds timeout);
+  /// Asks every top-level actor to stop (drain) and returns at once; shutdown() waits.
+  void begin_shutdown();
 
   /// Live actors (spawned and not yet Stopped/Failed).
   size_t num_actors() const;
@@ -166,7 +172,8 @@ class Proc {
   detail::CellPtr find(const ActorId& id);
 
   ProcOptions options_;
-  std::unique_ptr<Scheduler> scheduler_;
+  std::shared_ptr<Scheduler> scheduler_;
+  bool owns_scheduler_ = true;
   std::atomic<uint64_t> next_uid_{0};
 
   static constexpr size_t kShards = 16;

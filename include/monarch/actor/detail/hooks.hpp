@@ -24,6 +24,9 @@ std::string demangle(const char* mangled);
 /// The actor whose handler is running on this thread, or nullptr outside any actor.
 Cell* current_cell() noexcept;
 
+/// The message rank of the envelope being handled on this thread (SIZE_MAX outside a cast).
+size_t current_message_rank() noexcept;
+
 /// Reference counting of Cells (the runtime record of one actor).
 void cell_add_ref(Cell* c) noexcept;
 void cell_release(Cell* c) noexcept;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <string_view>
 
 namespace monarch {
@@ -19,6 +20,8 @@ struct Envelope {
   std::atomic<Envelope*> next{nullptr};
   /// System envelopes (stop, child stopped, supervision) still run while the actor is stopping.
   bool system = false;
+  /// For messages cast to a mesh: the receiver's local rank in the view (Context::message_rank).
+  size_t message_rank = static_cast<size_t>(-1);
 
   Envelope() = default;
   Envelope(const Envelope&) = delete;

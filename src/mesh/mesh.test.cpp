@@ -1,0 +1,137 @@
+// ProcMesh (LocalAllocator) and ActorMesh adverbs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "monarch/mesh/proc_mesh.hpp"
+
+using namespace std::chrono_literals;
+using monarch::mesh::Context;
+using monarch::mesh::ProcMesh;
+using monarch::ndslice::Extent;
+using monarch::ndslice::Range;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+namespace {
+
+struct Worker : monarch::Actor {
+  explicit Worker(int base) : base_(base) {}
+  // Where am I: proc name, and my position in the cast that reached me.
+  std::string where() const { return id().proc; }
+  size_t rank() const { return Context::message_rank(); }
+  int add(int x) { return base_ + x + static_cast<int>(Context::message_rank()); }
+  void bump() { ++bumps_; }
+  int bumps() const { return bumps_; }
+  int fail_on(size_t r) {
+    if (Context::message_rank() == r) throw std::runtime_error("rank " + std::to_string(r) + " failed");
+    return 0;
+  }
+  MONARCH_ENDPOINTS(Worker, where, rank, add, bump, bumps, fail_on)
+  int base_;
+  int bumps_ = 0;
+};
+
+TEST(ProcMesh, LocalMeshSpawnsOneActorPerProc) {
+  auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}}, monarch::ProcOptions{});
+  EXPECT_EQ(procs.size(), 8u);
+  auto workers = procs.spawn<Worker>("worker", 100);
+  auto where = workers.call(&Worker::where).get(10s);
+  EXPECT_EQ(where.size(), 8u);
+  std::set<std::string> procs_seen;
+  for (size_t r = 0; r < 8; ++r) procs_seen.insert(where[r]);
+  EXPECT_EQ(procs_seen.size(), 8u);  // one actor in each proc
+  EXPECT_EQ(where[0], "local[0]");
+  EXPECT_EQ(where[7], "local[7]");
+}
+
+TEST(ActorMesh, CallGathersAValueMeshOverTheView) {
+  auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}});
+  auto workers = procs.spawn<Worker>("worker", 100);
+  auto all = workers.call(&Worker::add, 10).get(10s);
+  ASSERT_EQ(all.size(), 8u);
+  for (size_t r = 0; r < 8; ++r) EXPECT_EQ(all[r], 110 + static_cast<int>(r));
+
+  // A slice keeps its own extent, and message_rank is the position within the slice.
+  auto host1 = workers.slice("hosts", 1);
+  EXPECT_EQ(host1.extent().to_string(), "{gpus=4}");
+  auto ranks = host1.call(&Worker::rank).get(10s);
+  for (size_t r = 0; r < 4; ++r) EXPECT_EQ(ranks[r], r);
+  auto where = host1.call(&Worker::where).get(10s);
+  EXPECT_EQ(where[0], "local[4]");
+
+  auto odd = workers.slice("gpus", Range(1, 4, 2));
+  EXPECT_EQ(odd.extent().to_string(), "{hosts=2, gpus=2}");
+  auto w = odd.call(&Worker::where).get(10s);
+  EXPECT_EQ(w[0], "local[1]");
+  EXPECT_EQ(w[3], "local[7]");
+}
+
+TEST(ActorMesh, CallOneChooseStreamBroadcast) {
+  auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}});
+  auto workers = procs.spawn<Worker>("worker", 0);
+  EXPECT_EQ(workers.slice("hosts", 1).slice("gpus", 2).call_one(&Worker::where).get(10s), "local[6]");
+  try {
+    (void)workers.slice("hosts", 1).call_one(&Worker::where);
+    FAIL();
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("{gpus=4} has 4 members"));
+  }
+  auto chosen = workers.choose(&Worker::where).get(10s);
+  EXPECT_THAT(chosen, ::testing::StartsWith("local["));
+
+  auto stream = workers.stream(&Worker::rank);
+  std::set<size_t> seen;
+  while (stream.remaining() > 0) {
+    auto [rank, f] = stream.next(10s);
+    EXPECT_EQ(f.get(), rank);
+    EXPECT_TRUE(seen.insert(rank).second);
+  }
+  EXPECT_EQ(seen.size(), 8u);
+  EXPECT_THROW(stream.next(1ms), monarch::UsageError);
+
+  workers.slice("hosts", 0).broadcast(&Worker::bump);
+  workers.slice("hosts", 0).broadcast(&Worker::bump);  // per-pair FIFO: both land before the call
+  auto bumps = workers.call(&Worker::bumps).get(10s);
+  for (size_t r = 0; r < 8; ++r) EXPECT_EQ(bumps[r], r < 4 ? 2 : 0);
+}
+
+TEST(ActorMesh, AMemberFailureFailsTheCallWithThatMembersError) {
+  auto procs = ProcMesh::local(Extent{{"gpus", 4}});
+  auto workers = procs.spawn<Worker>("worker", 0);
+  try {
+    workers.call(&Worker::fail_on, size_t{2}).get(10s);
+    FAIL();
+  } catch (const monarch::ActorError& e) {
+    EXPECT_THAT(e.remote_message(), HasSubstr("rank 2 failed"));
+    EXPECT_EQ(e.actor().proc, "local[2]");
+  }
+  EXPECT_EQ(workers.call(&Worker::bumps).get(10s).size(), 4u);  // members live on
+}
+
+TEST(ActorMesh, ThousandProcsTenThousandActors) {
+  auto procs = ProcMesh::local(Extent{{"hosts", 10}, {"procs", 100}});
+  std::vector<monarch::mesh::ActorMesh<Worker>> meshes;
+  for (int i = 0; i < 10; ++i) meshes.push_back(procs.spawn<Worker>("w" + std::to_string(i), i));
+  long total = 0;
+  for (auto& m : meshes) {
+    auto v = m.call(&Worker::add, 0).get(60s);
+    for (size_t r = 0; r < v.size(); ++r) total += v[r];
+  }
+  // sum over meshes i of (1000*i + sum of ranks 0..999)
+  EXPECT_EQ(total, 1000L * 45 + 10L * 999 * 1000 / 2);
+}
+
+TEST(Context, MessageRankOutsideACastIsAUsageError) {
+  auto procs = ProcMesh::local(Extent{{"gpus", 1}});
+  auto workers = procs.spawn<Worker>("worker", 0);
+  try {
+    workers.at(0).call(&Worker::rank).get(10s);
+    FAIL();
+  } catch (const monarch::ActorError& e) {
+    EXPECT_THAT(e.remote_message(), HasSubstr("not reached through a mesh cast"));
+  }
+}
+
+}  // namespace
