@@ -97,6 +97,23 @@ TEST(ActorMesh, CallOneChooseStreamBroadcast) {
   for (size_t r = 0; r < 8; ++r) EXPECT_EQ(bumps[r], r < 4 ? 2 : 0);
 }
 
+TEST(ActorMesh, ReduceCombinesRepliesIntoOneValue) {
+  auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}});
+  auto workers = procs.spawn<Worker>("worker", 100);
+  EXPECT_EQ(workers.reduce(monarch::mesh::Sum{}, &Worker::add, 1).get(10s), 8 * 101 + 28);
+  EXPECT_EQ(workers.reduce(monarch::mesh::Min{}, &Worker::add, 1).get(10s), 101);
+  EXPECT_EQ(workers.reduce(monarch::mesh::Max{}, &Worker::add, 1).get(10s), 108);
+  auto concat = [](std::string a, const std::string& b) { return a < b ? a + "," + b : b + "," + a; };
+  auto joined = workers.slice("hosts", 1).slice("gpus", Range(0, 2)).reduce(concat, &Worker::where).get(10s);
+  EXPECT_EQ(joined, "local[4],local[5]");
+  EXPECT_THROW(workers.reduce(monarch::mesh::Sum{}, &Worker::fail_on, size_t{3}).get(10s),
+               monarch::ActorError);
+  int offset = 1000;  // a reducer that captures state
+  auto shifted = [offset](int a, int b) { return a + b + offset; };
+  // message_rank is the position within the slice {hosts=2}: 0 and 1.
+  EXPECT_EQ(workers.slice("gpus", 0).reduce(shifted, &Worker::add, 0).get(10s), 100 + 101 + 1000);
+}
+
 TEST(ActorMesh, AMemberFailureFailsTheCallWithThatMembersError) {
   auto procs = ProcMesh::local(Extent{{"gpus", 4}});
   auto workers = procs.spawn<Worker>("worker", 0);

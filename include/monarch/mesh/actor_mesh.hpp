@@ -13,6 +13,8 @@
 //   choose    one member picked at random.
 //   stream    every member; replies in arrival order, as (local rank, value) pairs.
 //   broadcast every member, fire and forget (a failing handler fails that actor: supervision).
+//   reduce    every member; replies combined with an associative reducer (Sum, Min, Max, any
+//             R(R, R)); the caller receives one value.
 // A cast behaves exactly like one message per member from the caller (same per-pair FIFO, no
 // atomicity across members). Inside a handler, Context::message_rank() is the receiver's local
 // rank in the view the message was cast to.
@@ -42,6 +44,20 @@ struct Context {
   /// The receiver's local rank within the (sliced) view the message was cast to. Valid until the
   /// handler returns or first suspends. Throws UsageError outside a cast message.
   static size_t message_rank();
+};
+
+/// Reducers for ActorMesh::reduce: associative combines of two replies.
+struct Sum {
+  template <class T>
+  T operator()(T a, const T& b) const { return a += b; }
+};
+struct Min {
+  template <class T>
+  T operator()(const T& a, const T& b) const { return b < a ? b : a; }
+};
+struct Max {
+  template <class T>
+  T operator()(const T& a, const T& b) const { return a < b ? b : a; }
 };
 
 /// Replies of a stream() cast, in arrival order. Thread-safe.
@@ -163,6 +179,52 @@ class ActorMesh {
         for (auto& v : g->values) out.push_back(std::move(*v));
         lock.unlock();
         g->promise.set_value(ndslice::ValueMesh<Out>::from_vector(ext, out));
+      });
+    }
+    return result;
+  }
+
+  /// Every member; the replies are combined with `reducer` (any associative R(R, R), e.g. Sum,
+  /// Min, Max) as they arrive, so the caller receives one value. Fails with the first member
+  /// error; UsageError on an empty view. Combination order is unspecified: the reducer must be
+  /// associative and commutative.
+  template <class Reducer, class M, class... Args>
+  auto reduce(Reducer reducer, M method, Args&&... args) const {
+    using R = typename detail::reply_type<typename detail::method_traits<M>::ret>::type;
+    static_assert(!std::is_void_v<R>, "reduce: the endpoint must return a value");
+    if (size() == 0) throw UsageError("reduce: the mesh view " + extent().to_string() + " is empty");
+    struct Acc {
+      explicit Acc(Reducer r) : reducer(std::move(r)) {}
+      std::mutex mu;
+      std::optional<R> value;
+      size_t left = 0;
+      bool failed = false;
+      Reducer reducer;
+      Promise<R> promise;
+    };
+    auto acc = std::make_shared<Acc>(std::move(reducer));
+    acc->left = size();
+    auto result = acc->promise.get_future();
+    for (size_t i = 0; i < size(); ++i) {
+      at(i).call_ranked(i, method, args...).on_complete([acc](detail::State<R>& st) {
+        std::unique_lock lock(acc->mu);
+        if (acc->failed) return;
+        if (st.error) {
+          acc->failed = true;
+          lock.unlock();
+          return acc->promise.set_error(st.error);
+        }
+        try {
+          acc->value = acc->value ? acc->reducer(std::move(*acc->value), *st.value) : std::move(*st.value);
+        } catch (...) {
+          acc->failed = true;
+          lock.unlock();
+          return acc->promise.set_error(std::current_exception());
+        }
+        if (--acc->left != 0) return;
+        R out = std::move(*acc->value);
+        lock.unlock();
+        acc->promise.set_value(std::move(out));
       });
     }
     return result;
