@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "registry.hpp"
 #include "remote_state.hpp"
 #include "runtime_internal.hpp"
 
@@ -19,7 +20,10 @@ void default_fault_hook(const ActorSupervisionEvent& ev) {
 }
 }  // namespace
 
-Proc::Proc(ProcOptions options) : options_(std::move(options)), fault_hook_(default_fault_hook) {
+Proc::Proc(ProcOptions options)
+    : options_(std::move(options)),
+      registry_(std::make_unique<detail::Registry>()),
+      fault_hook_(default_fault_hook) {
   if (options_.deterministic) {
     scheduler_ = std::make_unique<DeterministicScheduler>();
   } else if (options_.scheduler) {
@@ -102,21 +106,16 @@ void Proc::on_root_child_stopped(detail::Cell* c) {
 }
 
 void Proc::register_cell_uid(detail::Cell* c) {
-  auto& shard = shards_[c->id().uid % kShards];
-  std::lock_guard lock(shard.mu);
-  shard.cells.emplace(c->id().uid, c);
+  registry_->insert(c->id().uid, c);
   live_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Proc::unregister_cell(detail::Cell* c) {
-  {
-    auto& shard = shards_[c->id().uid % kShards];
-    std::lock_guard lock(shard.mu);
-    if (shard.cells.erase(c->id().uid) == 0) return;
-  }
+  if (!registry_->erase(c->id().uid)) return;
   live_.fetch_sub(1, std::memory_order_relaxed);
   detail::CellPtr named;  // released outside the lock
   std::lock_guard lock(mu_);
+  if (names_.empty()) return;
   for (auto it = names_.begin(); it != names_.end(); ++it) {
     if (it->second.get() == c) {
       named = std::move(it->second);
@@ -151,11 +150,9 @@ detail::CellPtr Proc::lookup_cell(const std::string& name, std::type_index type)
 
 detail::CellPtr Proc::find(const ActorId& id) {
   if (id.proc != options_.name) return {};
-  auto& shard = shards_[id.uid % kShards];
-  std::lock_guard lock(shard.mu);
-  auto it = shard.cells.find(id.uid);
-  if (it == shard.cells.end() || it->second->id() != id) return {};
-  return detail::CellPtr::share(it->second);
+  // Under the registry lock a found cell is still registered, hence alive (it unregisters itself
+  // before its last reference can go); share() takes our reference.
+  return registry_->find_shared(id);
 }
 
 bool Proc::shutdown(std::chrono::milliseconds timeout) {

@@ -71,7 +71,9 @@ void ThreadPoolScheduler::push_global(detail::Cell* c) {
     std::lock_guard lock(mu_);
     queue_.push_back(c);
     queued_.fetch_add(1, std::memory_order_release);
-    wake = sleepers_ > 0;
+    // A spinning worker will see it; waking a sleeper too would only cost a futex call. (No lost
+    // wake-up: a spinner re-checks the queue under mu_ before it sleeps, SCHED-3.)
+    wake = sleepers_ > 0 && spinning_.load(std::memory_order_acquire) == 0;
   }
   if (wake) cv_.notify_one();
 }
@@ -100,9 +102,11 @@ void ThreadPoolScheduler::run(Worker* w) {
       c = pop_global();
     }
     if (c == nullptr) {
+      spinning_.fetch_add(1, std::memory_order_acq_rel);
       for (int i = 0; i < kSpinRounds && queued_.load(std::memory_order_relaxed) == 0; ++i) {
         detail::cpu_relax();
       }
+      spinning_.fetch_sub(1, std::memory_order_acq_rel);
       if (queued_.load(std::memory_order_acquire) != 0) continue;
       std::unique_lock lock(mu_);
       if (queue_.empty() && stopping_) break;

@@ -36,6 +36,10 @@
 
 namespace monarch {
 
+namespace detail {
+class Registry;
+}
+
 struct ProcOptions {
   /// Name used in ActorIds: actors are "<name>.<actor>[<uid>]".
   std::string name = "local[0]";
@@ -176,12 +180,7 @@ class Proc {
   bool owns_scheduler_ = true;
   std::atomic<uint64_t> next_uid_{0};
 
-  static constexpr size_t kShards = 16;
-  struct Shard {
-    std::mutex mu;
-    std::unordered_map<uint64_t, detail::Cell*> cells;  // not owning
-  };
-  Shard shards_[kShards];
+  std::unique_ptr<detail::Registry> registry_;  // uid -> Cell (not owning)
   std::atomic<size_t> live_{0};
 
   mutable std::mutex mu_;  // names_, the root list, fault_hook_

@@ -71,6 +71,7 @@ class ThreadPoolScheduler final : public Scheduler {
   std::condition_variable cv_;
   std::deque<detail::Cell*> queue_;
   std::atomic<size_t> queued_{0};
+  std::atomic<int> spinning_{0};  // workers polling the queue before they sleep
   size_t sleepers_ = 0;
   bool stopping_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;
