@@ -29,16 +29,9 @@ Region Region::from_ranks(std::vector<std::size_t> ranks) {
   return r;
 }
 
-Region Region::from_runs(std::vector<Run> runs) {
-  for (const Run& run : runs) {
-    if (run.begin >= run.end) {
-      throw Error("region: empty run [" + std::to_string(run.begin) + ", " +
-                  std::to_string(run.end) + "): begin must be < end");
-    }
-  }
-  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
+Region Region::coalesce(const std::vector<Run>& sorted) {
   Region r;
-  for (const Run& run : runs) {
+  for (const Run& run : sorted) {
     if (!r.runs_.empty() && run.begin <= r.runs_.back().end) {
       r.runs_.back().end = std::max(r.runs_.back().end, run.end);
     } else {
@@ -47,6 +40,17 @@ Region Region::from_runs(std::vector<Run> runs) {
   }
   for (const Run& run : r.runs_) r.size_ += run.end - run.begin;
   return r;
+}
+
+Region Region::from_runs(std::vector<Run> runs) {
+  for (const Run& run : runs) {
+    if (run.begin >= run.end) {
+      throw Error("region: empty run [" + std::to_string(run.begin) + ", " +
+                  std::to_string(run.end) + "): begin must be < end");
+    }
+  }
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
+  return coalesce(runs);
 }
 
 bool Region::contains(std::size_t rank) const noexcept {
@@ -71,16 +75,7 @@ Region Region::union_(const Region& other) const {
   all.reserve(runs_.size() + other.runs_.size());
   std::merge(runs_.begin(), runs_.end(), other.runs_.begin(), other.runs_.end(),
              std::back_inserter(all), [](const Run& a, const Run& b) { return a.begin < b.begin; });
-  Region r;
-  for (const Run& run : all) {
-    if (!r.runs_.empty() && run.begin <= r.runs_.back().end) {
-      r.runs_.back().end = std::max(r.runs_.back().end, run.end);
-    } else {
-      r.runs_.push_back(run);
-    }
-  }
-  for (const Run& run : r.runs_) r.size_ += run.end - run.begin;
-  return r;
+  return coalesce(all);
 }
 
 Region Region::intersection(const Region& other) const {

@@ -294,6 +294,9 @@ class ActorRef {
   /// True when the actor lives in another process.
   bool is_remote() const noexcept { return remote_; }
 
+  /// Message rank of a message not sent through a mesh cast.
+  static constexpr size_t kNoRank = static_cast<size_t>(-1);
+
   bool valid() const noexcept { return cell_ || unknown_; }
   const ActorId& id() const {
     if (cell_) return cell_->id();
@@ -310,9 +313,17 @@ class ActorRef {
   /// Request/reply: see the file comment. Returns Future<R>.
   template <class M, class... Args>
   auto call(M method, Args&&... args) const {
+    return call_ranked(kNoRank, method, std::forward<Args>(args)...);
+  }
+
+  /// Internal (mesh casts): call()/send() whose handler sees Context::message_rank() == rank.
+  /// (In-process members; across processes the rank does not travel yet.)
+  template <class M, class... Args>
+  auto call_ranked(size_t rank, M method, Args&&... args) const {
     detail::check_endpoint<A, M, Args...>();
     if (remote_) return detail::remote_call<A>(*proc_, *unknown_, method, std::forward<Args>(args)...);
     auto* e = new detail::CallEnvelope<A, M>(method, std::forward<Args>(args)...);
+    e->message_rank = rank;
     auto f = e->promise.get_future();
     if (!cell_) {
       bounce_unknown(e);
@@ -322,38 +333,21 @@ class ActorRef {
     cell_->post(e);
     return f;
   }
-
-  /// Internal (mesh casts): call()/send() whose handler sees Context::message_rank() == rank.
-  /// (In-process members; across processes the rank does not travel yet.)
-  template <class M, class... Args>
-  auto call_ranked(size_t rank, M method, Args&&... args) const {
-    detail::check_endpoint<A, M, Args...>();
-    if (remote_ || !cell_) return call(method, std::forward<Args>(args)...);
-    auto* e = new detail::CallEnvelope<A, M>(method, std::forward<Args>(args)...);
-    e->message_rank = rank;
-    auto f = e->promise.get_future();
-    e->promise.set_completer(cell_.get());
-    cell_->post(e);
-    return f;
-  }
   template <class M, class... Args>
   void send_ranked(size_t rank, M method, Args&&... args) const {
     detail::check_endpoint<A, M, Args...>();
-    if (remote_ || !cell_) return send(method, std::forward<Args>(args)...);
-    auto* e = new detail::SendEnvelope<A, M>(&cell_->proc(), method, std::forward<Args>(args)...);
+    if (remote_) return detail::remote_send<A>(*proc_, *unknown_, method, std::forward<Args>(args)...);
+    Proc* p = cell_ ? &cell_->proc() : proc_;
+    auto* e = new detail::SendEnvelope<A, M>(p, method, std::forward<Args>(args)...);
     e->message_rank = rank;
+    if (!cell_) return bounce_unknown(e);
     cell_->post(e);
   }
 
   /// Fire-and-forget: see the file comment.
   template <class M, class... Args>
   void send(M method, Args&&... args) const {
-    detail::check_endpoint<A, M, Args...>();
-    if (remote_) return detail::remote_send<A>(*proc_, *unknown_, method, std::forward<Args>(args)...);
-    Proc* p = cell_ ? &cell_->proc() : proc_;
-    auto* e = new detail::SendEnvelope<A, M>(p, method, std::forward<Args>(args)...);
-    if (!cell_) return bounce_unknown(e);
-    cell_->post(e);
+    send_ranked(kNoRank, method, std::forward<Args>(args)...);
   }
 
   /// Stops the actor after the messages already queued (drain); children stop first, then

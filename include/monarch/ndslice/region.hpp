@@ -97,6 +97,8 @@ class Region {
   [[nodiscard]] iterator end() const noexcept;
 
  private:
+  // Merges runs sorted by begin (overlapping or adjacent ones join) into a Region.
+  static Region coalesce(const std::vector<Run>& sorted);
   std::vector<Run> runs_;
   std::size_t size_ = 0;
 };
