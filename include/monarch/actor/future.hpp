@@ -144,9 +144,12 @@ class Promise {
 
   Future<T> get_future() { return Future<T>(state_); }
 
+  // Both setters hold their own reference to the state: once publish() wakes the waiter, the
+  // waiter may destroy this Promise (and drop its reference) while we are still unlocking.
   template <class... V>
   void set_value(V&&... v) {
-    auto& s = *state_;
+    auto keep = state_;
+    auto& s = *keep;
     std::unique_lock lock(s.mu);
     if (s.ready()) throw UsageError("promise already satisfied");
     s.value.emplace(std::forward<V>(v)...);
@@ -154,7 +157,8 @@ class Promise {
   }
 
   void set_error(std::exception_ptr e) {
-    auto& s = *state_;
+    auto keep = state_;
+    auto& s = *keep;
     std::unique_lock lock(s.mu);
     if (s.ready()) throw UsageError("promise already satisfied");
     s.error = std::move(e);
