@@ -6,6 +6,8 @@
 #include <map>
 #include <set>
 
+#include <unistd.h>
+
 #include "monarch/mesh/proc_mesh.hpp"
 
 using namespace std::chrono_literals;
@@ -219,6 +221,74 @@ TEST(CastTree, CAST7_AGoneCommActorIsADeliveryFailureForItsSubtree) {
   EXPECT_EQ(replied, (std::set<size_t>{0, 5, 6, 7}));
   // Slices whose paths avoid proc 1 still work.
   EXPECT_EQ(m.slice("procs", Range(5, 8)).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s), 3);
+}
+
+// CAST-10: the same casts when the comm actors are in other processes: the procs serve abstract
+// unix addresses and the caster talks to them only through remote refs from its own Proc, so every
+// hop (caster -> comm, comm -> comm) is a channel message with cereal-encoded payloads.
+TEST(CastTree, CAST10_CastsCrossProcessesBetweenCommActors) {
+  const std::string prefix = "unix://@monarch-cast-test-" + std::to_string(::getpid());
+  monarch::ProcOptions o;
+  o.listen = prefix + "/p{rank}";
+  auto procs = ProcMesh::local(Extent{{"procs", 6}}, o, CastOptions{2});
+  auto local = procs.spawn<Member>("m", Extent{{"actors", 3}}, 7L);
+  monarch::ProcOptions co;
+  co.listen = prefix + "/client";
+  monarch::Proc client(co);
+  auto m = local.attach(client);
+  ASSERT_TRUE(m.at(0).is_remote());
+  ASSERT_EQ(m.size(), 18u);
+
+  // CAST-5 over the wire: collect, reduce, message ranks, irregular slices.
+  auto vals = m.call(&Member::value, 5L).get(30s);
+  for (size_t r = 0; r < 18; ++r) EXPECT_EQ(vals[r], 12 + static_cast<long>(r));
+  auto where = m.call(&Member::where).get(30s);
+  for (size_t r = 0; r < 18; ++r) EXPECT_EQ(where[r], procs.proc(r / 3).name());
+  auto odd = m.slice("procs", Range(1, 6, 2)).slice("actors", 2);
+  EXPECT_EQ(odd.reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s), 3 * 7 + 3);
+  EXPECT_EQ(m.reduce([](long a, long b) { return a < b ? b : a; }, &Member::value, 0L).get(30s), 7 + 17);
+  long offset = 1;
+  EXPECT_THROW((void)m.reduce([offset](long a, long b) { return a + b + offset; }, &Member::value, 0L),
+               monarch::UsageError);  // a capturing lambda cannot be sent
+  EXPECT_THROW((void)m.stream(&Member::value, 0L), monarch::UsageError);
+
+  // CAST-6: a member error names the member.
+  try {
+    m.call(&Member::fail_on, size_t{10}).get(30s);
+    FAIL() << "the cast succeeded";
+  } catch (const monarch::ActorError& e) {
+    EXPECT_EQ(e.actor(), local.at(10).id());
+    EXPECT_THAT(e.remote_message(), HasSubstr("rank 10 failed"));
+  }
+
+  // CAST-3: FIFO across slices, with broadcasts and calls mixed.
+  std::vector<monarch::mesh::ActorMesh<Member>> slices{m, m.slice("procs", Range(2, 6)), m.slice("actors", 1),
+                                                       m.slice("procs", 5)};
+  std::vector<std::vector<int>> expected(m.size());
+  std::vector<monarch::Future<monarch::ndslice::ValueMesh<monarch::Unit>>> calls;
+  for (int seq = 0; seq < 60; ++seq) {
+    auto& v = slices[static_cast<size_t>(seq * 3 + seq / 4) % slices.size()];
+    for (size_t i = 0; i < v.size(); ++i) expected[v.shape().global_rank(i)].push_back(seq);
+    if (seq % 2 == 0) {
+      calls.push_back(v.call(&Member::record, seq));
+    } else {
+      v.broadcast(&Member::record, seq);
+    }
+  }
+  for (auto& c : calls) c.get(30s);
+  auto logs = m.call(&Member::log).get(30s);
+  for (size_t r = 0; r < m.size(); ++r) EXPECT_EQ(logs[r], expected[r]) << "member " << r;
+
+  // CAST-7: a comm actor that is gone fails the cast with a DeliveryFailure naming it.
+  procs.proc(1).lookup<CommActor>(monarch::mesh::kCommActorName)->kill().get(10s);
+  try {
+    m.call(&Member::value, 0L).get(30s);
+    FAIL() << "the cast succeeded";
+  } catch (const monarch::DeliveryFailure& e) {
+    EXPECT_EQ(e.destination().name, "monarch.comm");
+    EXPECT_EQ(e.destination().proc, procs.proc(1).name());
+  }
+  EXPECT_EQ(m.slice("procs", Range(4, 6)).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s), 6 * 7 + 15);
 }
 
 TEST(CastTree, PerProcDimsMustNotRepeatProcDims) {

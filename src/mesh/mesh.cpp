@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 
 #include <spdlog/spdlog.h>
 
@@ -19,7 +21,49 @@ void CommActor::undeliverable(const DeliveryFailure& failure) {
   spdlog::warn("monarch.comm: dropped an undeliverable report: {}", failure.what());
 }
 
+Future<std::string> CommActor::cast(CastWire w) {
+  auto fn = detail::find_remote_cast(w.handler);
+  if (!fn) {
+    return Future<std::string>::ready_error(std::make_exception_ptr(UsageError(
+        "comm actor of " + proc().name() + ": no cast handler '" + w.handler +
+        "' in this process (call mesh::register_cast for that endpoint here)")));
+  }
+  return (*fn)(proc(), std::move(w));
+}
+
+void CommActor::cast_send(CastWire w) {
+  auto fn = detail::find_remote_cast(w.handler);
+  if (!fn) {
+    spdlog::error("monarch.comm of {}: dropped a broadcast: no cast handler '{}' in this process", proc().name(),
+                  w.handler);
+    return;
+  }
+  (void)(*fn)(proc(), std::move(w));
+}
+
 namespace detail {
+
+namespace {
+std::mutex g_casts_mu;
+std::unordered_map<std::string, std::shared_ptr<RemoteCastFn>> g_casts;
+}  // namespace
+
+void add_remote_cast(const std::string& key, std::shared_ptr<RemoteCastFn> fn) {
+  std::lock_guard lock(g_casts_mu);
+  g_casts.try_emplace(key, std::move(fn));
+}
+
+std::shared_ptr<RemoteCastFn> find_remote_cast(const std::string& key) {
+  std::lock_guard lock(g_casts_mu);
+  auto it = g_casts.find(key);
+  return it == g_casts.end() ? nullptr : it->second;
+}
+
+void throw_not_castable(const char* adverb, const std::string& what) {
+  throw UsageError(std::string(adverb) + ": " + what +
+                   " not serialisable (or the reducer captures state that is not), so this cast "
+                   "cannot reach comm actors in other processes");
+}
 
 ActorRef<CommActor> install_comm(Proc& proc) {
   auto ref = proc.spawn<CommActor>(kCommActorName);
@@ -64,6 +108,10 @@ CastPlan CastPlan::make(const ndslice::Shape& view, size_t per_proc) {
 
 ProcMesh ProcMesh::local(const ndslice::Extent& extent, ProcOptions options, CastOptions cast) {
   if (extent.num_ranks() == 0) throw UsageError("ProcMesh::local: empty extent " + extent.to_string());
+  if (extent.num_ranks() > 1 && !options.listen.empty() && options.listen.find("{rank}") == std::string::npos) {
+    throw UsageError("ProcMesh::local: ProcOptions::listen '" + options.listen +
+                     "' must contain {rank} (each proc serves its own address)");
+  }
   if (cast.fanout == 0) throw UsageError("ProcMesh::local: CastOptions::fanout must be at least 1");
   auto state = std::make_shared<State>();
   state->scheduler = std::make_shared<ThreadPoolScheduler>(options.workers, options.batch);
@@ -75,6 +123,7 @@ ProcMesh ProcMesh::local(const ndslice::Extent& extent, ProcOptions options, Cas
   for (size_t r = 0; r < extent.num_ranks(); ++r) {
     ProcOptions o = options;
     o.name = base + "[" + std::to_string(r) + "]";
+    if (auto at = o.listen.find("{rank}"); at != std::string::npos) o.listen.replace(at, 6, std::to_string(r));
     o.scheduler = state->scheduler;
     state->procs.push_back(std::make_unique<Proc>(std::move(o)));
     topo->comm.push_back(detail::install_comm(*state->procs.back()));

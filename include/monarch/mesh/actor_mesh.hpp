@@ -88,6 +88,7 @@ class ActorMesh {
   template <class M, class... Args>
   auto call(M method, const Args&... args) const {
     detail::check_endpoint<A, M, const Args&...>();
+    if (topo_ && topo_->remote && size() > 0) return remote_call(method, args...);
     auto job = make_job<detail::CastMode::Collect>(method, detail::NoReducer{}, args...);
     auto f = job->collect_future();
     job->start();
@@ -107,6 +108,7 @@ class ActorMesh {
                   "(no mutable lambdas: tree nodes call it concurrently)");
     detail::check_endpoint<A, M, const Args&...>();
     if (size() == 0) throw UsageError("reduce: the mesh view " + extent().to_string() + " is empty");
+    if (topo_ && topo_->remote) return remote_reduce(std::move(reducer), method, args...);
     auto job = make_job<detail::CastMode::Reduce>(method, std::move(reducer), args...);
     auto f = job->reduce_future();
     job->start();
@@ -137,6 +139,10 @@ class ActorMesh {
   auto stream(M method, const Args&... args) const {
     using R = typename detail::reply_type<typename detail::method_traits<M>::ret>::type;
     detail::check_endpoint<A, M, const Args&...>();
+    if (topo_ && topo_->remote) {
+      throw UsageError("stream: not supported yet on a mesh whose procs are in other processes (" +
+                       extent().to_string() + "); use call() or reduce()");
+    }
     Stream<R> out(size());
     auto job = make_job<detail::CastMode::Stream>(method, detail::NoReducer{}, args...);
     job->set_stream(out);
@@ -150,10 +156,117 @@ class ActorMesh {
   template <class M, class... Args>
   void broadcast(M method, const Args&... args) const {
     detail::check_endpoint<A, M, const Args&...>();
+    if (topo_ && topo_->remote && size() > 0) {
+      using RC = detail::RemoteCast<A, M, detail::CastMode::Broadcast, detail::NoReducer>;
+      if constexpr (!RC::castable) {
+        detail::throw_not_castable("broadcast", "the endpoint's arguments are");
+      } else {
+        auto plan = detail::CastPlan::make(view_, per_proc_);
+        topo_->comm[0].send(&CommActor::cast_send, RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...));
+        return;
+      }
+    }
     make_job<detail::CastMode::Broadcast>(method, detail::NoReducer{}, args...)->start();
   }
 
+  /// This mesh as seen from `client`, a listening Proc in another process (or in this one, for
+  /// tests): members and comm actors become remote refs, and casts travel as CastWire between
+  /// comm actors (CAST-10). Reducers must then be stateless or serialisable.
+  ActorMesh attach(Proc& client) const {
+    std::vector<ActorId> members, comm;
+    members.reserve(members_->size());
+    for (const auto& m : *members_) members.push_back(m.valid() ? m.id() : ActorId{});
+    if (!topo_) throw UsageError("ActorMesh::attach: this mesh has no cast tree");
+    for (const auto& c : topo_->comm) comm.push_back(c.id());
+    return from_ids(client, members, view_, comm, topo_->fanout, per_proc_);
+  }
+
+  /// A mesh of actors in other processes, for a process allocator: `members` by global rank of
+  /// the actor base space (`per_proc` consecutive ranks per base proc), `comm` the comm actor of
+  /// each base proc (detail::install_comm), `view` over the actor base space.
+  static ActorMesh from_ids(Proc& client, const std::vector<ActorId>& members, ndslice::Shape view,
+                            const std::vector<ActorId>& comm, size_t fanout, size_t per_proc) {
+    auto refs = std::make_shared<std::vector<ActorRef<A>>>();
+    refs->reserve(members.size());
+    for (const auto& id : members) refs->emplace_back(&client, id, true);
+    auto topo = std::make_shared<detail::CastTopology>();
+    topo->fanout = fanout;
+    topo->remote = true;
+    for (const auto& id : comm) topo->comm.emplace_back(&client, id, true);
+    return ActorMesh(std::move(refs), std::move(view), std::move(topo), per_proc);
+  }
+
  private:
+  template <class M, class... Args>
+  auto remote_call(M method, const Args&... args) const
+      -> Future<ndslice::ValueMesh<std::conditional_t<
+          std::is_void_v<typename detail::reply_type<typename detail::method_traits<M>::ret>::type>, Unit,
+          typename detail::reply_type<typename detail::method_traits<M>::ret>::type>>> {
+    using RC = detail::RemoteCast<A, M, detail::CastMode::Collect, detail::NoReducer>;
+    using R = typename RC::R;
+    using Out = std::conditional_t<std::is_void_v<R>, Unit, R>;
+    if constexpr (!RC::castable) {
+      detail::throw_not_castable("call", "the endpoint's arguments or reply are");
+    } else {
+      auto plan = detail::CastPlan::make(view_, per_proc_);
+      Promise<ndslice::ValueMesh<Out>> p;
+      auto f = p.get_future();
+      topo_->comm[0]
+          .call(&CommActor::cast, RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...))
+          .on_complete([p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
+            if (s.error) return p.set_error(s.error);
+            try {
+              auto parts = detail::decode_string<typename RC::Partial>(*s.value);
+              std::vector<std::optional<Out>> slots(ext.num_ranks());
+              for (auto& [r, v] : parts) {
+                if constexpr (std::is_void_v<R>) {
+                  slots.at(r).emplace();
+                } else {
+                  slots.at(r).emplace(std::move(v));
+                }
+              }
+              std::vector<Out> out;
+              out.reserve(slots.size());
+              for (size_t r = 0; r < slots.size(); ++r) {
+                if (!slots[r]) throw Error("cast: no reply from member " + std::to_string(r) + " of " + ext.to_string());
+                out.push_back(std::move(*slots[r]));
+              }
+              p.set_value(ndslice::ValueMesh<Out>::from_vector(ext, out));
+            } catch (...) {
+              p.set_error(std::current_exception());
+            }
+          });
+      return f;
+    }
+  }
+
+  template <class Reducer, class M, class... Args>
+  auto remote_reduce(Reducer reducer, M method, const Args&... args) const
+      -> Future<typename detail::reply_type<typename detail::method_traits<M>::ret>::type> {
+    using RC = detail::RemoteCast<A, M, detail::CastMode::Reduce, Reducer>;
+    using R = typename RC::R;
+    if constexpr (!RC::castable) {
+      detail::throw_not_castable("reduce", "the endpoint's arguments, reply or the reducer are");
+    } else {
+      auto plan = detail::CastPlan::make(view_, per_proc_);
+      Promise<R> p;
+      auto f = p.get_future();
+      topo_->comm[0]
+          .call(&CommActor::cast, RC::root(*members_, *topo_, plan, method, reducer, args...))
+          .on_complete([p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
+            if (s.error) return p.set_error(s.error);
+            try {
+              auto v = detail::decode_string<typename RC::Partial>(*s.value);
+              if (!v) throw Error("reduce: no reply from the members of " + ext.to_string());
+              p.set_value(std::move(*v));
+            } catch (...) {
+              p.set_error(std::current_exception());
+            }
+          });
+      return f;
+    }
+  }
+
   template <detail::CastMode Mode, class M, class Reducer, class... Args>
   auto make_job(M method, Reducer reducer, const Args&... args) const {
     if (!topo_) throw UsageError("ActorMesh: this mesh has no cast tree (it was not spawned by a ProcMesh)");

@@ -42,13 +42,40 @@ struct CastOptions {
   size_t fanout = 16;
 };
 
-/// The per-proc system actor that relays casts. It has no endpoints of its own: casts reach it
-/// as internal envelopes (detail::CastEnvelope).
+/// One hop of a cast to comm actors in other processes (CAST-10): everything the subtree of procs
+/// [lo, hi) needs, serialised with cereal. Payloads are wire::encode output held in strings.
+struct CastWire {
+  std::string handler;               // registry key of the typed handler (detail::RemoteCast)
+  std::string args;                  // the endpoint's argument tuple
+  std::string reducer;               // the reducer (empty when stateless)
+  uint32_t lo = 0, hi = 0;           // the subtree: base procs [lo, hi), rooted at lo
+  uint64_t fanout = 16;
+  std::vector<ActorId> comm;         // comm actors of procs lo .. hi-1
+  std::vector<uint32_t> procs;       // destination procs in the subtree, ascending
+  std::vector<uint32_t> starts;      // procs[i]'s members: members[starts[i] .. starts[i+1])
+  std::vector<ActorId> members;      // destination members, grouped by proc
+  std::vector<uint32_t> ranks;       // their message ranks
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(handler, args, reducer, lo, hi, fanout, comm, procs, starts, members, ranks);
+  }
+};
+
+/// The per-proc system actor that relays casts. In process, casts reach it as internal envelopes
+/// (detail::CastEnvelope); from other processes through its endpoints below.
 class CommActor final : public Actor {
  public:
+  /// A cast hop from another process (its parent node or the caster); replies with the
+  /// subtree's serialised partial result, or fails with the first error (CAST-6, CAST-7).
+  /// Fails with UsageError when this process has no handler for `w.handler` (see
+  /// mesh::register_cast).
+  Future<std::string> cast(CastWire w);
+  /// The same for broadcast (no reply).
+  void cast_send(CastWire w);
   /// Never fails the relay (CAST-9): undeliverable reports are routed to casters, so one that
   /// lands here is only logged.
   void undeliverable(const DeliveryFailure& failure) override;
+  MONARCH_ENDPOINTS(CommActor, cast, cast_send)
 };
 
 /// Name the comm actor is registered under in its Proc (Proc::lookup<CommActor>).
@@ -128,6 +155,7 @@ using monarch::detail::Envelope;
 using monarch::detail::method_traits;
 using monarch::detail::reply_type;
 using monarch::detail::State;
+using monarch::detail::UniqueFunction;
 
 /// Spawns the comm actor of `proc` and registers it as kCommActorName (the process allocator
 /// calls this in each freshly started worker Proc). Throws UsageError if one is already there.
@@ -137,6 +165,8 @@ ActorRef<CommActor> install_comm(Proc& proc);
 struct CastTopology {
   std::vector<ActorRef<CommActor>> comm;
   size_t fanout = 16;
+  /// The comm actors are in other processes (remote refs, from `client`): casts go as CastWire.
+  bool remote = false;
 };
 
 /// Which members one cast reaches: (global rank in the actor base space, message rank) sorted
@@ -398,5 +428,245 @@ class CastJob final : public CastJobBase,
   CellPtr sender_;  // Broadcast: undeliverable reports go to the caster
 };
 
+// ---------------------------------------------------------------------------------------------
+// Casts to comm actors in other processes (CAST-10).
+
+using RemoteCastFn = UniqueFunction<Future<std::string>(Proc&, CastWire&&)>;
+/// Adds the handler for `key` unless one is there. Any thread.
+void add_remote_cast(const std::string& key, std::shared_ptr<RemoteCastFn> fn);
+std::shared_ptr<RemoteCastFn> find_remote_cast(const std::string& key);
+
+inline std::string to_string_bytes(const std::vector<std::byte>& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+template <class T>
+T decode_string(const std::string& s) {
+  return wire::decode<T>(std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size()));
+}
+
+/// A reducer travels as bytes, or as nothing when it is stateless (Sum, Min, Max, a lambda
+/// without captures).
+template <class Reducer>
+inline constexpr bool reducer_stateless_v = std::is_empty_v<Reducer> && std::is_default_constructible_v<Reducer>;
+template <class Reducer>
+inline constexpr bool reducer_wireable_v = reducer_stateless_v<Reducer> || wire::is_serializable_v<Reducer>;
+
+template <class A, class M, CastMode Mode, class Reducer>
+struct RemoteCast {
+  using Stored = typename method_traits<M>::stored;
+  using R = typename reply_type<typename method_traits<M>::ret>::type;
+  using WireOut = std::conditional_t<std::is_void_v<R>, bool, R>;
+  using Partial = std::conditional_t<Mode == CastMode::Reduce, std::optional<WireOut>,
+                                     std::vector<std::pair<uint32_t, WireOut>>>;
+
+  static constexpr bool castable = wire::is_serializable_v<Stored> &&
+                                   (std::is_void_v<R> || wire::is_serializable_v<R>) &&
+                                   (Mode != CastMode::Reduce || reducer_wireable_v<Reducer>);
+
+  static std::string key(M method) {
+    return wire::type_name<RemoteCast>() + "/" + monarch::detail::remote_endpoint_name<A>(method);
+  }
+
+  static std::string encode_reducer(const Reducer& r) {
+    if constexpr (reducer_stateless_v<Reducer>) {
+      return {};
+    } else {
+      return to_string_bytes(wire::encode(r));
+    }
+  }
+  static Reducer decode_reducer(const std::string& s) {
+    if constexpr (reducer_stateless_v<Reducer>) {
+      return Reducer{};
+    } else {
+      return decode_string<Reducer>(s);
+    }
+  }
+
+  /// Registers the handler of (A, method, Mode, Reducer) in this process (once per key).
+  static std::string register_for(M method) {
+    std::string k = key(method);
+    if (!find_remote_cast(k)) {
+      add_remote_cast(k, std::make_shared<RemoteCastFn>(
+                             [method](Proc& p, CastWire&& w) { return run(p, method, std::move(w)); }));
+    }
+    return k;
+  }
+
+  struct NodeState {
+    explicit NodeState(Reducer r) : reducer(std::move(r)) {}
+    std::mutex mu;
+    Partial acc{};
+    size_t pending = 0;
+    bool failed = false;
+    Promise<std::string> promise;
+    Reducer reducer;
+
+    void fail(std::exception_ptr e) {
+      std::unique_lock lock(mu);
+      if (failed) return;
+      failed = true;
+      lock.unlock();
+      promise.set_error(std::move(e));
+    }
+    void add(Partial p) {
+      std::unique_lock lock(mu);
+      if (failed) return;
+      try {
+        if constexpr (Mode == CastMode::Reduce) {
+          if (p) acc = acc ? std::optional<WireOut>(std::as_const(reducer)(std::move(*acc), *p)) : std::move(p);
+        } else {
+          acc.insert(acc.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
+        }
+      } catch (...) {
+        failed = true;
+        lock.unlock();
+        return promise.set_error(std::current_exception());
+      }
+      if (--pending != 0) return;
+      failed = true;  // done: nothing more may land
+      std::string out;
+      try {
+        out = to_string_bytes(wire::encode(acc));
+      } catch (...) {
+        lock.unlock();
+        return promise.set_error(std::current_exception());
+      }
+      lock.unlock();
+      promise.set_value(std::move(out));
+    }
+  };
+
+  /// Runs one hop on the comm actor of `proc` (its thread): forwards to the child subtrees that
+  /// hold destinations, delivers to the members on this proc, and folds their replies.
+  static Future<std::string> run(Proc& proc, M method, CastWire&& w) {
+    auto args = std::make_shared<Stored>(decode_string<Stored>(w.args));
+    auto st = std::make_shared<NodeState>(decode_reducer(w.reducer));
+    auto result = st->promise.get_future();
+    const uint32_t de = static_cast<uint32_t>(w.procs.size());
+    uint32_t db = 0;
+    uint32_t lb = 0, le = 0;
+    if (db < de && w.procs[0] == w.lo) {
+      lb = w.starts[0];
+      le = w.starts[1];
+      db = 1;
+    }
+    std::vector<std::pair<ActorId, CastWire>> kids;
+    if (w.lo + 1 < w.hi && db < de) {
+      const uint32_t chunk = cast_chunk(w.lo, w.hi, w.fanout);
+      for (uint32_t clo = w.lo + 1; clo < w.hi && db < de; clo += chunk) {
+        const uint32_t chi = std::min(clo + chunk, w.hi);
+        uint32_t x = db;
+        while (x < de && w.procs[x] < chi) ++x;
+        if (x > db) {
+          CastWire sub;
+          sub.handler = w.handler;
+          sub.args = w.args;
+          sub.reducer = w.reducer;
+          sub.lo = clo;
+          sub.hi = chi;
+          sub.fanout = w.fanout;
+          sub.comm.assign(w.comm.begin() + (clo - w.lo), w.comm.begin() + (chi - w.lo));
+          sub.procs.assign(w.procs.begin() + db, w.procs.begin() + x);
+          for (uint32_t i = db; i <= x; ++i) sub.starts.push_back(w.starts[i] - w.starts[db]);
+          sub.members.assign(w.members.begin() + w.starts[db], w.members.begin() + w.starts[x]);
+          sub.ranks.assign(w.ranks.begin() + w.starts[db], w.ranks.begin() + w.starts[x]);
+          kids.emplace_back(w.comm[clo - w.lo], std::move(sub));
+        }
+        db = x;
+      }
+    }
+    st->pending = (le - lb) + kids.size();
+    for (auto& [id, sub] : kids) {
+      ActorRef<CommActor> child(&proc, id, true);
+      if constexpr (Mode == CastMode::Broadcast) {
+        child.send(&CommActor::cast_send, std::move(sub));
+      } else {
+        child.call(&CommActor::cast, std::move(sub)).on_complete([st](State<std::string>& s) {
+          if (s.error) return st->fail(s.error);
+          try {
+            st->add(decode_string<Partial>(*s.value));
+          } catch (...) {
+            st->fail(std::current_exception());
+          }
+        });
+      }
+    }
+    for (uint32_t i = lb; i < le; ++i) {
+      ActorRef<A> ref = proc.resolve<A>(w.members[i]);
+      const uint32_t rank = w.ranks[i];
+      if constexpr (Mode == CastMode::Broadcast) {
+        std::apply([&](const auto&... a) { ref.send_ranked(rank, method, a...); }, *args);
+      } else {
+        auto f = std::apply([&](const auto&... a) { return ref.call_ranked(rank, method, a...); }, *args);
+        f.on_complete([st, rank](State<R>& s) {
+          if (s.error) return st->fail(s.error);
+          Partial p{};
+          if constexpr (Mode == CastMode::Reduce) {
+            p.emplace(std::move(*s.value));
+          } else if constexpr (std::is_void_v<R>) {
+            p.emplace_back(rank, true);
+          } else {
+            p.emplace_back(rank, std::move(*s.value));
+          }
+          st->add(std::move(p));
+        });
+      }
+    }
+    if (st->pending == 0 || Mode == CastMode::Broadcast) {
+      return Future<std::string>::ready_value(std::string());
+    }
+    return result;
+  }
+
+  /// The root hop, from the caster: one message to base proc 0's comm actor (CAST-1).
+  template <class... Args>
+  static CastWire root(const std::vector<ActorRef<A>>& members, const CastTopology& topo, const CastPlan& plan,
+                       M method, const Reducer& reducer, const Args&... args) {
+    CastWire w;
+    w.handler = register_for(method);
+    w.args = to_string_bytes(wire::encode(Stored(args...)));
+    w.reducer = encode_reducer(reducer);
+    w.lo = 0;
+    w.hi = static_cast<uint32_t>(topo.comm.size());
+    w.fanout = topo.fanout;
+    w.comm.reserve(topo.comm.size());
+    for (const auto& c : topo.comm) w.comm.push_back(c.id());
+    w.procs = plan.procs;
+    w.starts = plan.starts;
+    w.members.reserve(plan.members.size());
+    w.ranks.reserve(plan.members.size());
+    for (const auto& [g, r] : plan.members) {
+      w.members.push_back(members[g].id());
+      w.ranks.push_back(r);
+    }
+    return w;
+  }
+};
+
+/// UsageError for an adverb whose endpoint, reply or reducer cannot cross processes.
+[[noreturn]] void throw_not_castable(const char* adverb, const std::string& what);
+
 }  // namespace detail
+
+/// Makes casts of (A, method, reducer) runnable by the comm actors of THIS process. Casters
+/// register what they send automatically; a worker process started from another binary calls
+/// this for each endpoint (and reducer) it is cast, e.g. register_cast<Worker>(&Worker::step,
+/// Sum{}). Static errors name what cannot be serialised.
+template <class A, class M, class Reducer = detail::NoReducer>
+void register_cast(M method, Reducer = {}) {
+  using Call = detail::RemoteCast<A, M, detail::CastMode::Collect, detail::NoReducer>;
+  static_assert(wire::is_serializable_v<typename Call::Stored>,
+                "register_cast: the endpoint's argument types must be serialisable with cereal");
+  static_assert(std::is_void_v<typename Call::R> || wire::is_serializable_v<typename Call::R>,
+                "register_cast: the endpoint's reply type must be serialisable with cereal");
+  static_assert(detail::reducer_wireable_v<Reducer>,
+                "register_cast: the reducer must be stateless (Sum, Min, Max, a lambda without "
+                "captures) or serialisable with cereal");
+  Call::register_for(method);
+  detail::RemoteCast<A, M, detail::CastMode::Broadcast, detail::NoReducer>::register_for(method);
+  if constexpr (!std::is_same_v<Reducer, detail::NoReducer>) {
+    detail::RemoteCast<A, M, detail::CastMode::Reduce, Reducer>::register_for(method);
+  }
+}
+
 }  // namespace monarch::mesh
