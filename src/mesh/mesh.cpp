@@ -167,6 +167,7 @@ ProcMesh::State::~State() {
   for (auto& p : procs) p->begin_shutdown();
   for (auto& p : procs) p->shutdown(p->options().stop_timeout);
   if (scheduler) scheduler->shutdown();
+  topo.reset();  // our references to the comm actors go before their procs
   procs.clear();
 }
 

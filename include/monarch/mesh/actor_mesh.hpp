@@ -1,4 +1,5 @@
-// ActorMesh<A>: one actor of type A per proc of a ProcMesh, addressed as a whole or through slices.
+// ActorMesh<A>: actors of type A on the procs of a ProcMesh (one per proc, or several as an extra
+// trailing dim, ProcMesh::spawn), addressed as a whole or through slices.
 //
 //   auto procs = monarch::mesh::ProcMesh::local({{"hosts", 2}, {"gpus", 4}});
 //   auto workers = procs.spawn<Worker>("worker");             // does not block
@@ -15,12 +16,19 @@
 //   broadcast every member, fire and forget (a failing handler fails that actor: supervision).
 //   reduce    every member; replies combined with an associative reducer (Sum, Min, Max, any
 //             R(R, R)); the caller receives one value.
-// A cast behaves exactly like one message per member from the caller (same per-pair FIFO, no
-// atomicity across members). Inside a handler, Context::message_rank() is the receiver's local
+// A cast behaves exactly like one message per member from the caller (same per-pair FIFO, even
+// across different slices; no atomicity across members). Inside a handler, Context::message_rank() is the receiver's local
 // rank in the view the message was cast to.
 //
-// Status: members are reached directly from the caller. The tree overlay with in-tree reduction,
-// the process allocator and supervision across processes are the next steps (issue 5).
+// Cast tree (docs/cast-tree.md, CAST-1..10): call, reduce, stream and broadcast go as ONE message to
+// the comm actor of base proc 0, which relays it down a fixed tree of per-proc comm actors of
+// bounded fan-out; replies are folded at every node, so the caller receives one message. call_one
+// and choose message their member directly (not ordered with casts, CAST-4). Results complete on
+// runtime threads (never the caller's); Future continuations follow future.hpp's rules.
+//
+// Status: in-process meshes (ProcMesh::local) and meshes of remote refs (attach / from_ids) whose
+// comm actors relay over channels. stream is in-process only; the process allocator and
+// supervision across processes are the next steps (issue 5).
 #pragma once
 
 #include <chrono>

@@ -12,9 +12,9 @@
 // keeps per-pair FIFO, CAST-3); replies are accumulated on whichever thread completes them, under
 // the node's own mutex, so one cast never funnels all replies through one lock.
 //
-// In-process only for now: the relay hands shared C++ objects from node to node (no
-// serialisation). Remote procs (comm actors in other processes) are not supported yet: see
-// docs/cast-tree.md "Not yet".
+// In process, the relay hands shared C++ objects from node to node (no serialisation). When the
+// comm actors are remote refs (ActorMesh::attach / from_ids), a hop is a CommActor::cast(CastWire)
+// call over the channel and partial results travel cereal-encoded (CAST-10, RemoteCast below).
 #pragma once
 
 #include <algorithm>
@@ -575,7 +575,9 @@ struct RemoteCast {
         db = x;
       }
     }
-    st->pending = (le - lb) + kids.size();
+    // Set before anything is sent: replies may land (on other threads) while we still send.
+    const size_t pending = (le - lb) + kids.size();
+    st->pending = pending;
     for (auto& [id, sub] : kids) {
       ActorRef<CommActor> child(&proc, id, true);
       if constexpr (Mode == CastMode::Broadcast) {
@@ -612,7 +614,7 @@ struct RemoteCast {
         });
       }
     }
-    if (st->pending == 0 || Mode == CastMode::Broadcast) {
+    if (pending == 0 || Mode == CastMode::Broadcast) {
       return Future<std::string>::ready_value(std::string());
     }
     return result;
