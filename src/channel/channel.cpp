@@ -637,7 +637,7 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   std::deque<Pending> unacked;  // in seq order; written by the direct path, popped by acks
   uint64_t next_seq = 1;
   uint64_t written_upto = 0;  // highest seq handed to the current connection (written or in tail)
-  // Direct path (try_direct): allowed while direct_fd >= 0 (connected, handshake done) and the
+  // Direct path (write_direct): allowed while direct_fd >= 0 (connected, handshake done) and the
   // writer coroutine is idle (!writer_busy), which also means every message in unacked is written
   // and queue is empty. The writer clears writer_busy only when it has nothing left to write; a
   // (re)connect sets it, so resends always go out before anything new.
