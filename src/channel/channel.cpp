@@ -944,15 +944,21 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     std::shared_ptr<Socket> s = sock;  // keeps this connection's socket alive past a reconnect
     wire::FrameDecoder dec(limits_of(opt));
     std::vector<std::byte> buf(4096);
+    std::vector<Message> acked;
     try {
       while (true) {
         wire::Frame f = co_await read_frame(*s, dec, buf);
         if (f.header.kind != FrameKind::Ack) continue;
-        std::lock_guard lock(mu);
-        while (!unacked.empty() && unacked.front().seq <= f.header.seq) {
-          unacked.pop_front();
-          pending_count.fetch_sub(1);
+        {
+          // Acknowledged messages are freed after the lock is released (senders wait on it).
+          std::lock_guard lock(mu);
+          while (!unacked.empty() && unacked.front().seq <= f.header.seq) {
+            acked.push_back(std::move(unacked.front().msg));
+            unacked.pop_front();
+          }
         }
+        pending_count.fetch_sub(acked.size());
+        acked.clear();
       }
     } catch (const std::exception& e) {
       spdlog::debug("channel to {}: reader ended: {}", addr.to_string(), e.what());
