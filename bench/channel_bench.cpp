@@ -2,6 +2,9 @@
 //
 //   xproc_rtt     64 B round trip (p50/p99, us) to an echo process, over unix and tcp:
 //                 monarch channel vs raw_socket (blocking ping-pong) vs caf_io (remote actor, tcp).
+//                 raw_thread / raw_epoll_thread / raw_epoll_both: raw sockets shaped like the
+//                 channel (reply read by a second thread; with epoll loops), to show where the
+//                 time between raw_socket and monarch goes.
 //   xproc_stream  one link streaming to a counting receiver process: msgs/s at 64 B, GB/s at 1 MiB;
 //                 monarch channel vs raw_socket (length-prefixed frames, buffered writes).
 //
@@ -265,6 +268,36 @@ int role_raw_echo(const std::string& transport) {
   return 0;
 }
 
+// The raw echo as an event loop would run it (like the channel's asio loop): epoll_wait
+// (edge-triggered), then non-blocking reads until EAGAIN, echoing each 64 B message.
+int role_raw_epoll_echo(const std::string& transport) {
+  std::string where;
+  int lfd = raw_listen(transport, where);
+  say("READY " + where);
+  int fd = raw_accept(lfd, transport);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLET;
+  epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+  char buf[4096];
+  size_t have = 0;
+  for (;;) {
+    epoll_event out[4];
+    if (epoll_wait(ep, out, 4, -1) < 0 && errno != EINTR) return 1;
+    for (;;) {
+      ssize_t r = read(fd, buf + have, sizeof buf - have);
+      if (r == 0) return 0;
+      if (r < 0) break;  // EAGAIN: wait for the next edge
+      have += static_cast<size_t>(r);
+      size_t off = 0;
+      for (; have - off >= kRttSize; off += kRttSize) write_full(fd, buf + off, kRttSize);
+      std::memmove(buf, buf + off, have - off);
+      have -= off;
+    }
+  }
+}
+
 // Receives length-prefixed frames until the end marker; prints "DONE count bytes". A large
 // frame is read straight into a reusable buffer (one copy, as a receiver must); small frames
 // are parsed out of a 256 KiB read buffer.
@@ -363,6 +396,7 @@ int run_role(int argc, char** argv) {
   std::string role = argv[2];
   std::string arg = argc > 3 ? argv[3] : "";
   if (role == "raw_echo") return role_raw_echo(arg);
+  if (role == "raw_epoll_echo") return role_raw_epoll_echo(arg);
   if (role == "raw_sink") return role_raw_sink(arg);
   if (role == "monarch_echo") return role_monarch_echo(arg);
   if (role == "monarch_sink") return role_monarch_sink(arg);
@@ -451,8 +485,10 @@ void rtt_monarch(const std::string& transport) {
 // ReplySignal. With `epoll`, that thread waits like the channel's asio loop does: epoll_wait,
 // then non-blocking reads until EAGAIN. The difference to raw_socket is the cost of the extra
 // thread hop (and of the epoll pattern), not of anything in the channel.
-void rtt_raw_thread(const std::string& transport, bool epoll) {
-  Child c = Child::spawn({"raw_echo", transport});
+// With `epoll_echo` the echo process runs that loop too: the floor for the channel's whole
+// structure (event loops on both sides, replies delivered on an I/O thread).
+void rtt_raw_thread(const std::string& transport, bool epoll, bool epoll_echo = false) {
+  Child c = Child::spawn({epoll_echo ? "raw_epoll_echo" : "raw_echo", transport});
   int fd = raw_connect(transport, c.expect("READY"));
   ReplySignal got;
   std::atomic<bool> stop{false};
@@ -499,7 +535,7 @@ void rtt_raw_thread(const std::string& transport, bool epoll) {
   shutdown(fd, SHUT_RDWR);
   reader.join();
   close(fd);
-  report_rtt(epoll ? "raw_epoll_thread" : "raw_thread", transport, v);
+  report_rtt(epoll_echo ? "raw_epoll_both" : epoll ? "raw_epoll_thread" : "raw_thread", transport, v);
 }
 
 void rtt_caf() {
@@ -642,6 +678,7 @@ int main(int argc, char** argv) {
     if (enabled(("rtt raw " + t).c_str())) rtt_raw(t);
     if (enabled(("rtt raw_thread " + t).c_str())) rtt_raw_thread(t, false);
     if (enabled(("rtt raw_epoll_thread " + t).c_str())) rtt_raw_thread(t, true);
+    if (enabled(("rtt raw_epoll_both " + t).c_str())) rtt_raw_thread(t, true, true);
     if (enabled(("rtt monarch " + t).c_str())) rtt_monarch(t);
   }
   if (enabled("rtt caf tcp")) rtt_caf();
