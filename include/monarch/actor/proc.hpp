@@ -40,17 +40,19 @@ namespace detail {
 class Registry;
 }
 
+/// Defaults of workers, batch and stop_timeout come from the config layer (actor.* keys,
+/// docs/config.md); setting a field in code overrides them.
 struct ProcOptions {
   /// Name used in ActorIds: actors are "<name>.<actor>[<uid>]".
   std::string name = "local[0]";
   /// Worker threads; 0 = one per core (std::thread::hardware_concurrency()).
-  size_t workers = 0;
+  size_t workers = static_cast<size_t>(config::global().integer("actor.workers"));
   /// Messages one actor runs per activation before yielding its worker (fairness vs throughput).
-  size_t batch = 64;
+  size_t batch = static_cast<size_t>(config::global().integer("actor.batch"));
   /// Use the DeterministicScheduler: no threads; the test steps messages (see scheduler.hpp).
   bool deterministic = false;
   /// How long ~Proc / shutdown() waits for actors to stop, in ms.
-  std::chrono::milliseconds stop_timeout{5000};
+  std::chrono::milliseconds stop_timeout = config::global().duration("actor.stop_timeout");
   /// Channel address to serve, making this Proc's actors reachable from other processes (and
   /// letting it receive replies from them), e.g. "unix://@job-7/p0" or "tcp://0.0.0.0:0". When
   /// set, the Proc's name becomes the bound address, so every ActorId says where its actor lives.
