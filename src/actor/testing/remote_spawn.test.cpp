@@ -291,6 +291,17 @@ TEST(RemoteSpawn, ThrowingConstructorOrInitReachesOwner) {
   EXPECT_EQ(faults.count(), 2u);
 }
 
+// Caller mistakes throw at once, naming what is wrong.
+TEST(RemoteSpawn, CallerMistakesThrow) {
+  Proc deaf;  // does not listen
+  auto e = expect_throws<monarch::UsageError>([&] { deaf.spawn_remote<Bomb>("unix://@x", "b", 3); });
+  EXPECT_THAT(e.what(), HasSubstr("does not listen"));
+  Proc client(listening("client"));
+  auto bad = expect_throws<monarch::UsageError>([&] { client.spawn_remote<Bomb>("garbage", "b", 3); });
+  EXPECT_THAT(bad.what(), HasSubstr("spawn_remote('b')"));
+  EXPECT_THAT(bad.what(), HasSubstr("garbage"));
+}
+
 // SUP-R1: a remote child's send-handler failure reaches its owner's supervise(); handled -> the
 // owner lives on and the worker is untouched.
 TEST(RemoteSpawn, RemoteChildFailureHandledByOwner) {
