@@ -80,6 +80,8 @@ class Subprocess {
     return l->substr(10);
   }
 
+  pid_t pid() const { return pid_; }
+
   /// Sends `sig`; SIGKILL also reaps the child.
   void kill(int sig) {
     ::kill(pid_, sig);
