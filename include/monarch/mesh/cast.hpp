@@ -1,4 +1,4 @@
-// Cast tree: how a mesh adverb reaches its members (invariants CAST-1..CAST-9 in docs/cast-tree.md).
+// Cast tree: how a mesh adverb reaches its members (invariants CAST-1..CAST-10 in docs/cast-tree.md).
 //
 // Every Proc of a ProcMesh runs one comm actor (CommActor, registered as "monarch.comm"). A cast
 // is posted to the comm actor of base proc 0, which relays it down a fixed tree over the base
