@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "monarch/channel/address.hpp"
+#include "monarch/config/config.hpp"
 
 namespace monarch::channel {
 
@@ -64,20 +65,23 @@ struct Message {
   }
 };
 
+/// Defaults come from the config layer (monarch/config/config.hpp, docs/config.md: file, then
+/// MONARCH_CHANNEL_* variables), read when the options object is constructed; setting a field in
+/// code is the runtime override. Construction throws config::ConfigError on a bad config layer.
 struct ChannelOptions {
   /// Largest message accepted, in bytes (sum of parts). Larger sends throw ChannelError at the
   /// sender; larger incoming frames close the offending connection.
-  size_t max_frame_bytes = 64u << 20;
+  size_t max_frame_bytes = config::global().bytes("channel.max_frame_bytes");
   /// The Listener acknowledges after this many messages, or after ack_interval, whichever first.
-  uint32_t ack_every = 256;
-  std::chrono::milliseconds ack_interval{5};
+  uint32_t ack_every = static_cast<uint32_t>(config::global().integer("channel.ack_every"));
+  std::chrono::milliseconds ack_interval = config::global().duration("channel.ack_interval");
   /// See CH-4. Default 30 s.
-  std::chrono::milliseconds delivery_timeout{30000};
+  std::chrono::milliseconds delivery_timeout = config::global().duration("channel.delivery_timeout");
   /// Reconnect backoff: starts here, doubles up to reconnect_max.
-  std::chrono::milliseconds reconnect_initial{1};
-  std::chrono::milliseconds reconnect_max{1000};
+  std::chrono::milliseconds reconnect_initial = config::global().duration("channel.reconnect_initial");
+  std::chrono::milliseconds reconnect_max = config::global().duration("channel.reconnect_max");
   /// Handshake (hello/auth/accept) must finish within this, else the connection is dropped.
-  std::chrono::milliseconds handshake_timeout{5000};
+  std::chrono::milliseconds handshake_timeout = config::global().duration("channel.handshake_timeout");
   /// Shared secret for TCP (CH-5). Empty: taken from $MONARCH_SECRET, else from the file named by
   /// $MONARCH_SECRET_FILE. A TCP Listener without any secret refuses to start.
   std::string secret{};
@@ -127,8 +131,11 @@ class Sender {
   static std::shared_ptr<Sender> connect(IoRuntime& io, const ChannelAddr& addr,
                                          ChannelOptions options, FailureHandler on_failure);
   virtual ~Sender() = default;
-  /// Queues `m`. Throws ChannelError if m exceeds max_frame_bytes (the link is unaffected).
-  /// After the link closed (CH-4), `m` goes to the failure handler instead.
+  /// Sends `m` (any thread, never blocks on the network). On an idle connected link the calling
+  /// thread writes the frame itself with one non-blocking write (no hand-off to the IoRuntime
+  /// thread); otherwise, or for what that write could not take, the IoRuntime thread writes it.
+  /// Both paths keep CH-1. Throws ChannelError if m exceeds max_frame_bytes (the link is
+  /// unaffected). After the link closed (CH-4), `m` goes to the failure handler instead.
   virtual void send(Message m) = 0;
   /// Messages sent but not yet acknowledged, plus those queued.
   virtual size_t pending() const = 0;
