@@ -291,6 +291,23 @@ TEST(CastTree, CAST10_CastsCrossProcessesBetweenCommActors) {
   EXPECT_EQ(m.slice("procs", Range(4, 6)).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s), 6 * 7 + 15);
 }
 
+struct AsyncMember : monarch::Actor {
+  monarch::Task<long> twice(long x) {
+    const long r = static_cast<long>(Context::message_rank());  // before any suspension
+    co_return 2 * x + r;
+  }
+  MONARCH_ENDPOINTS(AsyncMember, twice)
+};
+
+// CAST-5 for handlers that return Task<R> (they take the Future path, not the direct fold).
+TEST(CastTree, CAST5_TaskHandlersAreCollectedAndReducedToo) {
+  auto procs = ProcMesh::local(Extent{{"procs", 5}}, {}, CastOptions{2});
+  auto m = procs.spawn<AsyncMember>("a", Extent{{"actors", 2}});
+  auto v = m.call(&AsyncMember::twice, 3L).get(30s);
+  for (size_t r = 0; r < 10; ++r) EXPECT_EQ(v[r], 6 + static_cast<long>(r));
+  EXPECT_EQ(m.reduce(monarch::mesh::Sum{}, &AsyncMember::twice, 3L).get(30s), 10 * 6 + 45);
+}
+
 TEST(CastTree, PerProcDimsMustNotRepeatProcDims) {
   auto procs = ProcMesh::local(Extent{{"procs", 2}});
   EXPECT_THROW(procs.spawn<Member>("m", Extent{{"procs", 2}}, 0L), monarch::UsageError);

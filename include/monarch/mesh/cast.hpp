@@ -1,4 +1,4 @@
-// Cast tree: how a mesh adverb reaches its members (invariants CAST-1..CAST-9 in docs/cast-tree.md).
+// Cast tree: how a mesh adverb reaches its members (invariants CAST-1..CAST-10 in docs/cast-tree.md).
 //
 // Every Proc of a ProcMesh runs one comm actor (CommActor, registered as "monarch.comm"). A cast
 // is posted to the comm actor of base proc 0, which relays it down a fixed tree over the base
@@ -235,6 +235,7 @@ class CastJob final : public CastJobBase,
   using Out = std::conditional_t<std::is_void_v<R>, Unit, R>;
   using Partial = std::conditional_t<Mode == CastMode::Reduce, std::optional<Out>, Unit>;
   using Node = CastNode<Partial>;
+  using Stored = typename method_traits<M>::stored;
 
   CastJob(std::shared_ptr<const std::vector<ActorRef<A>>> members,
           std::shared_ptr<const CastTopology> topo, CastPlan plan, ndslice::Extent ext, M method,
@@ -245,7 +246,7 @@ class CastJob final : public CastJobBase,
         ext_(std::move(ext)),
         method_(method),
         reducer_(std::move(reducer)),
-        args_(args...) {
+        args_(Stored(args...)) {
     if constexpr (Mode == CastMode::Collect) {
       slots_.resize(plan_.members.size());
       collect_.emplace();
@@ -332,6 +333,44 @@ class CastJob final : public CastJobBase,
 
   void stream_add(size_t rank, Future<R> f) noexcept { stream_->add(rank, std::move(f)); }
 
+  using Ret = typename method_traits<M>::ret;
+  static constexpr bool kDirectReply = (Mode == CastMode::Collect || Mode == CastMode::Reduce) &&
+                                       !monarch::detail::is_task<Ret>::value &&
+                                       !monarch::detail::is_future<Ret>::value;
+
+  // One member's request of a Collect/Reduce cast whose handler returns a plain value.
+  struct MemberCall final : Envelope {
+    MemberCall(std::shared_ptr<CastJob> j, std::shared_ptr<Node> n, const Stored& a)
+        : job(std::move(j)), node(std::move(n)), args(a) {}
+    std::shared_ptr<CastJob> job;
+    std::shared_ptr<Node> node;
+    Stored args;  // the handler may move from its own copy
+    void invoke(Cell& c) override {
+      A& self = static_cast<A&>(*c.actor());
+      Partial p{};
+      try {
+        if constexpr (std::is_void_v<R>) {
+          monarch::detail::apply_method(self, job->method_, args);
+          if constexpr (Mode == CastMode::Collect) job->slots_[message_rank].emplace();
+        } else if constexpr (Mode == CastMode::Collect) {
+          job->slots_[message_rank].emplace(monarch::detail::apply_method(self, job->method_, args));
+        } else {
+          p.emplace(monarch::detail::apply_method(self, job->method_, args));
+        }
+      } catch (...) {
+        return job->fail(std::make_exception_ptr(
+            ActorError(c.id(), monarch::detail::endpoint_label(c.type_name(), monarch::detail::endpoint_name<A>(job->method_)),
+                       monarch::detail::describe_exception(std::current_exception()))));
+      }
+      job->complete_one(std::move(node), std::move(p));
+    }
+    void bounce(const DeliveryFailure& f) noexcept override { job->fail(std::make_exception_ptr(f)); }
+    std::string_view endpoint() const noexcept override {
+      const char* n = monarch::detail::endpoint_name<A>(job->method_);
+      return n != nullptr ? n : "<endpoint>";
+    }
+  };
+
   void deliver(const std::shared_ptr<Node>& node, const std::pair<size_t, uint32_t>& m) {
     const ActorRef<A>& ref = (*members_)[m.first];
     const size_t rank = m.second;
@@ -344,6 +383,15 @@ class CastJob final : public CastJobBase,
           [&](const auto&... a) { return new monarch::detail::SendEnvelope<A, M>(p, method_, a...); }, args_);
       e->sender = sender_;
       e->message_rank = rank;
+      if (c != nullptr) return c->post(e);
+      std::unique_ptr<Envelope> owned(e);
+      e->bounce(DeliveryFailure(ref.valid() ? ref.id() : ActorId{}, std::string(e->endpoint()), "unknown actor"));
+    } else if constexpr (kDirectReply) {
+      // Fast path (plain-value handlers): the member's envelope folds its reply straight into
+      // the node, without a Future per member.
+      auto* e = new MemberCall(this->shared_from_this(), node, args_);
+      e->message_rank = rank;
+      Cell* c = ref.cell();
       if (c != nullptr) return c->post(e);
       std::unique_ptr<Envelope> owned(e);
       e->bounce(DeliveryFailure(ref.valid() ? ref.id() : ActorId{}, std::string(e->endpoint()), "unknown actor"));
@@ -419,7 +467,7 @@ class CastJob final : public CastJobBase,
   ndslice::Extent ext_;
   M method_;
   Reducer reducer_;
-  std::tuple<Args...> args_;
+  Stored args_;  // converted once to the endpoint's parameter types; copied per member
   std::atomic<bool> failed_{false};
   std::vector<std::optional<Out>> slots_;  // Collect: by message rank; each written once
   std::optional<Promise<ndslice::ValueMesh<Out>>> collect_;
