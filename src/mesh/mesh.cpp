@@ -1,6 +1,7 @@
 #include <limits>
 
 #include "monarch/mesh/proc_mesh.hpp"
+#include "process_group.hpp"
 
 namespace monarch::mesh {
 
@@ -28,6 +29,11 @@ ProcMesh ProcMesh::local(const ndslice::Extent& extent, ProcOptions options) {
 }
 
 ProcMesh::State::~State() {
+  if (group) {
+    group->stop();
+    group.reset();
+    return;
+  }
   // Stop every proc's actors in parallel (all requests go out before anyone waits), then join the
   // shared pool (so no actor runs afterwards), then destroy the procs: the same order as a Proc
   // with its own scheduler.
