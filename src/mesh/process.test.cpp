@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <algorithm>
+#include <optional>
 #include <set>
 
 #include "monarch/mesh/process.hpp"
@@ -72,7 +74,7 @@ void worker_setup(monarch::Proc& proc, const monarch::mesh::WorkerInfo& info) {
 HostOptions fast() {
   HostOptions o;
   o.timeouts.heartbeat_interval = 50ms;
-  o.timeouts.heartbeat_timeout = 600ms;
+  o.timeouts.heartbeat_timeout = 1000ms;  // generous: sanitizer builds start workers slowly
   o.timeouts.spawn_timeout = 20s;
   o.timeouts.stop_timeout = 3s;
   o.channel.delivery_timeout = 2s;  // calls pending on a dead proc fail within this
@@ -340,14 +342,16 @@ TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
 
 // A client in a child process: spawns 3 workers, prints their pids, then ends as told.
 int run_client(const std::string& mode) {
-  auto host = monarch::mesh::this_host(fast());
+  const char* agent = std::getenv("MONARCH_TEST_AGENT");  // attach to it instead of this_host()
+  auto host = agent != nullptr ? monarch::mesh::attach_to_workers({agent}, fast())
+                               : monarch::mesh::this_host(fast());
   SpawnOptions so;
   so.name = "client";
   auto procs = host.spawn_procs(Extent{{"gpus", 3}}, so);
   for (size_t i = 0; i < procs.size(); ++i) std::printf("PID %d\n", procs.pid(i));
   std::printf("READY\n");
   std::fflush(stdout);
-  if (mode != "sigkill") {
+  if (!mode.ends_with("sigkill")) {
     char c;
     while (::read(0, &c, 1) > 0) {  // until the test closes our stdin
     }
@@ -363,12 +367,20 @@ int run_client(const std::string& mode) {
 class NoOrphans : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {
+  std::optional<monarch::testing::Subprocess> agent;
+  if (GetParam().starts_with("agent-")) {
+    // Workers of a remote agent: the agent outlives the client; they must notice and exit.
+    agent.emplace(MONARCH_CLI, std::vector<std::string>{"agent", "--listen",
+                  "unix://@monarch-orphan-agent-" + std::to_string(::getpid())});
+    ::setenv("MONARCH_TEST_AGENT", agent->listening().c_str(), 1);
+  }
   ::setenv("MONARCH_TEST_CLIENT", GetParam().c_str(), 1);
   char self[4096];
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   ASSERT_GT(n, 0);
   monarch::testing::Subprocess client(std::string(self, static_cast<size_t>(n)), {});
   ::unsetenv("MONARCH_TEST_CLIENT");
+  ::unsetenv("MONARCH_TEST_AGENT");
   std::vector<int> pids;
   while (true) {
     auto l = client.line(20s);
@@ -378,7 +390,7 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {
   }
   ASSERT_EQ(pids.size(), 3u);
   for (int p : pids) EXPECT_TRUE(alive(p));
-  if (GetParam() == "sigkill") {
+  if (GetParam().ends_with("sigkill")) {
     client.kill(SIGKILL);
   } else {
     client.close_stdin();
@@ -387,8 +399,27 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ClientEnds, NoOrphans,
-                         ::testing::Values("exit", "throw", "sigkill", "unhandled"),
-                         [](const auto& p) { return p.param; });
+                         ::testing::Values("exit", "throw", "sigkill", "unhandled", "agent-sigkill"),
+                         [](const auto& p) {
+                           std::string n = p.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(ProcessMesh, AWorkerThatCannotStartFailsSpawnProcs) {
+  auto host = monarch::mesh::this_host(fast());
+  SpawnOptions so;
+  so.name = "nostart";
+  so.program = "/nonexistent/worker";
+  so.log_sink = [](const LogRecord&) {};
+  try {
+    host.spawn_procs(Extent{{"gpus", 2}}, so);
+    FAIL() << "spawn_procs succeeded with a missing program";
+  } catch (const monarch::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("mesh nostart: rank ["));
+    EXPECT_THAT(e.what(), HasSubstr("exited with code 127"));
+  }
+}
 
 TEST(ProcTimeouts, ValidateNamesTheKey) {
   monarch::mesh::ProcTimeouts t;
