@@ -65,6 +65,10 @@ struct ChildEventEnvelope final : Envelope {
 }  // namespace
 
 size_t live_cells() noexcept { return g_live_cells.load(); }
+
+void post_child_event(Cell* owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
+  owner->post(new ChildEventEnvelope(std::move(ev)));
+}
 size_t current_message_rank() noexcept { return tls_message_rank; }
 
 Cell::Cell(Proc& proc, ActorId id, Cell* parent, std::type_index type, Factory factory)
@@ -247,6 +251,9 @@ void Cell::begin_stop(bool kill) {
   if (st == Lifecycle::Stopping || terminal()) return;
   state_.store(Lifecycle::Stopping, std::memory_order_release);
   if (kill) killed_.store(true, std::memory_order_release);
+  // Children in other processes are asked to stop but not waited for: a dead or frozen Proc must
+  // not hold this actor's stop (CELL-4 covers local children only).
+  for (const ActorId& rc : std::exchange(remote_children_, {})) proc_->stop_remote_child(rc, kill);
   if (children_.empty()) {
     finish_stop();
     return;
@@ -320,7 +327,11 @@ void Cell::finish_stop() {
     parent->post(new ChildStoppedEnvelope(this));
     parent->release();
   } else {
-    if (ev) proc_->on_root_event(*ev);
+    if (ev && remote_owner_) {
+      proc_->forward_supervision(*remote_owner_, ev);  // the owner lives in another process
+    } else if (ev) {
+      proc_->on_root_event(*ev);
+    }
     proc_->on_root_child_stopped(this);
   }
   for (auto& w : waiters) w.set_value();

@@ -105,9 +105,10 @@ void Proc::on_root_child_stopped(detail::Cell* c) {
   if (--root_count_ == 0) root_cv_.notify_all();
 }
 
-void Proc::register_cell_uid(detail::Cell* c) {
-  registry_->insert(c->id().uid, c);
+bool Proc::register_cell_uid(detail::Cell* c) {
+  if (!registry_->insert(c->id().uid, c)) return false;
   live_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 void Proc::unregister_cell(detail::Cell* c) {
@@ -201,6 +202,20 @@ Cell* spawn_cell(Proc& proc, Cell* parent, std::string name, std::type_index typ
   } else {
     proc.add_root_child(c);
   }
+  c->start();
+  return c;
+}
+
+Cell* spawn_remote_cell(Proc& proc, ActorId id, std::type_index type, Cell::Factory factory,
+                        ActorId owner) {
+  std::string what = id.to_string();
+  auto* c = new Cell(proc, std::move(id), nullptr, type, std::move(factory));
+  if (!proc.register_cell_uid(c)) {
+    c->release();
+    throw UsageError("actor id " + what + " is already taken in this proc");
+  }
+  c->set_remote_owner(std::move(owner));
+  proc.add_root_child(c);
   c->start();
   return c;
 }

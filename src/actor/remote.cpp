@@ -6,6 +6,20 @@
 //       (or the sending Proc's fault hook from outside actors), as for a local send.
 // REM-3 Messages from one sender to one remote actor keep their order: one channel link per
 //       destination Proc (CH-1), then the destination's mailbox (CELL-3).
+// REM-4 A stop/kill of a remote actor returns a Future at once; it completes when the actor is
+//       Stopped or Failed there, or fails (DeliveryFailure, SupervisionError): never blocks.
+// REM-5 After declare_proc_failed(addr): every call pending on addr has failed with
+//       SupervisionError, and every later call/send/stop/spawn to addr fails with it at once.
+// SPAWN-1 The receiving Proc creates a remotely spawned actor while reading the Spawn message
+//       (io thread), before it reads the next message on that link: with REM-3 and CELL-2,
+//       messages sent on the ref right after spawn_remote run after construction and init().
+// SPAWN-2 A spawn that cannot succeed (no factory, bad arguments, uid taken, throwing
+//       constructor/init, unreachable Proc) reaches the owner as a supervision event; messages to
+//       the actor then fail with a DeliveryFailure saying why (tombstone), never hang.
+// SUP-R1 A remotely spawned actor's failure goes to its owner's supervise() in the owner's Proc
+//       (or that Proc's fault hook when the owner is its client), never to the worker's hook.
+// SUP-R3 If the owner cannot be told (link closed, proc failed), the worker logs it and its own
+//       fault hook decides.
 #include <spdlog/spdlog.h>
 
 #include <mutex>
@@ -40,6 +54,30 @@ std::shared_ptr<RemoteInvoker> find_invoker(std::type_index type, const std::str
 
 Proc* decoding_proc() noexcept { return tls_decoding; }
 
+namespace {
+std::mutex& factories_mu() {
+  static std::mutex mu;
+  return mu;
+}
+// Function-local: filled during static initialisation of other translation units.
+std::unordered_map<std::string, std::unique_ptr<RemoteFactory>>& factories() {
+  static std::unordered_map<std::string, std::unique_ptr<RemoteFactory>> m;
+  return m;
+}
+}  // namespace
+
+bool add_remote_factory(const std::string& key, RemoteFactory factory) {
+  std::lock_guard lock(factories_mu());
+  factories().try_emplace(key, std::make_unique<RemoteFactory>(std::move(factory)));
+  return true;
+}
+
+const RemoteFactory* find_remote_factory(const std::string& key) {
+  std::lock_guard lock(factories_mu());
+  auto it = factories().find(key);
+  return it == factories().end() ? nullptr : it->second.get();
+}
+
 void add_remote_invoker(std::type_index type, std::string endpoint, RemoteInvoker inv) {
   std::lock_guard lock(g_invokers_mu);
   g_invokers[type][std::move(endpoint)] = std::make_shared<RemoteInvoker>(std::move(inv));
@@ -53,6 +91,8 @@ WireError WireError::from(const std::exception_ptr& e) {
     w = WireError{1, x.actor(), x.endpoint(), x.remote_message()};
   } catch (const DeliveryFailure& x) {
     w = WireError{2, x.destination(), x.endpoint(), x.reason()};
+  } catch (const SupervisionError& x) {
+    w = WireError{5, x.actor(), {}, x.cause()};
   } catch (const UsageError& x) {
     w = WireError{3, {}, {}, x.what()};
   } catch (...) {
@@ -66,6 +106,7 @@ std::exception_ptr WireError::to_exception_ptr() const {
     case 1: return std::make_exception_ptr(ActorError(actor, endpoint, message));
     case 2: return std::make_exception_ptr(DeliveryFailure(actor, endpoint, message));
     case 3: return std::make_exception_ptr(UsageError(message));
+    case 5: return std::make_exception_ptr(SupervisionError(actor, message));
     default: return std::make_exception_ptr(Error(message));
   }
 }
@@ -94,6 +135,33 @@ void Proc::stop_remote() {
   if (remote_) remote_->shutdown(std::min<std::chrono::milliseconds>(options_.stop_timeout, std::chrono::milliseconds(2000)));
 }
 
+void Proc::declare_proc_failed(const std::string& proc_addr, const std::string& cause) {
+  if (remote_) remote_->declare_failed(proc_addr, cause);
+}
+
+bool Proc::proc_failed(const std::string& proc_addr) const {
+  return remote_ && remote_->is_failed(proc_addr);
+}
+
+void Proc::forward_supervision(const ActorId& owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
+  if (!remote_) return on_root_event(*ev);
+  remote_->send_event(owner, std::move(ev));
+}
+
+void Proc::stop_remote_child(const ActorId& id, bool kill) {
+  if (!remote_) return;
+  RemoteHeader h;
+  h.kind = RemoteKind::Stop;
+  h.dest = id;
+  h.endpoint = kill ? "kill" : "stop";
+  h.reply_proc = remote_->address;
+  try {
+    remote_->send(id.proc, h, {});
+  } catch (const std::exception& e) {
+    spdlog::debug("monarch: stop of remote child {} not sent: {}", id.to_string(), e.what());
+  }
+}
+
 std::string Proc::address() const { return remote_ ? remote_->address : std::string(); }
 
 Proc::Remote& Proc::remote() {
@@ -110,7 +178,7 @@ Future<ActorId> Proc::remote_lookup_id(const std::string& proc_addr, const std::
   Promise<ActorId> p;
   auto f = p.get_future();
   auto& r = remote();
-  uint64_t id = r.add_pending(proc_addr, [p = std::move(p)](detail::RemoteResult&& res) mutable {
+  uint64_t id = r.add_pending(ActorId{proc_addr, name, 0}, [p = std::move(p)](detail::RemoteResult&& res) mutable {
     if (res.error) return p.set_error(res.error);
     try {
       p.set_value(wire::decode<ActorId>(res.payload));
@@ -160,6 +228,48 @@ void remote_port_send(Proc& proc, const PortId& id, std::vector<std::byte> paylo
   r.send(id.owner.proc, h, std::move(payload));
 }
 
+ActorId remote_spawn_id(Proc& proc, Cell* owner, const std::string& proc_addr, std::string name,
+                        const std::string& key, Bytes args) {
+  auto& r = proc.remote();
+  std::string addr;
+  try {
+    addr = channel::ChannelAddr::parse(proc_addr).to_string();  // the name that Proc goes by
+  } catch (const std::exception& e) {
+    throw UsageError("spawn_remote('" + name + "'): " + e.what());
+  }
+  RemoteHeader h;
+  h.kind = RemoteKind::Spawn;
+  h.dest = ActorId{addr, std::move(name), r.next_spawn_uid()};
+  h.endpoint = key;
+  h.reply_proc = r.address;
+  h.sender = owner != nullptr ? owner->id() : ActorId{r.address, "client", 0};
+  r.send(addr, h, std::move(args));
+  if (owner != nullptr) owner->add_remote_child(h.dest);
+  return h.dest;
+}
+
+Future<void> remote_stop(Proc& proc, const ActorId& dest, bool kill) {
+  Promise<void> p;
+  auto f = p.get_future();
+  auto& r = proc.remote();
+  uint64_t id = r.add_pending(dest, [p = std::move(p)](RemoteResult&& res) mutable {
+    if (res.error) return p.set_error(res.error);
+    p.set_value();
+  });
+  RemoteHeader h;
+  h.kind = RemoteKind::Stop;
+  h.dest = dest;
+  h.endpoint = kill ? "kill" : "stop";
+  h.reply_proc = r.address;
+  h.request_id = id;
+  try {
+    r.send(dest.proc, h, {});
+  } catch (...) {
+    if (auto handler = r.take_pending(id)) handler(RemoteResult{{}, std::current_exception()});
+  }
+  return f;
+}
+
 void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const char* endpoint,
                      Bytes payload, ReplyHandler on_reply) {
   auto& r = proc.remote();
@@ -169,7 +279,7 @@ void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const cha
   h.endpoint = endpoint;
   h.reply_proc = r.address;
   if (Cell* c = current_cell()) h.sender = c->id();
-  if (kind == RemoteKind::Call) h.request_id = r.add_pending(dest.proc, std::move(on_reply));
+  if (kind == RemoteKind::Call) h.request_id = r.add_pending(dest, std::move(on_reply));
   try {
     r.send(dest.proc, h, std::move(payload));
   } catch (...) {

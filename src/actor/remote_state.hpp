@@ -3,8 +3,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 
@@ -21,6 +23,41 @@ struct DecodingScope {
   DecodingScope& operator=(const DecodingScope&) = delete;
 };
 std::shared_ptr<RemoteInvoker> find_invoker(std::type_index type, const std::string& endpoint);
+Cell* spawn_remote_cell(Proc& proc, ActorId id, std::type_index type, Cell::Factory factory,
+                        ActorId owner);
+
+/// A supervision event chain on the wire: outermost first.
+struct WireEvent {
+  ActorId actor;
+  std::string actor_type;
+  std::string cause;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(actor, actor_type, cause);
+  }
+};
+inline Bytes encode_event(const ActorSupervisionEvent& ev) {
+  std::vector<WireEvent> chain;
+  for (const auto* e = &ev; e != nullptr; e = e->caused_by.get()) {
+    chain.push_back(WireEvent{e->actor, e->actor_type, e->cause});
+  }
+  return wire::encode(chain);
+}
+inline std::shared_ptr<const ActorSupervisionEvent> decode_event(const Bytes& b) {
+  auto chain = wire::decode<std::vector<WireEvent>>(b);
+  if (chain.empty()) throw std::runtime_error("empty supervision event");
+  std::shared_ptr<const ActorSupervisionEvent> ev;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    ev = std::make_shared<const ActorSupervisionEvent>(
+        ActorSupervisionEvent{it->actor, it->actor_type, it->cause, ev});
+  }
+  return ev;
+}
+/// The actor type of a factory key "Type(args...)".
+inline std::string type_of_key(const std::string& key) {
+  if (const auto* f = find_remote_factory(key)) return f->type_name;
+  return key.substr(0, key.find('('));
+}
 }  // namespace detail
 
 using detail::RemoteHeader;
@@ -36,7 +73,7 @@ struct Proc::Remote {
   std::mutex mu;
   std::unordered_map<std::string, std::shared_ptr<channel::Sender>> senders;
   struct PendingCall {
-    std::string dest_proc;  // failed when the link to it closes (REM-1)
+    ActorId dest;  // failed when the link to dest.proc closes (REM-1) or it is declared failed
     detail::ReplyHandler handler;
   };
   std::unordered_map<uint64_t, PendingCall> pending;
@@ -48,10 +85,40 @@ struct Proc::Remote {
     detail::PortBytesDeliver deliver;
   };
   std::unordered_map<uint64_t, Exported> ports;  // guarded by mu
+  // Procs declared failed (declare_proc_failed): address -> cause. Never removed (REM-5).
+  std::unordered_map<std::string, std::string> failed;  // guarded by mu
+  // Why remotely spawned actors of this Proc are gone (spawn refused, failed): uid -> reason, so
+  // a later message to them says more than "unknown actor". Bounded, oldest dropped first.
+  static constexpr size_t kMaxTombstones = 4096;
+  std::unordered_map<uint64_t, std::string> tombstones;  // guarded by mu
+  std::deque<uint64_t> tombstone_order;                  // guarded by mu
+  // uids for actors this Proc spawns elsewhere (kRemoteSpawnBit | random base + counter).
+  std::atomic<uint64_t> next_spawn{std::random_device{}() * 0x9E3779B97F4A7C15ULL ^ std::random_device{}()};
 
-  std::shared_ptr<channel::Sender> sender_for(const std::string& addr) {
+  uint64_t next_spawn_uid() {
+    return detail::kRemoteSpawnBit | (next_spawn.fetch_add(1, std::memory_order_relaxed) & ~detail::kRemoteSpawnBit);
+  }
+
+  void add_tombstone(uint64_t uid, std::string why) {
+    std::lock_guard lock(mu);
+    if (!tombstones.emplace(uid, std::move(why)).second) return;
+    tombstone_order.push_back(uid);
+    if (tombstone_order.size() > kMaxTombstones) {
+      tombstones.erase(tombstone_order.front());
+      tombstone_order.pop_front();
+    }
+  }
+  std::string tombstone(uint64_t uid) {
+    std::lock_guard lock(mu);
+    auto it = tombstones.find(uid);
+    return it == tombstones.end() ? std::string() : it->second;
+  }
+
+  // Throws SupervisionError naming `dest` when `addr` was declared failed.
+  std::shared_ptr<channel::Sender> sender_for(const std::string& addr, const ActorId& dest) {
     std::lock_guard lock(mu);
     if (closed) throw DeliveryFailure(ActorId{addr, "", 0}, "", "proc " + address + " shut down");
+    if (auto f = failed.find(addr); f != failed.end()) throw SupervisionError(dest, f->second);
     auto it = senders.find(addr);
     if (it != senders.end() && !it->second->closed()) return it->second;
     // A closed link (CH-4) is replaced: the peer may be back. Parse first, so a bad address
@@ -65,32 +132,65 @@ struct Proc::Remote {
     return s;
   }
 
-  uint64_t add_pending(const std::string& dest_proc, detail::ReplyHandler h) {
+  uint64_t add_pending(const ActorId& dest, detail::ReplyHandler h) {
     std::lock_guard lock(mu);
     uint64_t id = next_request++;
-    pending.emplace(id, PendingCall{dest_proc, std::move(h)});
+    pending.emplace(id, PendingCall{dest, std::move(h)});
     return id;
+  }
+
+  // REM-5: the mesh layer learnt that `addr` crashed or froze. Pending calls fail now with
+  // SupervisionError; later ones fail in sender_for; the link is closed.
+  void declare_failed(const std::string& addr, const std::string& cause) {
+    std::vector<PendingCall> lost;
+    std::shared_ptr<channel::Sender> link;
+    {
+      std::lock_guard lock(mu);
+      if (closed || !failed.emplace(addr, cause).second) return;
+      for (auto it = pending.begin(); it != pending.end();) {
+        if (it->second.dest.proc == addr) {
+          lost.push_back(std::move(it->second));
+          it = pending.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (auto it = senders.find(addr); it != senders.end()) {
+        link = std::move(it->second);
+        senders.erase(it);
+      }
+    }
+    spdlog::warn("monarch: {}: proc {} declared failed ({}); {} pending calls fail", address, addr,
+                 cause, lost.size());
+    for (auto& call : lost) {
+      call.handler(detail::RemoteResult{{}, std::make_exception_ptr(SupervisionError(call.dest, cause))});
+    }
+    if (link) link->close("proc " + addr + " declared failed: " + cause);
+  }
+  bool is_failed(const std::string& addr) {
+    std::lock_guard lock(mu);
+    return failed.count(addr) != 0;
   }
 
   // The link to `addr` closed (delivery timeout, peer unreachable): calls already delivered there
   // will never be answered, so they fail now instead of waiting forever (REM-1).
   void on_link_closed(const std::string& addr, const std::string& why) {
-    std::vector<detail::ReplyHandler> lost;
+    std::vector<PendingCall> lost;
     {
       std::lock_guard lock(mu);
       if (closed) return;
       for (auto it = pending.begin(); it != pending.end();) {
-        if (it->second.dest_proc == addr) {
-          lost.push_back(std::move(it->second.handler));
+        if (it->second.dest.proc == addr) {
+          lost.push_back(std::move(it->second));
           it = pending.erase(it);
         } else {
           ++it;
         }
       }
     }
-    for (auto& h : lost) {
-      h(detail::RemoteResult{{}, std::make_exception_ptr(DeliveryFailure(
-                                     ActorId{addr, "", 0}, "", "link to proc closed: " + why))});
+    for (auto& call : lost) {
+      call.handler(detail::RemoteResult{
+          {}, std::make_exception_ptr(DeliveryFailure(call.dest, "", "link to proc closed: " + why))});
     }
   }
   detail::ReplyHandler take_pending(uint64_t id) {
@@ -108,7 +208,7 @@ struct Proc::Remote {
     m.parts.push_back(wire::encode(h));
     m.parts.push_back(std::move(payload));
     try {
-      sender_for(to)->send(std::move(m));
+      sender_for(to, h.dest)->send(std::move(m));
     } catch (const channel::ChannelError& e) {
       throw UsageError(e.what());
     }
@@ -155,13 +255,37 @@ struct Proc::Remote {
       return;
     }
     DeliveryFailure f(h.dest, h.endpoint, why);
+    bool spawn_or_send = h.kind == RemoteKind::Spawn || h.kind == RemoteKind::Send ||
+                         h.kind == RemoteKind::PortSend;
+    if (spawn_or_send && is_failed(h.dest.proc)) {
+      // REM-5: the Proc was declared failed by the mesh layer, which reports that failure to the
+      // owners itself; messages merely unacknowledged when the link closed are not news.
+      spdlog::debug("monarch: {}: dropped, its proc was declared failed", f.what());
+      return;
+    }
     switch (h.kind) {
       case RemoteKind::Call:
       case RemoteKind::Lookup:
+      case RemoteKind::Stop:
+        if (h.request_id == 0) return;
         if (auto r = take_pending(h.request_id)) r(detail::RemoteResult{{}, std::make_exception_ptr(f)});
         return;
       case RemoteKind::Send:
       case RemoteKind::PortSend: return local_bounce(h.sender, f);
+      case RemoteKind::Spawn:
+        return deliver_event(h.sender, std::make_shared<const ActorSupervisionEvent>(ActorSupervisionEvent{
+                                           h.dest, detail::type_of_key(h.endpoint),
+                                           "spawn in proc " + h.dest.proc + " failed: " + why, nullptr}));
+      case RemoteKind::Supervise: {
+        std::shared_ptr<const ActorSupervisionEvent> ev;
+        try {
+          ev = detail::decode_event(m.parts.at(1));
+        } catch (const std::exception& e) {
+          spdlog::error("monarch: returned supervision event is malformed: {}", e.what());
+          return;
+        }
+        return owner_unreachable(h.dest, ev, why);
+      }
       default: spdlog::warn("monarch: {} (a reply or report was lost)", f.what());
     }
   }
@@ -170,6 +294,102 @@ struct Proc::Remote {
   void local_bounce(const ActorId& sender, const DeliveryFailure& f) {
     detail::CellPtr c = sender.uid != 0 ? proc->find(sender) : detail::CellPtr();
     detail::route_undeliverable(c.get(), proc, f);
+  }
+
+  // A supervision event for `owner`, an actor of this Proc (or its client: uid 0).
+  void deliver_event(const ActorId& owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
+    if (owner.uid == 0) return proc->on_root_event(*ev);
+    detail::CellPtr c = proc->find(owner);
+    if (!c) {
+      spdlog::error("monarch: supervision event for {} lost (owner gone): {}", owner.to_string(),
+                    ev->to_string());
+      return;
+    }
+    detail::post_child_event(c.get(), std::move(ev));
+  }
+
+  // A remotely spawned actor of this Proc failed: its owner hears it in its own Proc (SUP-R1).
+  void send_event(const ActorId& owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
+    if (ev->actor.proc == address && (ev->actor.uid & detail::kRemoteSpawnBit) != 0) {
+      add_tombstone(ev->actor.uid,
+                    "actor " + ev->actor_type + " '" + ev->actor.name + "' failed: " + ev->cause);
+    }
+    RemoteHeader h;
+    h.kind = RemoteKind::Supervise;
+    h.dest = owner;
+    h.reply_proc = address;
+    h.sender = ev->actor;
+    try {
+      send(owner.proc, h, detail::encode_event(*ev));
+    } catch (const std::exception& e) {
+      owner_unreachable(owner, ev, e.what());
+    }
+  }
+
+  // SUP-R3: the owner cannot hear the failure: log it, then this Proc's fault hook decides.
+  void owner_unreachable(const ActorId& owner, const std::shared_ptr<const ActorSupervisionEvent>& ev,
+                         const std::string& why) {
+    spdlog::error("monarch: cannot report the failure of {} to its owner {} ({}); using the fault "
+                  "hook of proc {}",
+                  ev->actor.to_string(), owner.to_string(), why, address);
+    proc->on_root_event(*ev);
+  }
+
+  // SPAWN-1: handled inline on the io thread, so later messages on the same link find the actor.
+  void on_spawn(const RemoteHeader& h, channel::Bytes payload) {
+    std::string type = detail::type_of_key(h.endpoint);
+    auto refuse = [&](const std::string& cause) {
+      std::string why = "spawn of " + type + " '" + h.dest.name + "' in proc " + address + " failed: " + cause;
+      add_tombstone(h.dest.uid, why);
+      send_event(h.sender, std::make_shared<const ActorSupervisionEvent>(
+                               ActorSupervisionEvent{h.dest, type, why, nullptr}));
+    };
+    if (h.dest.proc != address) return refuse("it was addressed to proc " + h.dest.proc);
+    if ((h.dest.uid & detail::kRemoteSpawnBit) == 0) return refuse("bad uid " + std::to_string(h.dest.uid));
+    const detail::RemoteFactory* f = detail::find_remote_factory(h.endpoint);
+    if (f == nullptr) {
+      return refuse("no factory for " + h.endpoint +
+                    " in this binary (it must contain a spawn_remote<" + type +
+                    ">(...) call with these argument types)");
+    }
+    detail::Cell::Factory make;
+    try {
+      make = f->decode(payload);
+    } catch (...) {
+      return refuse("cannot decode constructor arguments: " +
+                    detail::describe_exception(std::current_exception()));
+    }
+    try {
+      detail::CellPtr::adopt(detail::spawn_remote_cell(*proc, h.dest, f->type, std::move(make), h.sender));
+    } catch (...) {
+      refuse(detail::describe_exception(std::current_exception()));
+    }
+  }
+
+  void on_supervise(const RemoteHeader& h, const channel::Bytes& payload) {
+    std::shared_ptr<const ActorSupervisionEvent> ev;
+    try {
+      ev = detail::decode_event(payload);
+    } catch (const std::exception& e) {
+      spdlog::error("monarch: dropping a malformed supervision event from {}: {}", h.reply_proc, e.what());
+      return;
+    }
+    deliver_event(h.dest, std::move(ev));
+  }
+
+  // Stop/kill of a local actor asked by another Proc; replied to once it is Stopped or Failed
+  // (an unknown actor is stopped already).
+  void on_stop(const RemoteHeader& h) {
+    std::string to = h.reply_proc;
+    uint64_t id = h.request_id;
+    detail::CellPtr c = proc->find(h.dest);
+    if (!c) {
+      if (id != 0) reply(to, id, detail::RemoteResult{});
+      return;
+    }
+    auto done = c->request_stop(h.endpoint == "kill");
+    if (id == 0) return;
+    done.on_complete([this, to, id](detail::State<void>&) { reply(to, id, detail::RemoteResult{}); });
   }
 
   // A message from another Proc (io thread).
@@ -207,6 +427,9 @@ struct Proc::Remote {
       }
       case RemoteKind::Lookup: return on_lookup(h);
       case RemoteKind::PortSend: return on_port_send(h, std::move(payload));
+      case RemoteKind::Spawn: return on_spawn(h, std::move(payload));
+      case RemoteKind::Supervise: return on_supervise(h, payload);
+      case RemoteKind::Stop: return on_stop(h);
     }
   }
 
@@ -240,7 +463,10 @@ struct Proc::Remote {
       bounce_to_sender(h.reply_proc, h.sender, f);
     };
     detail::CellPtr c = proc->find(h.dest);
-    if (!c) return fail(DeliveryFailure(h.dest, h.endpoint, "unknown actor"));
+    if (!c) {
+      std::string why = h.dest.uid & detail::kRemoteSpawnBit ? tombstone(h.dest.uid) : std::string();
+      return fail(DeliveryFailure(h.dest, h.endpoint, why.empty() ? "unknown actor" : why));
+    }
     auto inv = detail::find_invoker(c->type(), h.endpoint);
     if (!inv) {
       return fail(DeliveryFailure(h.dest, h.endpoint,

@@ -24,6 +24,7 @@
 
 #include "monarch/actor/actor_ref.hpp"
 #include "monarch/actor/detail/cell.hpp"
+#include "monarch/actor/detail/remote_factory.hpp"
 #include "monarch/actor/port.hpp"
 #include "monarch/actor/supervision.hpp"
 
@@ -88,6 +89,19 @@ class Actor {
     };
     return ActorRef<C>(detail::CellPtr::adopt(
         detail::spawn_cell(proc(), cell(), std::move(name), typeid(C), std::move(factory))));
+  }
+
+  /// Spawns a child actor in the Proc serving `proc_addr` (another process): like spawn(), but
+  /// across processes (see Proc::spawn_remote for ordering, arguments and errors). The child's
+  /// failures come back to this actor's supervise() with the full chain, exactly like a local
+  /// child's; when this actor stops, the remote child is asked to stop too (fire-and-forget: the
+  /// stop does not wait for a child in a dead or frozen process). Needs a listening Proc.
+  template <class C, class... Args>
+  ActorRef<C> spawn_remote(const std::string& proc_addr, std::string name, Args&&... args) {
+    static_assert(std::is_base_of_v<Actor, C>, "spawn_remote<C>: C must derive from monarch::Actor");
+    return ActorRef<C>(&proc(), detail::spawn_remote_id<C>(proc(), cell(), proc_addr, std::move(name),
+                                                           std::forward<Args>(args)...),
+                       true);
   }
 
   /// Stops this actor once the messages already queued have run (like ref.stop()).

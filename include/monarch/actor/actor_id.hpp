@@ -10,6 +10,8 @@ namespace monarch {
 /// Identifies one actor for its whole life. `proc` names the owning Proc (e.g. "local[0]"),
 /// `name` is the spawn name (not necessarily unique), `uid` is unique within the Proc and never
 /// reused, so an id names exactly one actor incarnation. Cheap to copy; sendable in messages.
+/// uid 0 is the Proc's client (code outside any actor, name "client"); uids with bit 63 set are
+/// actors spawned from another process (Proc::spawn_remote picks them).
 struct ActorId {
   std::string proc;
   std::string name;

@@ -41,6 +41,10 @@ namespace detail {
 /// undeliverable(), or the Proc's fault hook when the sender is outside any actor.
 void route_undeliverable(Cell* sender, Proc* proc, const DeliveryFailure& f) noexcept;
 
+/// Asks the actor `dest` in another Proc to stop (drain) or be killed; the Future completes once
+/// it is Stopped or Failed there, or fails (DeliveryFailure, SupervisionError). Never blocks.
+Future<void> remote_stop(Proc& proc, const ActorId& dest, bool kill);
+
 /// Text of an exception for reports: "what()" (with the type for non-monarch exceptions).
 std::string describe_exception(const std::exception_ptr& e);
 
@@ -352,16 +356,20 @@ class ActorRef {
 
   /// Stops the actor after the messages already queued (drain); children stop first, then
   /// cleanup() runs. The future completes once the actor is Stopped or Failed.
+  /// Remote actor: returns at once without blocking, whatever the state of the other process;
+  /// the Future completes when the actor stopped there, or fails with DeliveryFailure (link lost)
+  /// or SupervisionError (its Proc declared failed). Wait with a deadline (`get(timeout)`,
+  /// `wait_for`): a frozen process answers nothing until it is declared failed.
   Future<void> stop() const {
     if (!valid()) return empty_ref("stop");
-    if (remote_) return remote_unsupported("stop");
+    if (remote_) return detail::remote_stop(*proc_, *unknown_, false);
     return cell_ ? cell_->request_stop(false) : Future<void>::ready_value();
   }
   /// Like stop(), but pending messages are not run: they bounce to their senders as
   /// DeliveryFailure ("actor killed").
   Future<void> kill() const {
     if (!valid()) return empty_ref("kill");
-    if (remote_) return remote_unsupported("kill");
+    if (remote_) return detail::remote_stop(*proc_, *unknown_, true);
     return cell_ ? cell_->request_stop(true) : Future<void>::ready_value();
   }
 
@@ -377,12 +385,6 @@ class ActorRef {
   static Future<void> empty_ref(const char* what) {
     return Future<void>::ready_error(std::make_exception_ptr(
         UsageError(std::string(what) + "() on an empty ActorRef (default-constructed)")));
-  }
-
-  Future<void> remote_unsupported(const char* what) const {
-    return Future<void>::ready_error(std::make_exception_ptr(UsageError(
-        std::string(what) + "() of " + id().to_string() +
-        ": actors in another process are stopped by their own Proc (or their mesh)")));
   }
 
   void bounce_unknown(detail::Envelope* e) const {

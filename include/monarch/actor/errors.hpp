@@ -56,6 +56,26 @@ class DeliveryFailure : public Error {
   std::string reason_;
 };
 
+/// An actor can no longer be reached because its Proc was declared failed (crashed, frozen or
+/// lost: Proc::declare_proc_failed, called by the mesh layer when it learns so). Every call pending
+/// on an actor of that Proc fails with it at once, and later calls/sends/stops fail with it at once
+/// too (a failed Proc is never reused). `actor()` is the actor addressed, `proc()` its Proc's
+/// address, `cause()` why the Proc was declared failed (e.g. "process exited with signal 9").
+class SupervisionError : public Error {
+ public:
+  SupervisionError(ActorId actor, std::string cause)
+      : Error("actor " + actor.to_string() + " unreachable: proc " + actor.proc + " failed: " + cause),
+        actor_(std::move(actor)),
+        cause_(std::move(cause)) {}
+  const ActorId& actor() const { return actor_; }
+  const std::string& proc() const { return actor_.proc; }
+  const std::string& cause() const { return cause_; }
+
+ private:
+  ActorId actor_;
+  std::string cause_;
+};
+
 /// A wait with a deadline expired. The future or receiver is left intact and can be waited on again.
 class TimeoutError : public Error {
  public:

@@ -40,17 +40,19 @@ namespace detail {
 class Registry;
 }
 
+/// Defaults of workers, batch and stop_timeout come from the config layer (actor.* keys,
+/// docs/config.md); setting a field in code overrides them.
 struct ProcOptions {
   /// Name used in ActorIds: actors are "<name>.<actor>[<uid>]".
   std::string name = "local[0]";
   /// Worker threads; 0 = one per core (std::thread::hardware_concurrency()).
-  size_t workers = 0;
+  size_t workers = static_cast<size_t>(config::global().integer("actor.workers"));
   /// Messages one actor runs per activation before yielding its worker (fairness vs throughput).
-  size_t batch = 64;
+  size_t batch = static_cast<size_t>(config::global().integer("actor.batch"));
   /// Use the DeterministicScheduler: no threads; the test steps messages (see scheduler.hpp).
   bool deterministic = false;
   /// How long ~Proc / shutdown() waits for actors to stop, in ms.
-  std::chrono::milliseconds stop_timeout{5000};
+  std::chrono::milliseconds stop_timeout = config::global().duration("actor.stop_timeout");
   /// Channel address to serve, making this Proc's actors reachable from other processes (and
   /// letting it receive replies from them), e.g. "unix://@job-7/p0" or "tcp://0.0.0.0:0". When
   /// set, the Proc's name becomes the bound address, so every ActorId says where its actor lives.
@@ -86,6 +88,45 @@ class Proc {
     return ActorRef<A>(detail::CellPtr::adopt(
         detail::spawn_cell(*this, nullptr, std::move(name), typeid(A), std::move(factory))));
   }
+
+  /// Spawns an actor of type A in the Proc serving `proc_addr` (usually another process running
+  /// this same binary as a worker) and returns its ref at once: it does not wait for a round trip.
+  /// The actor is owned by this Proc's client (inside an actor, use Actor::spawn_remote to make it
+  /// that actor's child).
+  ///
+  /// - Ordering: the Spawn message travels on the same FIFO link as every later message from this
+  ///   Proc to that Proc, and the receiving Proc creates the actor as soon as it reads it, so
+  ///   messages sent on the ref right away run after the actor's constructor and init(), in order.
+  /// - Id: `{proc_addr, name, uid}`, the uid picked here without asking the other Proc: bit 63 set
+  ///   (never a uid of a locally spawned actor) and the rest from a random per-Proc base plus a
+  ///   counter. The receiving Proc refuses (spawn failure) a uid it already has.
+  /// - Arguments: copied into the message with cereal (each must be serialisable; a string
+  ///   literal travels as std::string). The factory is found on the other side by the key
+  ///   "<A>(<argument types>)", registered in any binary that contains this call.
+  /// - Failures (no factory for the key in that binary, arguments that do not decode, a constructor
+  ///   or init() that throws, later failures of the actor, an unreachable Proc): an
+  ///   ActorSupervisionEvent for the actor reaches the owner (here: this Proc's fault hook, which by
+  ///   default exits; it runs on the channel I/O thread). Calls on the ref then fail with
+  ///   DeliveryFailure naming the actor id and, when known, its type and the cause.
+  /// Throws UsageError when this Proc does not listen or `proc_addr` is malformed, and
+  /// SupervisionError when that Proc was declared failed (declare_proc_failed). Any thread.
+  template <class A, class... Args>
+  ActorRef<A> spawn_remote(const std::string& proc_addr, std::string name, Args&&... args) {
+    static_assert(std::is_base_of_v<Actor, A>, "spawn_remote<A>: A must derive from monarch::Actor");
+    return ActorRef<A>(this, detail::spawn_remote_id<A>(*this, nullptr, proc_addr, std::move(name),
+                                                        std::forward<Args>(args)...),
+                       true);
+  }
+
+  /// Internal API for the mesh layer: the Proc at `proc_addr` crashed, froze or was lost (`cause`,
+  /// e.g. "process exited with signal 9"). Every pending call (and remote stop/kill/lookup) to
+  /// actors of that Proc fails at once with SupervisionError; later calls, sends, stops and spawns
+  /// to it fail at once with SupervisionError too (sends throw it), even if something answers at
+  /// that address again: a failed Proc is never reused. The link to it is closed. Idempotent (the
+  /// first cause is kept). Any thread. No-op when this Proc does not listen.
+  void declare_proc_failed(const std::string& proc_addr, const std::string& cause);
+  /// Whether declare_proc_failed(proc_addr, ...) was called.
+  bool proc_failed(const std::string& proc_addr) const;
 
   /// A ref to the actor registered as `name` (register_name) in the Proc serving `proc_addr`.
   /// The future fails with DeliveryFailure if that Proc cannot be reached, or UsageError if it
@@ -161,9 +202,13 @@ class Proc {
   Future<ActorId> remote_lookup_id(const std::string& proc_addr, const std::string& name,
                                    const std::string& type_name);
   void on_root_event(const ActorSupervisionEvent& ev);
+  /// A remotely spawned actor failed: send the event to its owner in another Proc.
+  void forward_supervision(const ActorId& owner, std::shared_ptr<const ActorSupervisionEvent> ev);
+  /// Asks the remote actor `id` to stop, not waiting (an owner stopping its remote children).
+  void stop_remote_child(const ActorId& id, bool kill);
   void on_root_child_stopped(detail::Cell* c);
   void report_undeliverable(const DeliveryFailure& f);
-  void register_cell_uid(detail::Cell* c);
+  bool register_cell_uid(detail::Cell* c);  // false: uid taken (remote spawn)
   void unregister_cell(detail::Cell* c);
   uint64_t next_uid() { return next_uid_.fetch_add(1, std::memory_order_relaxed); }
   void add_root_child(detail::Cell* c);
@@ -178,7 +223,7 @@ class Proc {
   ProcOptions options_;
   std::shared_ptr<Scheduler> scheduler_;
   bool owns_scheduler_ = true;
-  std::atomic<uint64_t> next_uid_{0};
+  std::atomic<uint64_t> next_uid_{1};  // uid 0 names the Proc's client (outside any actor)
 
   std::unique_ptr<detail::Registry> registry_;  // uid -> Cell (not owning)
   std::atomic<size_t> live_{0};

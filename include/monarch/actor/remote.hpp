@@ -34,11 +34,25 @@ namespace detail {
 class Cell;
 using Bytes = std::vector<std::byte>;
 
-enum class RemoteKind : uint8_t { Call = 1, Send = 2, Reply = 3, Bounce = 4, Lookup = 5, PortSend = 6 };
+enum class RemoteKind : uint8_t {
+  Call = 1,
+  Send = 2,
+  Reply = 3,
+  Bounce = 4,
+  Lookup = 5,
+  PortSend = 6,
+  Spawn = 7,      // dest = the new actor's id, endpoint = factory key, sender = owner; payload = args
+  Supervise = 8,  // dest = the owner, payload = the event chain (a remotely spawned actor failed)
+  Stop = 9,       // dest = the actor, endpoint = "stop" | "kill"; replied to once it stopped
+};
+
+/// uids of remotely spawned actors have this bit set (local spawns never reach it).
+inline constexpr uint64_t kRemoteSpawnBit = uint64_t{1} << 63;
 
 /// An error crossing the wire: rebuilt on arrival as the same exception type.
 struct WireError {
-  uint8_t kind = 0;  // 0 none, 1 ActorError, 2 DeliveryFailure, 3 UsageError, 4 other Error
+  uint8_t kind = 0;  // 0 none, 1 ActorError, 2 DeliveryFailure, 3 UsageError, 4 other Error,
+                    // 5 SupervisionError (message = cause)
   ActorId actor;
   std::string endpoint;
   std::string message;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "monarch/channel/address.hpp"
+#include "monarch/config/config.hpp"
 
 namespace monarch::channel {
 
@@ -64,20 +65,23 @@ struct Message {
   }
 };
 
+/// Defaults come from the config layer (monarch/config/config.hpp, docs/config.md: file, then
+/// MONARCH_CHANNEL_* variables), read when the options object is constructed; setting a field in
+/// code is the runtime override. Construction throws config::ConfigError on a bad config layer.
 struct ChannelOptions {
   /// Largest message accepted, in bytes (sum of parts). Larger sends throw ChannelError at the
   /// sender; larger incoming frames close the offending connection.
-  size_t max_frame_bytes = 64u << 20;
+  size_t max_frame_bytes = config::global().bytes("channel.max_frame_bytes");
   /// The Listener acknowledges after this many messages, or after ack_interval, whichever first.
-  uint32_t ack_every = 256;
-  std::chrono::milliseconds ack_interval{5};
+  uint32_t ack_every = static_cast<uint32_t>(config::global().integer("channel.ack_every"));
+  std::chrono::milliseconds ack_interval = config::global().duration("channel.ack_interval");
   /// See CH-4. Default 30 s.
-  std::chrono::milliseconds delivery_timeout{30000};
+  std::chrono::milliseconds delivery_timeout = config::global().duration("channel.delivery_timeout");
   /// Reconnect backoff: starts here, doubles up to reconnect_max.
-  std::chrono::milliseconds reconnect_initial{1};
-  std::chrono::milliseconds reconnect_max{1000};
+  std::chrono::milliseconds reconnect_initial = config::global().duration("channel.reconnect_initial");
+  std::chrono::milliseconds reconnect_max = config::global().duration("channel.reconnect_max");
   /// Handshake (hello/auth/accept) must finish within this, else the connection is dropped.
-  std::chrono::milliseconds handshake_timeout{5000};
+  std::chrono::milliseconds handshake_timeout = config::global().duration("channel.handshake_timeout");
   /// Shared secret for TCP (CH-5). Empty: taken from $MONARCH_SECRET, else from the file named by
   /// $MONARCH_SECRET_FILE. A TCP Listener without any secret refuses to start.
   std::string secret{};

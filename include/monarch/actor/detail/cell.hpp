@@ -81,6 +81,13 @@ class Cell {
   void on_child_stopped(Cell* child);
   void on_child_event(std::shared_ptr<const ActorSupervisionEvent> ev);
 
+  /// This actor was spawned from another process: its failure goes to `owner` there (through
+  /// Proc::forward_supervision) instead of this Proc's fault hook. Set before start().
+  void set_remote_owner(ActorId owner) { remote_owner_ = std::make_unique<ActorId>(std::move(owner)); }
+  /// Actor thread: a child this actor spawned in another process; asked to stop when this actor
+  /// stops (without waiting for it).
+  void add_remote_child(ActorId child) { remote_children_.push_back(std::move(child)); }
+
   /// Links in the Proc's list of top-level actors (guarded by the Proc's mutex): an intrusive
   /// list, so spawning and stopping a top-level actor never allocates.
   Cell* root_prev = nullptr;
@@ -115,6 +122,8 @@ class Cell {
 
   // Actor-thread state.
   std::vector<Cell*> children_;  // references held
+  std::vector<ActorId> remote_children_;
+  std::unique_ptr<ActorId> remote_owner_;  // set before start(), then read-only
   size_t children_pending_ = 0;
   std::optional<ActorSupervisionEvent> failure_;
   std::string last_endpoint_;
@@ -122,6 +131,9 @@ class Cell {
   std::mutex stop_mu_;  // guards stop_waiters_ and the transition to a terminal state
   std::vector<Promise<void>> stop_waiters_;
 };
+
+/// Delivers a child's failure event to `owner` (its supervise() runs on its own thread).
+void post_child_event(Cell* owner, std::shared_ptr<const ActorSupervisionEvent> ev);
 
 /// RAII: sets current_cell() for the duration of an activation.
 class CurrentCell {

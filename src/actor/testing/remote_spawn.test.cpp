@@ -1,0 +1,474 @@
+// Spawning actors in other processes and supervising them across processes (SPAWN-n, SUP-Rn,
+// REM-4/5 in src/actor/remote.cpp).
+//
+// This binary is also the worker: `remote_spawn_test --worker ADDR` serves a Proc on ADDR, as the
+// process layer starts the user's own binary. Its factories are the ones of the spawn_remote calls
+// compiled into this file, exactly as in a real job. Tests of the supervision logic use in-process
+// Procs on abstract unix addresses; crashes, freezes and "same binary" spawns use real processes.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <future>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "monarch/actor/runtime.hpp"
+#include "remote_actors.hpp"
+#include "testing/subprocess.hpp"
+
+using namespace std::chrono_literals;
+using monarch::ActorRef;
+using monarch::ActorSupervisionEvent;
+using monarch::Proc;
+using monarch::ProcOptions;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+namespace {
+
+struct Recorder : monarch::Actor {
+  Recorder(std::string tag, int base) : tag_(std::move(tag)), base_(base) {}
+  void init() override { log_.push_back("init:" + tag_ + "@" + id().to_string()); }
+  void put(int v) { log_.push_back(std::to_string(base_ + v)); }
+  std::vector<std::string> all() const { return log_; }
+  int pid() const { return static_cast<int>(::getpid()); }
+  void boom(std::string why) { throw std::runtime_error(why); }  // as a send: fails the actor
+  int freeze() {  // fault injection: never returns
+    std::promise<void> never;
+    never.get_future().wait();
+    return 0;
+  }
+  MONARCH_ENDPOINTS(Recorder, put, all, pid, boom, freeze)
+  std::string tag_;
+  int base_;
+  std::vector<std::string> log_;
+};
+
+struct Bomb : monarch::Actor {
+  explicit Bomb(int mode) : mode_(mode) {
+    if (mode_ == 1) throw std::runtime_error("constructor says no");
+  }
+  void init() override {
+    if (mode_ == 2) throw std::runtime_error("init says no");
+  }
+  int get() const { return mode_; }
+  MONARCH_ENDPOINTS(Bomb, get)
+  int mode_;
+};
+
+struct Leaf : monarch::Actor {
+  void boom(std::string why) { throw std::runtime_error(why); }
+  MONARCH_ENDPOINTS(Leaf, boom)
+};
+
+// Lives in the worker; owns a local Leaf and does not handle its failure.
+struct Mid : monarch::Actor {
+  void init() override { leaf_ = spawn<Leaf>("leaf"); }
+  void boom_leaf(std::string why) { leaf_.send(&Leaf::boom, why); }
+  MONARCH_ENDPOINTS(Mid, boom_leaf)
+  ActorRef<Leaf> leaf_;
+};
+
+// Lives in the client; owns children in the worker.
+struct Parent : monarch::Actor {
+  Parent(std::string worker, bool handle, monarch::Port<std::string> report)
+      : worker_(std::move(worker)), handle_(handle), report_(std::move(report)) {}
+  bool supervise(const ActorSupervisionEvent& e) override {
+    report_.send(e.to_string());
+    return handle_;
+  }
+  ActorRef<Recorder> start_recorder() {
+    rec_ = spawn_remote<Recorder>(worker_, "child", "c", 0);
+    return rec_;
+  }
+  void boom_child(std::string why) { rec_.send(&Recorder::boom, why); }
+  ActorRef<Mid> start_mid() {
+    mid_ = spawn_remote<Mid>(worker_, "mid");
+    return mid_;
+  }
+  void boom_mid_leaf(std::string why) { mid_.send(&Mid::boom_leaf, why); }
+  int ping() const { return 7; }
+  MONARCH_ENDPOINTS(Parent, start_recorder, boom_child, start_mid, boom_mid_leaf, ping)
+  std::string worker_;
+  bool handle_;
+  monarch::Port<std::string> report_;
+  ActorRef<Recorder> rec_;
+  ActorRef<Mid> mid_;
+};
+
+/// Collects fault-hook events (called on another thread); waits for them with a deadline.
+struct Faults {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<ActorSupervisionEvent> events;
+  Proc::FaultHook hook() {
+    return [this](const ActorSupervisionEvent& e) {
+      std::lock_guard lock(mu);
+      events.push_back(e);
+      cv.notify_all();
+    };
+  }
+  ActorSupervisionEvent wait(size_t i = 0, std::chrono::milliseconds d = 10s) {
+    std::unique_lock lock(mu);
+    if (!cv.wait_for(lock, d, [&] { return events.size() > i; })) {
+      throw std::runtime_error("no fault event within the deadline");
+    }
+    return events[i];
+  }
+  size_t count() {
+    std::lock_guard lock(mu);
+    return events.size();
+  }
+};
+
+std::string unique_addr(const char* stem) {
+  static std::atomic<int> n{0};
+  return "unix://@monarch-rspawn-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + "-" + stem;
+}
+
+ProcOptions listening(const char* stem) {
+  ProcOptions o;
+  o.listen = unique_addr(stem);
+  o.channel.secret = "remote-test";
+  return o;
+}
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+/// A worker process running this very binary.
+struct Worker {
+  monarch::testing::Subprocess proc{self_exe(), {"--worker", unique_addr("worker")}};
+  std::string addr = proc.listening();
+};
+
+template <class E, class F>
+E expect_throws(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception: " << e.what();
+    throw;
+  }
+  ADD_FAILURE() << "no exception";
+  throw std::runtime_error("no exception");
+}
+
+// SPAWN-1: spawn returns at once; messages sent right away run after construction and init(), in
+// order, in a real worker process running this same binary.
+TEST(RemoteSpawn, SpawnThenSendRightAwayInAWorkerProcess) {
+  Worker w;
+  Proc client(listening("client"));
+  auto ref = client.spawn_remote<Recorder>(w.addr, "rec", std::string("t"), 100);
+  EXPECT_TRUE(ref.is_remote());
+  EXPECT_EQ(ref.id().proc, w.addr);
+  EXPECT_EQ(ref.id().name, "rec");
+  EXPECT_NE(ref.id().uid & monarch::detail::kRemoteSpawnBit, 0u);
+  for (int i = 0; i < 200; ++i) ref.send(&Recorder::put, i);
+  auto log = ref.call(&Recorder::all).get(10s);
+  ASSERT_EQ(log.size(), 201u);
+  EXPECT_EQ(log[0], "init:t@" + ref.id().to_string());
+  for (int i = 0; i < 200; ++i) ASSERT_EQ(log[static_cast<size_t>(i) + 1], std::to_string(100 + i));
+  EXPECT_NE(ref.call(&Recorder::pid).get(10s), ::getpid());  // it really is the other process
+
+  // Two spawns with the same name are two actors (distinct uids).
+  auto again = client.spawn_remote<Recorder>(w.addr, "rec", "u", 0);
+  EXPECT_NE(again.id(), ref.id());
+  EXPECT_THAT(again.call(&Recorder::all).get(10s), ElementsAre("init:u@" + again.id().to_string()));
+}
+
+// SPAWN-2: a Proc whose binary lacks the factory refuses; the owner hears it and calls say why.
+TEST(RemoteSpawn, UnknownFactoryReachesOwnerAndCallsSayWhy) {
+  monarch::testing::Subprocess peer(MONARCH_REMOTE_PEER, {unique_addr("peer")});  // no spawn_remote inside
+  std::string addr = peer.listening();
+  Faults faults;
+  Proc client(listening("client"));
+  client.set_fault_hook(faults.hook());
+  auto ref = client.spawn_remote<monarch::testing::Counter>(addr, "counter2");
+  auto f = ref.call(&monarch::testing::Counter::get);  // sent before the refusal comes back
+  auto ev = faults.wait();
+  EXPECT_EQ(ev.actor, ref.id());
+  EXPECT_EQ(ev.actor_type, "monarch::testing::Counter");
+  EXPECT_THAT(ev.cause, HasSubstr("no factory for monarch::testing::Counter()"));
+  auto e = expect_throws<monarch::DeliveryFailure>([&] { f.get(10s); });
+  EXPECT_EQ(e.destination(), ref.id());
+  EXPECT_THAT(e.reason(), HasSubstr("spawn of monarch::testing::Counter 'counter2' in proc " + addr));
+  EXPECT_THAT(e.reason(), HasSubstr("no factory"));
+}
+
+// SPAWN-2: throwing constructor / init(): the owner hears it; calls made right away fail, naming
+// type, name and proc; the worker Proc lives on (its fault hook is not called).
+TEST(RemoteSpawn, ThrowingConstructorOrInitReachesOwner) {
+  Faults worker_faults, faults;
+  Proc worker(listening("worker"));
+  worker.set_fault_hook(worker_faults.hook());
+  Proc client(listening("client"));
+  client.set_fault_hook(faults.hook());
+
+  auto ctor = client.spawn_remote<Bomb>(worker.address(), "bomb-ctor", 1);
+  auto f = ctor.call(&Bomb::get);
+  auto ev = faults.wait(0);
+  EXPECT_EQ(ev.actor, ctor.id());
+  EXPECT_EQ(ev.actor_type, "(anonymous namespace)::Bomb");
+  EXPECT_THAT(ev.cause, HasSubstr("constructor threw"));
+  EXPECT_THAT(ev.cause, HasSubstr("constructor says no"));
+  auto e = expect_throws<monarch::DeliveryFailure>([&] { f.get(10s); });
+  EXPECT_EQ(e.destination(), ctor.id());  // proc + name + uid
+  EXPECT_THAT(e.what(), HasSubstr("Bomb"));
+  auto later = expect_throws<monarch::DeliveryFailure>([&] { ctor.call(&Bomb::get).get(10s); });
+  EXPECT_THAT(later.reason(), HasSubstr("constructor says no"));  // the tombstone says why
+
+  auto init = client.spawn_remote<Bomb>(worker.address(), "bomb-init", 2);
+  EXPECT_THAT(faults.wait(1).cause, HasSubstr("init threw"));
+  auto ok = client.spawn_remote<Bomb>(worker.address(), "fine", 3);
+  EXPECT_EQ(ok.call(&Bomb::get).get(10s), 3);  // the worker lives on
+  EXPECT_EQ(worker_faults.count(), 0u);
+  EXPECT_EQ(faults.count(), 2u);
+}
+
+// SUP-R1: a remote child's send-handler failure reaches its owner's supervise(); handled -> the
+// owner lives on and the worker is untouched.
+TEST(RemoteSpawn, RemoteChildFailureHandledByOwner) {
+  Faults worker_faults, faults;
+  Proc worker(listening("worker"));
+  worker.set_fault_hook(worker_faults.hook());
+  Proc client(listening("client"));
+  client.set_fault_hook(faults.hook());
+  auto [report, reports] = client.open_port<std::string>();
+  auto parent = client.spawn<Parent>("parent", worker.address(), true, report);
+  auto child = parent.call(&Parent::start_recorder).get(10s);
+  EXPECT_EQ(child.id().proc, worker.address());
+  EXPECT_EQ(child.call(&Recorder::all).get(10s).size(), 1u);
+  parent.send(&Parent::boom_child, std::string("child blew up"));
+  std::string got = reports.recv(10s);
+  EXPECT_THAT(got, HasSubstr("actor " + child.id().to_string() + " ((anonymous namespace)::Recorder) failed"));
+  EXPECT_THAT(got, HasSubstr("send handler (anonymous namespace)::Recorder::boom threw"));
+  EXPECT_THAT(got, HasSubstr("child blew up"));
+  EXPECT_EQ(parent.call(&Parent::ping).get(10s), 7);  // handled: the owner lives on
+  auto e = expect_throws<monarch::DeliveryFailure>([&] { child.call(&Recorder::all).get(10s); });
+  EXPECT_THAT(e.reason(), HasSubstr("child blew up"));
+  EXPECT_EQ(worker_faults.count(), 0u);
+  EXPECT_EQ(faults.count(), 0u);
+}
+
+// SUP-R1: unhandled -> the owner fails and escalates to the client's fault hook with the chain.
+TEST(RemoteSpawn, RemoteChildFailureUnhandledEscalatesToClientHook) {
+  Faults worker_faults, faults;
+  Proc worker(listening("worker"));
+  worker.set_fault_hook(worker_faults.hook());
+  Proc client(listening("client"));
+  client.set_fault_hook(faults.hook());
+  auto [report, reports] = client.open_port<std::string>();
+  auto parent = client.spawn<Parent>("parent", worker.address(), false, report);
+  auto child = parent.call(&Parent::start_recorder).get(10s);
+  parent.send(&Parent::boom_child, std::string("unhandled boom"));
+  auto ev = faults.wait();
+  EXPECT_EQ(ev.actor, parent.id());
+  EXPECT_THAT(ev.cause, HasSubstr("unhandled failure of child " + child.id().to_string()));
+  ASSERT_NE(ev.caused_by, nullptr);
+  EXPECT_EQ(ev.caused_by->actor, child.id());
+  EXPECT_THAT(ev.caused_by->cause, HasSubstr("unhandled boom"));
+  EXPECT_EQ(ev.caused_by->caused_by, nullptr);
+  parent.stop().get(10s);  // already failed: completes
+  EXPECT_EQ(parent.state(), monarch::Lifecycle::Failed);
+  EXPECT_EQ(worker_faults.count(), 0u);
+}
+
+// SUP-R1: the full chain crosses: leaf (worker, local child of mid) -> mid (worker, remote child
+// of parent) -> parent (client) supervise().
+TEST(RemoteSpawn, ChainThroughARemoteChild) {
+  Faults worker_faults, faults;
+  Proc worker(listening("worker"));
+  worker.set_fault_hook(worker_faults.hook());
+  Proc client(listening("client"));
+  client.set_fault_hook(faults.hook());
+  auto [report, reports] = client.open_port<std::string>();
+  auto parent = client.spawn<Parent>("parent", worker.address(), true, report);
+  auto mid = parent.call(&Parent::start_mid).get(10s);
+  parent.send(&Parent::boom_mid_leaf, std::string("deep boom"));
+  std::string got = reports.recv(10s);
+  EXPECT_THAT(got, HasSubstr("actor " + mid.id().to_string() + " ((anonymous namespace)::Mid) failed: "
+                                                                "unhandled failure of child " +
+                                 worker.address() + ".leaf["));
+  EXPECT_THAT(got, HasSubstr("\n  caused by: actor " + worker.address() + ".leaf["));
+  EXPECT_THAT(got, HasSubstr("Leaf::boom threw: std::runtime_error: deep boom"));
+  EXPECT_EQ(parent.call(&Parent::ping).get(10s), 7);
+  EXPECT_EQ(worker_faults.count(), 0u);
+  EXPECT_EQ(faults.count(), 0u);
+}
+
+// When the owner stops, its remote children are asked to stop too.
+TEST(RemoteSpawn, OwnerStopStopsRemoteChildren) {
+  Proc worker(listening("worker"));
+  Proc client(listening("client"));
+  auto [report, reports] = client.open_port<std::string>();
+  auto parent = client.spawn<Parent>("parent", worker.address(), true, report);
+  auto child = parent.call(&Parent::start_recorder).get(10s);
+  EXPECT_EQ(child.call(&Recorder::all).get(10s).size(), 1u);
+  EXPECT_EQ(worker.num_actors(), 1u);
+  parent.stop().get(10s);
+  // The Stop travels on the client->worker link ahead of this call (REM-3), so the call bounces.
+  auto e = expect_throws<monarch::DeliveryFailure>([&] { child.call(&Recorder::all).get(10s); });
+  EXPECT_EQ(e.destination(), child.id());
+}
+
+// REM-4: stop()/kill() of a remote actor; stop drains, kill does not.
+TEST(RemoteSpawn, RemoteStopAndKill) {
+  Proc worker(listening("worker"));
+  Proc client(listening("client"));
+  auto a = client.spawn_remote<Recorder>(worker.address(), "a", "a", 0);
+  for (int i = 0; i < 50; ++i) a.send(&Recorder::put, i);
+  auto before = a.call(&Recorder::all);
+  a.stop().get(10s);
+  EXPECT_EQ(before.get(10s).size(), 51u);  // drained
+  EXPECT_THROW(a.call(&Recorder::all).get(10s), monarch::DeliveryFailure);
+  a.stop().get(10s);  // stopping a stopped actor completes
+
+  auto b = client.spawn_remote<Recorder>(worker.address(), "b", "b", 0);
+  EXPECT_EQ(b.call(&Recorder::all).get(10s).size(), 1u);
+  b.kill().get(10s);
+  EXPECT_THROW(b.call(&Recorder::all).get(10s), monarch::DeliveryFailure);
+  EXPECT_EQ(worker.num_actors(), 0u);
+}
+
+// SUP-R3: the owner cannot be told (its proc is failed for the worker): the worker logs and uses
+// its own fault hook.
+TEST(RemoteSpawn, UnreachableOwnerFallsBackToWorkerHook) {
+  Faults worker_faults, faults;
+  Proc worker(listening("worker"));
+  worker.set_fault_hook(worker_faults.hook());
+  Proc client(listening("client"));
+  client.set_fault_hook(faults.hook());
+  auto a = client.spawn_remote<Recorder>(worker.address(), "a", "a", 0);
+  EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
+  worker.declare_proc_failed(client.address(), "test: client lost");
+  a.send(&Recorder::boom, std::string("orphan boom"));
+  auto ev = worker_faults.wait();
+  EXPECT_EQ(ev.actor, a.id());
+  EXPECT_THAT(ev.cause, HasSubstr("orphan boom"));
+  EXPECT_EQ(faults.count(), 0u);
+}
+
+// REM-5: declare_proc_failed with calls pending on a frozen actor in a real worker: each fails
+// at once with SupervisionError; later calls, sends, stops and spawns fail fast.
+TEST(RemoteSpawn, DeclareProcFailedFailsPendingCalls) {
+  Worker w;
+  Proc client(listening("client"));
+  auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
+  auto b = client.spawn_remote<Recorder>(w.addr, "b", "b", 0);
+  EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
+  std::vector<monarch::Future<std::vector<std::string>>> pending;
+  auto frozen = a.call(&Recorder::freeze);
+  for (int i = 0; i < 10; ++i) pending.push_back(a.call(&Recorder::all));
+  for (int i = 0; i < 10; ++i) pending.push_back(b.call(&Recorder::all));  // b answers, or fails
+  EXPECT_FALSE(frozen.wait_for(20ms));
+  auto t0 = std::chrono::steady_clock::now();
+  client.declare_proc_failed(w.addr, "test: rank 0 froze");
+  EXPECT_TRUE(client.proc_failed(w.addr));
+  auto e = expect_throws<monarch::SupervisionError>([&] { frozen.get(1s); });
+  EXPECT_EQ(e.actor(), a.id());
+  EXPECT_EQ(e.proc(), w.addr);
+  EXPECT_EQ(e.cause(), "test: rank 0 froze");
+  for (size_t i = 0; i < 10; ++i) EXPECT_THROW(pending[i].get(1s), monarch::SupervisionError);
+  for (size_t i = 10; i < pending.size(); ++i) {
+    try {
+      pending[i].get(1s);  // b may have answered before the declaration
+    } catch (const monarch::SupervisionError& x) {
+      EXPECT_EQ(x.actor(), b.id());
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_THROW(a.call(&Recorder::all).get(1s), monarch::SupervisionError);
+  EXPECT_THROW(a.send(&Recorder::put, 1), monarch::SupervisionError);
+  EXPECT_THROW(a.stop().get(1s), monarch::SupervisionError);
+  EXPECT_THROW(client.spawn_remote<Recorder>(w.addr, "c", "c", 0), monarch::SupervisionError);
+  EXPECT_THROW(client.lookup_remote<Recorder>(w.addr, "x").get(1s), monarch::SupervisionError);
+}
+
+// kill -9 of the worker with calls pending: they fail (DeliveryFailure once the link gives up,
+// or SupervisionError as soon as the proc is declared failed) -- none hangs.
+TEST(RemoteSpawn, KilledWorkerFailsPendingCalls) {
+  {
+    Worker w;
+    ProcOptions o = listening("client");
+    o.channel.delivery_timeout = 500ms;
+    Proc client(o);
+    auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
+    EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
+    auto frozen = a.call(&Recorder::freeze);
+    EXPECT_FALSE(frozen.wait_for(20ms));
+    w.proc.kill(SIGKILL);
+    EXPECT_THROW(frozen.get(10s), monarch::DeliveryFailure);
+  }
+  {
+    Worker w;
+    Proc client(listening("client"));  // default delivery timeout (30 s): the declaration is what ends it
+    auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
+    EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
+    auto frozen = a.call(&Recorder::freeze);
+    EXPECT_FALSE(frozen.wait_for(20ms));
+    w.proc.kill(SIGKILL);
+    client.declare_proc_failed(w.addr, "process exited with signal 9");
+    auto e = expect_throws<monarch::SupervisionError>([&] { frozen.get(1s); });
+    EXPECT_THAT(e.what(), HasSubstr("signal 9"));
+  }
+}
+
+// REM-4: a stop to a frozen (SIGSTOP) worker returns at once; the caller waits with its own
+// deadline; declaring the proc failed ends it.
+TEST(RemoteSpawn, StopOfAFrozenWorkerHonoursTheCallersDeadline) {
+  Worker w;
+  Proc client(listening("client"));
+  auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
+  EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
+  w.proc.kill(SIGSTOP);
+  auto t0 = std::chrono::steady_clock::now();
+  auto stopped = a.stop();
+  auto killed = a.kill();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 100ms);  // did not block
+  EXPECT_FALSE(stopped.wait_for(300ms));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);  // the caller's deadline, not the peer's
+  client.declare_proc_failed(w.addr, "test: heartbeat lost");
+  EXPECT_THROW(stopped.get(1s), monarch::SupervisionError);
+  EXPECT_THROW(killed.get(1s), monarch::SupervisionError);
+  w.proc.kill(SIGCONT);
+}
+
+int worker_main(const std::string& addr) {
+  try {
+    ProcOptions o;
+    o.listen = addr;
+    o.channel.secret = "remote-test";
+    Proc proc(o);
+    std::printf("LISTENING %s\n", proc.address().c_str());
+    std::fflush(stdout);
+    char c;
+    while (std::fread(&c, 1, 1, stdin) == 1) {
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "remote_spawn_test worker: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--worker") return worker_main(argv[2]);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

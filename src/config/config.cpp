@@ -1,0 +1,460 @@
+#include "monarch/config/config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+extern char** environ;
+
+namespace monarch::config {
+namespace {
+
+// THE table. Every tunable of the project, every timeout in one place. Keep docs/config.md in step.
+// Timeout order (checked by validate(), see kOrder below):
+//   channel.ack_interval < mesh.heartbeat_interval < mesh.heartbeat_timeout
+//   ft.collective_timeout < mesh.heartbeat_timeout < ft.step_timeout < mesh.spawn_timeout
+//   mesh.heartbeat_timeout < channel.delivery_timeout
+const std::vector<KeyInfo> kKeys = {
+    // channel
+    {"channel.max_frame_bytes", Kind::Bytes, "64MiB",
+     "largest message, bytes (sum of parts); larger sends throw at the sender"},
+    {"channel.ack_every", Kind::Int, "256", "the receiver acknowledges after this many messages"},
+    {"channel.ack_interval", Kind::Duration, "5ms", "... or after this long, whichever first"},
+    {"channel.reconnect_initial", Kind::Duration, "1ms", "first reconnect backoff; doubles"},
+    {"channel.reconnect_max", Kind::Duration, "1s", "largest reconnect backoff"},
+    {"channel.handshake_timeout", Kind::Duration, "5s",
+     "a connection's hello/auth must finish within this"},
+    {"channel.delivery_timeout", Kind::Duration, "30s",
+     "a link that cannot deliver for this long closes; its messages return as DeliveryFailure"},
+    // actor
+    {"actor.workers", Kind::Int, "0", "worker threads per Proc scheduler (0: one per core)"},
+    {"actor.batch", Kind::Int, "64", "messages an actor runs per activation before yielding"},
+    {"actor.stop_timeout", Kind::Duration, "5s", "how long Proc shutdown waits for its actors"},
+    // mesh
+    {"mesh.cast_fanout", Kind::Int, "16", "children per node of the cast tree"},
+    {"mesh.heartbeat_interval", Kind::Duration, "250ms", "procs heartbeat to their owner this often"},
+    {"mesh.heartbeat_timeout", Kind::Duration, "2s",
+     "no heartbeat for this long: the proc is declared frozen (MeshFailure)"},
+    {"mesh.spawn_timeout", Kind::Duration, "30s",
+     "a spawned proc must report ready within this, else the spawn fails"},
+    {"mesh.stop_timeout", Kind::Duration, "5s",
+     "mesh stop/shutdown deadline; ranks not stopped by then are killed"},
+    {"mesh.log_forwarding", Kind::Bool, "true", "stream procs' stdout/stderr to the client"},
+    {"mesh.log_aggregate_window", Kind::Duration, "0ms",
+     "collapse repeated log lines over this window (0: off)"},
+    // ft
+    {"ft.collective_timeout", Kind::Duration, "1s", "an allreduce that takes longer fails"},
+    {"ft.step_timeout", Kind::Duration, "10s", "a training step (quorum + allreduce) deadline"},
+    {"ft.quorum_join_timeout", Kind::Duration, "500ms",
+     "how long the lighthouse waits for stragglers before forming a quorum"},
+    {"ft.min_replicas", Kind::Int, "1", "a quorum needs at least this many replica groups"},
+};
+
+struct Order {
+  std::string_view smaller, larger;
+};
+const Order kOrder[] = {
+    {"channel.ack_interval", "mesh.heartbeat_interval"},
+    {"mesh.heartbeat_interval", "mesh.heartbeat_timeout"},
+    {"ft.collective_timeout", "mesh.heartbeat_timeout"},
+    {"mesh.heartbeat_timeout", "ft.step_timeout"},
+    {"ft.step_timeout", "mesh.spawn_timeout"},
+    {"mesh.heartbeat_timeout", "channel.delivery_timeout"},
+};
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Duration: return "duration";
+    case Kind::Bytes: return "size";
+    case Kind::Int: return "integer";
+    case Kind::Bool: return "boolean";
+    case Kind::String: return "string";
+  }
+  return "?";
+}
+
+const KeyInfo* find_key(std::string_view name) {
+  for (const auto& k : kKeys) {
+    if (k.name == name) return &k;
+  }
+  return nullptr;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string unknown_key_message(std::string_view key, const std::string& source) {
+  std::string msg = "config: unknown key '" + std::string(key) + "'";
+  if (!source.empty()) msg += " (from " + source + ")";
+  const KeyInfo* best = nullptr;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& k : kKeys) {
+    size_t d = edit_distance(key, k.name);
+    if (d < best_d) best_d = d, best = &k;
+  }
+  if (best != nullptr && best_d <= 4) msg += "; did you mean '" + std::string(best->name) + "'?";
+  msg += " (keys are listed in docs/config.md)";
+  return msg;
+}
+
+std::string trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+// Splits "250ms" into 250 and "ms". Throws on a missing or out-of-range number.
+std::pair<uint64_t, std::string> number_and_unit(std::string_view text, const char* what) {
+  std::string t = trim(text);
+  uint64_t n = 0;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+  if (ec == std::errc::result_out_of_range) throw ConfigError(std::string(what) + " '" + t + "' is too large");
+  if (ec != std::errc() || p == t.data()) {
+    throw ConfigError(std::string(what) + " '" + t + "' does not start with a non-negative integer");
+  }
+  std::string unit = trim(std::string_view(p, static_cast<size_t>(t.data() + t.size() - p)));
+  return {n, unit};
+}
+
+uint64_t checked_mul(uint64_t n, uint64_t f, std::string_view text, const char* what) {
+  if (f != 0 && n > std::numeric_limits<int64_t>::max() / f) {
+    throw ConfigError(std::string(what) + " '" + std::string(text) + "' is too large");
+  }
+  return n * f;
+}
+
+}  // namespace
+
+const std::vector<KeyInfo>& keys() { return kKeys; }
+
+std::string env_name(std::string_view key) {
+  std::string out = "MONARCH_";
+  for (char c : key) {
+    out += c == '.' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  return out;
+}
+
+std::chrono::milliseconds parse_duration(std::string_view text) {
+  auto [n, unit] = number_and_unit(text, "duration");
+  uint64_t f = 0;
+  if (unit.empty() || unit == "ms") {
+    f = 1;
+  } else if (unit == "s") {
+    f = 1000;
+  } else if (unit == "m" || unit == "min") {
+    f = 60'000;
+  } else if (unit == "h") {
+    f = 3'600'000;
+  } else {
+    throw ConfigError("duration '" + trim(text) + "' has unknown unit '" + unit +
+                      "' (use ms, s, m or h)");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(checked_mul(n, f, text, "duration")));
+}
+
+uint64_t parse_bytes(std::string_view text) {
+  auto [n, unit] = number_and_unit(text, "size");
+  static const std::pair<std::string_view, uint64_t> kUnits[] = {
+      {"", 1},          {"B", 1},           {"KiB", 1ull << 10}, {"MiB", 1ull << 20},
+      {"GiB", 1ull << 30}, {"KB", 1000},    {"MB", 1000'000},    {"GB", 1000'000'000}};
+  for (const auto& [u, f] : kUnits) {
+    if (unit == u) return checked_mul(n, f, text, "size");
+  }
+  throw ConfigError("size '" + trim(text) + "' has unknown unit '" + unit +
+                    "' (use B, KiB, MiB, GiB, KB, MB or GB)");
+}
+
+Config::Config() {
+  for (const auto& k : kKeys) put(k.name, k.default_value, "default", false);
+}
+
+Config::Config(const Config& other) {
+  std::lock_guard lock(other.mu_);
+  values_ = other.values_;
+}
+
+Config& Config::operator=(const Config& other) {
+  if (this == &other) return *this;
+  std::scoped_lock lock(mu_, other.mu_);
+  values_ = other.values_;
+  return *this;
+}
+
+void Config::put(std::string_view key, std::string_view value, const std::string& source, bool check) {
+  const KeyInfo* k = find_key(key);
+  if (k == nullptr) throw ConfigError(unknown_key_message(key, source == "runtime" ? "" : source));
+  Entry e;
+  e.source = source;
+  std::string v = trim(value);
+  try {
+    switch (k->kind) {
+      case Kind::Duration:
+        e.number = parse_duration(v).count();
+        break;
+      case Kind::Bytes:
+        e.number = static_cast<int64_t>(parse_bytes(v));
+        break;
+      case Kind::Int: {
+        int64_t n = 0;
+        auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+        if (ec != std::errc() || p != v.data() + v.size() || n < 0) {
+          throw ConfigError("'" + v + "' is not a non-negative integer");
+        }
+        e.number = n;
+        break;
+      }
+      case Kind::Bool: {
+        std::string l = v;
+        for (auto& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (l == "true" || l == "1" || l == "yes" || l == "on") {
+          e.number = 1;
+        } else if (l == "false" || l == "0" || l == "no" || l == "off") {
+          e.number = 0;
+        } else {
+          throw ConfigError("'" + v + "' is not a boolean (true/false)");
+        }
+        break;
+      }
+      case Kind::String:
+        break;
+    }
+  } catch (const ConfigError& err) {
+    throw ConfigError("config: bad value for '" + std::string(key) + "' (a " + kind_name(k->kind) +
+                      (source == "default" ? std::string() : ", from " + source) + "): " + err.what());
+  }
+  e.text = v;
+  if (!check) {
+    values_[std::string(key)] = std::move(e);
+    return;
+  }
+  auto it = values_.find(key);
+  Entry old = it->second;
+  it->second = std::move(e);
+  try {
+    // validate() locks; this runs with mu_ held, so check the copy through a temporary Config.
+    Config tmp;
+    tmp.values_ = values_;
+    tmp.validate();
+  } catch (...) {
+    it->second = std::move(old);
+    throw;
+  }
+}
+
+const Config::Entry& Config::entry(std::string_view key, Kind kind) const {
+  const KeyInfo* k = find_key(key);
+  if (k == nullptr) throw ConfigError(unknown_key_message(key, ""));
+  if (k->kind != kind) {
+    throw ConfigError("config: key '" + std::string(key) + "' is a " + kind_name(k->kind) +
+                      ", not a " + kind_name(kind));
+  }
+  return values_.find(key)->second;
+}
+
+std::chrono::milliseconds Config::duration(std::string_view key) const {
+  std::lock_guard lock(mu_);
+  return std::chrono::milliseconds(entry(key, Kind::Duration).number);
+}
+uint64_t Config::bytes(std::string_view key) const {
+  std::lock_guard lock(mu_);
+  return static_cast<uint64_t>(entry(key, Kind::Bytes).number);
+}
+int64_t Config::integer(std::string_view key) const {
+  std::lock_guard lock(mu_);
+  return entry(key, Kind::Int).number;
+}
+bool Config::flag(std::string_view key) const {
+  std::lock_guard lock(mu_);
+  return entry(key, Kind::Bool).number != 0;
+}
+std::string Config::string(std::string_view key) const {
+  std::lock_guard lock(mu_);
+  return entry(key, Kind::String).text;
+}
+
+std::string Config::source(std::string_view key) const {
+  std::lock_guard lock(mu_);
+  auto it = values_.find(key);
+  if (it == values_.end()) throw ConfigError(unknown_key_message(key, ""));
+  return it->second.source;
+}
+
+void Config::set(std::string_view key, std::string_view value) {
+  std::lock_guard lock(mu_);
+  put(key, value, "runtime", true);
+}
+
+void Config::merge_json_text(std::string_view text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError("config: " + source + " is not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw ConfigError("config: " + source + " must hold a JSON object of keys");
+  std::vector<std::pair<std::string, std::string>> flat;
+  std::function<void(const nlohmann::json&, const std::string&)> walk =
+      [&](const nlohmann::json& node, const std::string& prefix) {
+        for (auto it = node.begin(); it != node.end(); ++it) {
+          std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+          const auto& v = it.value();
+          if (v.is_object()) {
+            walk(v, key);
+          } else if (v.is_string()) {
+            flat.emplace_back(key, v.get<std::string>());
+          } else if (v.is_boolean()) {
+            flat.emplace_back(key, v.get<bool>() ? "true" : "false");
+          } else if (v.is_number_integer() || v.is_number_unsigned()) {
+            flat.emplace_back(key, v.dump());
+          } else {
+            throw ConfigError("config: bad value for '" + key + "' (from " + source +
+                              "): expected a string, integer or boolean, got " + v.dump());
+          }
+        }
+      };
+  walk(j, "");
+  std::lock_guard lock(mu_);
+  auto saved = values_;
+  try {
+    for (const auto& [k, v] : flat) put(k, v, source, false);
+    Config tmp;
+    tmp.values_ = values_;
+    tmp.validate();
+  } catch (...) {
+    values_ = std::move(saved);
+    throw;
+  }
+}
+
+void Config::merge_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw ConfigError("config: cannot read config file " + path.string() + ": " + std::strerror(errno));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  merge_json_text(ss.str(), "file " + path.string());
+}
+
+void Config::merge_env(const char* const* envp) {
+  if (envp == nullptr) envp = environ;
+  static const char* kSections[] = {"MONARCH_CHANNEL_", "MONARCH_ACTOR_", "MONARCH_MESH_", "MONARCH_FT_"};
+  std::lock_guard lock(mu_);
+  auto saved = values_;
+  try {
+    for (const char* const* e = envp; *e != nullptr; ++e) {
+      std::string_view kv(*e);
+      size_t eq = kv.find('=');
+      if (eq == std::string_view::npos) continue;
+      std::string_view name = kv.substr(0, eq);
+      bool ours = false;
+      for (const char* s : kSections) ours = ours || name.starts_with(s);
+      if (!ours) continue;
+      const KeyInfo* key = nullptr;
+      for (const auto& k : kKeys) {
+        if (env_name(k.name) == name) key = &k;
+      }
+      if (key == nullptr) {
+        // Suggest by comparing against the variable names.
+        std::string best;
+        size_t best_d = std::numeric_limits<size_t>::max();
+        for (const auto& k : kKeys) {
+          size_t d = edit_distance(name, env_name(k.name));
+          if (d < best_d) best_d = d, best = env_name(k.name);
+        }
+        throw ConfigError("config: environment variable " + std::string(name) +
+                          " names no config key" +
+                          (best_d <= 4 ? "; did you mean " + best + "?" : std::string()) +
+                          " (keys are listed in docs/config.md)");
+      }
+      put(key->name, kv.substr(eq + 1), "env " + std::string(name), false);
+    }
+    Config tmp;
+    tmp.values_ = values_;
+    tmp.validate();
+  } catch (...) {
+    values_ = std::move(saved);
+    throw;
+  }
+}
+
+Config Config::load(const std::optional<std::filesystem::path>& file, const char* const* envp) {
+  Config c;
+  if (file) {
+    c.merge_file(*file);
+  } else if (const char* f = std::getenv("MONARCH_CONFIG_FILE"); f != nullptr && *f != '\0') {
+    c.merge_file(f);
+  }
+  c.merge_env(envp);
+  return c;
+}
+
+void Config::validate() const {
+  std::lock_guard lock(mu_);
+  auto value = [&](std::string_view k) -> const Entry& { return values_.find(k)->second; };
+  auto show = [&](std::string_view k) {
+    const Entry& e = value(k);
+    return std::string(k) + " = " + e.text + " (" + e.source + ")";
+  };
+  for (const auto& o : kOrder) {
+    if (value(o.smaller).number >= value(o.larger).number) {
+      throw ConfigError("config: " + show(o.smaller) + " must be less than " + show(o.larger) +
+                        " (timeout order: docs/config.md)");
+    }
+  }
+  if (value("channel.reconnect_initial").number > value("channel.reconnect_max").number) {
+    throw ConfigError("config: " + show("channel.reconnect_initial") + " must not exceed " +
+                      show("channel.reconnect_max"));
+  }
+  for (std::string_view k : {"channel.ack_every", "mesh.cast_fanout", "actor.batch",
+                             "channel.max_frame_bytes", "channel.ack_interval",
+                             "mesh.heartbeat_interval", "channel.handshake_timeout"}) {
+    if (value(k).number == 0) throw ConfigError("config: " + show(k) + " must be greater than 0");
+  }
+  if (value("mesh.cast_fanout").number < 2) {
+    throw ConfigError("config: " + show("mesh.cast_fanout") + " must be at least 2");
+  }
+}
+
+std::string Config::dump() const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  for (const auto& k : kKeys) {
+    const Entry& e = values_.find(k.name)->second;
+    out += std::string(k.name) + " = " + e.text + "  (" + e.source + ")\n";
+  }
+  return out;
+}
+
+Config& global() {
+  // Constructed on first use; a bad layer throws here, and every later call retries and throws
+  // again (the process should not run on a half-read configuration).
+  static std::mutex mu;
+  static std::unique_ptr<Config> cfg;
+  std::lock_guard lock(mu);
+  if (!cfg) cfg = std::make_unique<Config>(Config::load());
+  return *cfg;
+}
+
+}  // namespace monarch::config
