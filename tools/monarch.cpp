@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (*worker) {
-    std::fprintf(stderr, "monarch worker: not started by a host agent (MONARCH_OWNER is not set)\n");
+    std::fprintf(stderr, "monarch worker: not started by a host agent (MONARCH_WORKER_OWNER is not set)\n");
     return 2;
   }
   try {

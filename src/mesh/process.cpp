@@ -40,10 +40,10 @@ std::string env_or(const char* key, const char* dflt) {
   return v != nullptr ? v : dflt;
 }
 
-// Closes this Proc's link to a dead proc at once: calls pending there fail now (DeliveryFailure
-// "link to proc closed: <why>") instead of after delivery_timeout, and a later shutdown does not
-// wait to flush messages it can never deliver.
-// TODO(rspawn): replace with Proc::declare_proc_failed(addr, cause) (SupervisionError).
+// Closes this Proc's link to a proc that exited when asked to stop, so that a later shutdown does
+// not wait to flush messages it can never deliver (acks the proc did not send before exiting).
+// Failed procs go through Proc::declare_proc_failed instead. TODO(actor layer): a public
+// Proc::forget_proc(addr) would spare the mesh this internal include.
 void close_link(Proc& proc, const std::string& addr, const std::string& why) {
   if (addr.empty()) return;
   auto& r = proc.remote();
@@ -111,13 +111,13 @@ std::vector<int64_t> HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> c
     std::string listen = listen_base_.starts_with("tcp://")
                              ? listen_base_ + ":0"
                              : listen_base_ + "-" + std::to_string(next_++);
-    child.env.push_back("MONARCH_OWNER=" + controller.id().proc);
-    child.env.push_back("MONARCH_CONTROLLER=" + spec.controller_name);
-    child.env.push_back("MONARCH_MESH=" + spec.mesh);
-    child.env.push_back("MONARCH_RANK=" + std::to_string(rank));
-    child.env.push_back("MONARCH_LISTEN=" + listen);
-    child.env.push_back("MONARCH_HEARTBEAT_INTERVAL_MS=" + std::to_string(spec.heartbeat_interval_ms));
-    child.env.push_back("MONARCH_HEARTBEAT_TIMEOUT_MS=" + std::to_string(spec.heartbeat_timeout_ms));
+    child.env.push_back("MONARCH_WORKER_OWNER=" + controller.id().proc);
+    child.env.push_back("MONARCH_WORKER_CONTROLLER=" + spec.controller_name);
+    child.env.push_back("MONARCH_WORKER_MESH=" + spec.mesh);
+    child.env.push_back("MONARCH_WORKER_RANK=" + std::to_string(rank));
+    child.env.push_back("MONARCH_WORKER_LISTEN=" + listen);
+    child.env.push_back("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS=" + std::to_string(spec.heartbeat_interval_ms));
+    child.env.push_back("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS=" + std::to_string(spec.heartbeat_timeout_ms));
     auto on_line = [controller, rank](int stream, std::string line) {
       (void)controller.call(&MeshController::log, rank, stream, std::move(line));
     };
@@ -131,6 +131,33 @@ std::vector<int64_t> HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> c
 
 bool HostAgent::kill(int64_t pid, int sig) {
   return ProcessHost::instance().signal(static_cast<pid_t>(pid), sig);
+}
+
+bool HostMeshState::dispatch(const ActorSupervisionEvent& ev) {
+  std::lock_guard lock(groups_mu);
+  for (ProcessGroup* g : groups) {
+    std::lock_guard glock(g->mu);
+    for (size_t r = 0; r < g->ranks.size(); ++r) {
+      if (!g->ranks[r].addr.empty() && g->ranks[r].addr == ev.actor.proc) {
+        g->fail_locked(r, "unhandled actor failure: " + ev.to_string());
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void HostMeshState::on_fault(const ActorSupervisionEvent& ev) {
+  if (dispatch(ev)) return;
+  Proc::FaultHook hook;
+  {
+    std::lock_guard lock(groups_mu);
+    hook = fault_hook;
+  }
+  if (hook) return hook(ev);
+  std::fprintf(stderr, "monarch: unhandled failure; exiting (fail fast)\n%s\n", ev.to_string().c_str());
+  std::fflush(stderr);
+  std::exit(1);
 }
 
 HostMeshState::~HostMeshState() {
@@ -150,6 +177,10 @@ ProcessGroup::ProcessGroup(std::shared_ptr<HostMeshState> h, std::string n, ndsl
 
 ProcessGroup::~ProcessGroup() {
   stop();
+  {
+    std::lock_guard lock(hosts->groups_mu);
+    std::erase(hosts->groups, this);
+  }
   if (monitor.joinable()) {
     if (monitor.get_id() == std::this_thread::get_id()) {
       monitor.detach();
@@ -167,6 +198,10 @@ ProcessGroup::~ProcessGroup() {
 void ProcessGroup::start() {
   link = std::make_shared<MeshController::Link>();
   link->group = this;
+  {
+    std::lock_guard lock(hosts->groups_mu);
+    hosts->groups.push_back(this);
+  }
   const auto& t = hosts->timeouts;
   std::string controller_name = "monarch.mesh." + name + "." + std::to_string(g_counter++);
   controller = hosts->client->spawn<MeshController>("mesh." + name, link);
@@ -285,8 +320,8 @@ void ProcessGroup::fail_locked(size_t rank, const std::string& cause) {
   if (r.st == St::Failed || r.st == St::Stopping) return;
   r.st = St::Failed;
   kill_rank(r);  // never reused; a frozen proc must not wake up and act
-  // TODO(rspawn): Proc::declare_proc_failed(r.addr, cause) so calls pending on this proc fail
-  // with SupervisionError at once (today they fail with DeliveryFailure when its link closes).
+  // The monitor thread declares the proc failed (Proc::declare_proc_failed) before the handler
+  // runs, so calls pending on it fail with SupervisionError.
   MeshFailure f{name, {rank}, cause};
   if (started) {
     pending.push_back(std::move(f));
@@ -304,6 +339,7 @@ void ProcessGroup::emit(const LogRecord& rec) {
 }
 
 void ProcessGroup::on_log(uint64_t rank, int stream, std::string line) {
+  if (!options.forward_logs) return;
   std::unique_lock lock(mu);
   if (hosts->timeouts.log_window.count() == 0) {
     lock.unlock();
@@ -386,7 +422,9 @@ void ProcessGroup::monitor_loop() {
       std::vector<std::string> dead;
       for (size_t r : f.ranks) dead.push_back(ranks[r].addr);
       lock.unlock();
-      for (auto& a : dead) close_link(*hosts->client, a, f.to_string());
+      for (auto& a : dead) {
+        if (!a.empty()) hosts->client->declare_proc_failed(a, f.to_string());
+      }
       bool handled = false;
       try {
         handled = handler && handler(f);
@@ -395,7 +433,7 @@ void ProcessGroup::monitor_loop() {
       }
       if (!handled) {
         Proc& c = *hosts->client;
-        c.on_root_event(ActorSupervisionEvent{ActorId{c.name(), "mesh." + name, 0}, "ProcMesh",
+        hosts->on_fault(ActorSupervisionEvent{ActorId{c.name(), "mesh." + name, 0}, "ProcMesh",
                                               f.to_string(), nullptr});
       }
       lock.lock();
@@ -455,15 +493,15 @@ namespace {
 }
 
 int run_worker(const WorkerSetup& setup) {
-  const std::string owner = env_or("MONARCH_OWNER", "");
-  const std::string controller_name = env_or("MONARCH_CONTROLLER", "");
-  WorkerInfo info{env_or("MONARCH_MESH", "procs"), std::stoull(env_or("MONARCH_RANK", "0"))};
-  const std::chrono::milliseconds interval{std::stoll(env_or("MONARCH_HEARTBEAT_INTERVAL_MS", "100"))};
-  const std::chrono::milliseconds timeout{std::stoll(env_or("MONARCH_HEARTBEAT_TIMEOUT_MS", "1500"))};
+  const std::string owner = env_or("MONARCH_WORKER_OWNER", "");
+  const std::string controller_name = env_or("MONARCH_WORKER_CONTROLLER", "");
+  WorkerInfo info{env_or("MONARCH_WORKER_MESH", "procs"), std::stoull(env_or("MONARCH_WORKER_RANK", "0"))};
+  const std::chrono::milliseconds interval{std::stoll(env_or("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS", "100"))};
+  const std::chrono::milliseconds timeout{std::stoll(env_or("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS", "1500"))};
   auto shared = std::make_shared<WorkerControl::Shared>();
 
   ProcOptions o;
-  o.listen = env_or("MONARCH_LISTEN", "");
+  o.listen = env_or("MONARCH_WORKER_LISTEN", "");
   o.channel.delivery_timeout = timeout;
   o.stop_timeout = std::max<std::chrono::milliseconds>(timeout, 1000ms);
   Proc proc(o);
@@ -535,7 +573,7 @@ int run_worker(const WorkerSetup& setup) {
 void bootstrap(int argc, char** argv, WorkerSetup setup) {
   (void)argc;
   (void)argv;
-  if (std::getenv("MONARCH_OWNER") == nullptr || std::getenv("MONARCH_CONTROLLER") == nullptr) return;
+  if (std::getenv("MONARCH_WORKER_OWNER") == nullptr || std::getenv("MONARCH_WORKER_CONTROLLER") == nullptr) return;
   int code = 1;
   try {
     code = process_detail::run_worker(setup);
@@ -586,6 +624,9 @@ std::shared_ptr<HostMesh::State> make_host_state(const HostOptions& options, con
   o.listen = listen;
   o.channel = options.channel;
   s->client = std::make_unique<Proc>(o);
+  // Failures reaching the client: of actors on our procs -> MeshFailure; others -> the user hook.
+  auto* raw = s.get();
+  s->client->set_fault_hook([raw](const ActorSupervisionEvent& ev) { raw->on_fault(ev); });
   return s;
 }
 }  // namespace
@@ -630,6 +671,10 @@ HostMesh attach_to_workers(const std::vector<std::string>& agents, HostOptions o
 
 const ndslice::Extent& HostMesh::extent() const { return state_->extent; }
 Proc& HostMesh::client() const { return *state_->client; }
+void HostMesh::set_fault_hook(Proc::FaultHook hook) const {
+  std::lock_guard lock(state_->groups_mu);
+  state_->fault_hook = std::move(hook);
+}
 const ProcTimeouts& HostMesh::timeouts() const { return state_->timeouts; }
 
 ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions options) const {
@@ -714,11 +759,5 @@ void ProcMesh::check_usable(size_t local) const {
 
 std::chrono::milliseconds ProcMesh::lookup_timeout() const { return group().hosts->timeouts.spawn_timeout; }
 
-void ProcMesh::no_remote_spawn() {
-  // Seam: needs remote spawn (Proc::spawn_remote<A>, actor layer, branch rspawn).
-  throw UsageError(
-      "ProcMesh::spawn on a process mesh needs remote spawn, not built yet: register the actors "
-      "in the worker's bootstrap setup and use lookup<A>(name)");
-}
 
 }  // namespace monarch::mesh

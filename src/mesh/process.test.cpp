@@ -148,7 +148,6 @@ TEST(ProcessMesh, SpawnsWorkersCallsThemAndStops) {
   EXPECT_EQ(distinct.size(), 4u);
   EXPECT_EQ(workers.slice("gpus", Range(1, 3)).call(&Worker::rank).get(10s)[1], 2u);
   EXPECT_THROW(procs.proc(0), monarch::UsageError);
-  EXPECT_THROW(procs.spawn<Worker>("w", size_t{0}), monarch::UsageError);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(procs.stop());  // every worker exited when asked
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
@@ -176,7 +175,7 @@ TEST_P(ProcessFailure, BecomesAMeshFailureAndTheRestKeepsWorking) {
   auto pids = pids_of(procs);
   // A send (broadcast) to a proc that dies before acknowledging it comes back undeliverable to
   // the sender (CH-4); from outside actors that is the client's fault hook.
-  host.client().set_fault_hook([](const monarch::ActorSupervisionEvent& e) {
+  host.set_fault_hook([](const monarch::ActorSupervisionEvent& e) {
     EXPECT_THAT(e.cause, HasSubstr("undeliverable"));
   });
   auto pending = procs.slice("gpus", 2).lookup<Blocker>("blocker").call_one(&Blocker::freeze);
@@ -188,8 +187,8 @@ TEST_P(ProcessFailure, BecomesAMeshFailureAndTheRestKeepsWorking) {
   EXPECT_THAT(f.cause, HasSubstr(fault.cause));
   EXPECT_THAT(f.to_string(), HasSubstr("mesh " + so.name + ": rank [2] failed: "));
   EXPECT_THAT(procs.failed_ranks(), ElementsAre(2u));
-  // The call pending on the failed rank fails instead of hanging.
-  EXPECT_THROW(pending.get(10s), monarch::Error);
+  // The call pending on the failed rank fails at once instead of hanging.
+  EXPECT_THROW(pending.get(10s), monarch::SupervisionError);
   // The failed proc is killed (a frozen one too), never reused; the others keep working.
   EXPECT_TRUE(all_dead({pids[2]}, 5s));
   auto ok = workers.slice("gpus", Range(0, 2)).call(&Worker::rank).get(10s);
@@ -215,11 +214,40 @@ INSTANTIATE_TEST_SUITE_P(
               "rank 2 exploded"}),
     [](const auto& p) { return std::string(p.param.name); });
 
+TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {
+  auto host = monarch::mesh::this_host(fast());
+  Failures failures;
+  SpawnOptions so;
+  so.name = "spawned";
+  so.on_failure = failures.handler();
+  auto procs = host.spawn_procs(Extent{{"gpus", 3}}, so);
+  auto workers = procs.spawn<Worker>("spawned", size_t{7});  // remote spawn, one per proc
+  auto blockers = procs.spawn<Blocker>("blocker");
+  auto got = workers.call(&Worker::rank).get(10s);
+  auto pids = workers.call(&Worker::pid).get(10s);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(got[r], 7u);
+    EXPECT_EQ(pids[r], procs.pid(r));  // each actor lives in its own worker process
+  }
+  auto pending = blockers.slice("gpus", 1).call_one(&Blocker::freeze);
+  workers.slice("gpus", 1).broadcast(&Worker::crash, std::string("throw"));
+  MeshFailure f = failures.wait_one();
+  EXPECT_THAT(f.ranks, ElementsAre(1u));
+  EXPECT_THAT(f.cause, HasSubstr("unhandled actor failure"));
+  EXPECT_THAT(f.cause, HasSubstr("rank 7 exploded"));
+  EXPECT_THROW(pending.get(10s), monarch::SupervisionError);
+  EXPECT_TRUE(all_dead({procs.pid(1)}, 5s));  // the failed proc is killed, never reused
+  EXPECT_EQ(workers.slice("gpus", 2).call_one(&Worker::rank).get(10s), 7u);
+  EXPECT_THROW(procs.spawn<Worker>("again", size_t{1}), monarch::UsageError);
+  EXPECT_EQ(procs.slice("gpus", 0).spawn<Worker>("again", size_t{1}).call_one(&Worker::rank).get(10s), 1u);
+  EXPECT_TRUE(procs.stop());
+}
+
 TEST(ProcessMesh, UnhandledFailureGoesToTheClientFaultHook) {
   auto host = monarch::mesh::this_host(fast());
   std::promise<std::string> report;
   std::atomic<bool> once{false};
-  host.client().set_fault_hook([&](const monarch::ActorSupervisionEvent& e) {
+  host.set_fault_hook([&](const monarch::ActorSupervisionEvent& e) {
     if (!once.exchange(true)) report.set_value(e.to_string());
   });
   SpawnOptions so;

@@ -109,6 +109,12 @@ struct HostMeshState {
   std::vector<ActorRef<HostAgent>> agents;
   std::vector<std::string> agent_addrs;   // "embedded" for this_host()
   std::vector<uint64_t> incarnations;
+  std::mutex groups_mu;                  // groups, fault_hook
+  std::vector<ProcessGroup*> groups;     // live process meshes on these hosts
+  Proc::FaultHook fault_hook;            // HostMesh::set_fault_hook; empty: fail fast
+  /// The client Proc's fault hook: failures of actors on our procs become MeshFailures.
+  void on_fault(const ActorSupervisionEvent& ev);
+  bool dispatch(const ActorSupervisionEvent& ev);
   ~HostMeshState();
 };
 
@@ -162,8 +168,10 @@ struct ProcessGroup {
   std::vector<std::pair<int, std::string>> agg_order;
   std::thread monitor;
 
- private:
+  /// Marks `rank` failed (once), kills it, queues the MeshFailure. Requires `mu`.
   void fail_locked(size_t rank, const std::string& cause);
+
+ private:
   void kill_rank(const Rank& r);
   void monitor_loop();
   void flush_logs(std::unique_lock<std::mutex>& lock);

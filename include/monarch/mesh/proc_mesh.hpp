@@ -93,9 +93,19 @@ class ProcMesh {
 
   /// One A per proc of this view, constructed from copies of `args`. Does not block; each actor's
   /// init() runs before its first message.
+  /// On a process mesh: remote spawn (Proc::spawn_remote) from the client Proc, which owns the
+  /// actors; an unhandled failure of one becomes a MeshFailure of its rank. Throws UsageError when
+  /// the view holds a failed rank.
   template <class A, class... Args>
   ActorMesh<A> spawn(const std::string& name, const Args&... args) const {
-    if (is_process()) no_remote_spawn();
+    if (is_process()) {
+      auto members = std::make_shared<std::vector<ActorRef<A>>>(base_size());
+      for (size_t i = 0; i < size(); ++i) {
+        check_usable(i);
+        (*members)[view_.global_rank(i)] = client().template spawn_remote<A>(address(i), name, args...);
+      }
+      return ActorMesh<A>(std::move(members), view_);
+    }
     auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size());
     for (size_t i = 0; i < size(); ++i) {
       size_t g = view_.global_rank(i);
@@ -115,7 +125,6 @@ class ProcMesh {
   size_t base_size() const;
   void check_usable(size_t local) const;
   std::chrono::milliseconds lookup_timeout() const;
-  [[noreturn]] static void no_remote_spawn();
   process_detail::ProcessGroup& group() const;
   ProcMesh(std::shared_ptr<State> s, ndslice::Shape v) : state_(std::move(s)), view_(std::move(v)) {}
   std::shared_ptr<State> state_;

@@ -22,11 +22,18 @@
 // reports ready to the mesh owner, heartbeats it every ProcTimeouts::heartbeat_interval, and exits
 // when asked to stop, or when its owner stays unreachable for heartbeat_timeout.
 //
+// Actors: ProcMesh::spawn<A>(name, args...) spawns one A on every proc (remote spawn; A and its
+// argument types must be serialisable, and the worker binary must contain the same spawn call,
+// which it does when it is this executable), or actors registered by the bootstrap setup are
+// found with ProcMesh::lookup<A>(name).
+//
 // Supervision (see failure.hpp): a proc that exits, is killed, stops heartbeating (frozen), or
-// whose actor fails unhandled becomes a MeshFailure naming the mesh, the rank and the cause. The
+// whose actor fails unhandled (one spawned by ProcMesh::spawn, or one owned by the worker)
+// becomes a MeshFailure naming the mesh, the rank and the cause. The
 // failed proc is killed and never reused. A handler set with ProcMesh::on_failure that returns
 // true handles it (slices without the failed ranks keep working); otherwise the failure goes to
-// the client Proc's fault hook (default: print and exit 1, fail fast).
+// the HostMesh fault hook (default: print and exit 1, fail fast). Calls pending on a failed proc
+// fail at once with SupervisionError (Proc::declare_proc_failed).
 #pragma once
 
 #include <functional>
@@ -75,6 +82,8 @@ struct SpawnOptions {
   ProcMesh::FailureHandler on_failure{};
   /// Where worker output goes; empty: our stdout/stderr with a "[mesh rank] " prefix.
   LogSink log_sink{};
+  /// Forward worker output at all (config key mesh.log_forwarding); false drops it.
+  bool forward_logs = config::global().flag("mesh.log_forwarding");
 };
 
 /// Hosts, each running a host agent. Copies share the agents and the client Proc.
@@ -87,8 +96,14 @@ class HostMesh {
   /// ready. Throws Error naming the mesh, the rank and the cause when a proc fails to start or is
   /// not ready within spawn_timeout (the others are then stopped), UsageError on a bad name.
   ProcMesh spawn_procs(const ndslice::Extent& per_host, SpawnOptions options = {}) const;
-  /// The client Proc: owner of the meshes, whose fault hook receives unhandled MeshFailures.
+  /// The client Proc: owner of the meshes and of the actors ProcMesh::spawn puts on them. Its
+  /// fault hook belongs to this HostMesh (it turns failures of actors on our procs into
+  /// MeshFailures); set yours with set_fault_hook, not client().set_fault_hook.
   Proc& client() const;
+  /// Receives what nobody handled: unhandled MeshFailures (as an ActorSupervisionEvent of actor
+  /// "<client>.mesh.<name>", type "ProcMesh") and other failures reaching the client Proc.
+  /// Default: print and exit(1) (fail fast). Runs on a mesh monitor or channel I/O thread.
+  void set_fault_hook(Proc::FaultHook hook) const;
   const ProcTimeouts& timeouts() const;
 
   struct State;
@@ -114,7 +129,7 @@ struct WorkerInfo {
 /// An exception fails the proc (MeshFailure with the exception's message).
 using WorkerSetup = std::function<void(Proc&, const WorkerInfo&)>;
 
-/// Call first thing in main. In a process started by a host agent (MONARCH_OWNER set), runs the
+/// Call first thing in main. In a process started by a host agent (MONARCH_WORKER_OWNER set), runs the
 /// worker and exits the process (never returns); otherwise returns at once.
 void bootstrap(int argc, char** argv, WorkerSetup setup = {});
 
