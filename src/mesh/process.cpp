@@ -97,11 +97,12 @@ void MeshController::log(uint64_t rank, int stream, std::string line) {
 }
 #undef MONARCH_WITH_GROUP
 
-HostAgent::HostAgent(std::string listen_base)
-    : listen_base_(std::move(listen_base)), incarnation_(std::random_device{}() | 1) {}
+HostAgent::HostAgent(std::string listen_base, std::shared_ptr<CallbackGate> gate)
+    : listen_base_(std::move(listen_base)), gate_(std::move(gate)), incarnation_(std::random_device{}() | 1) {}
 
 std::vector<int64_t> HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> controller) {
   std::vector<int64_t> pids;
+  const uint64_t target = gate_->add(controller);
   for (uint64_t i = 0; i < spec.count; ++i) {
     uint64_t rank = spec.first_rank + i;
     ChildSpec child;
@@ -118,11 +119,15 @@ std::vector<int64_t> HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> c
     child.env.push_back("MONARCH_WORKER_LISTEN=" + listen);
     child.env.push_back("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS=" + std::to_string(spec.heartbeat_interval_ms));
     child.env.push_back("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS=" + std::to_string(spec.heartbeat_timeout_ms));
-    auto on_line = [controller, rank](int stream, std::string line) {
-      (void)controller.call(&MeshController::log, rank, stream, std::move(line));
+    auto on_line = [target, rank, gate = gate_](int stream, std::string line) {
+      gate->with(target, [&](const ActorRef<MeshController>& c) {
+        (void)c.call(&MeshController::log, rank, stream, std::move(line));
+      });
     };
-    auto on_exit = [controller, rank](const ExitStatus& st) {
-      (void)controller.call(&MeshController::exited, rank, st.code, st.signal, st.core);
+    auto on_exit = [target, rank, gate = gate_](const ExitStatus& st) {
+      gate->with(target, [&](const ActorRef<MeshController>& c) {
+        (void)c.call(&MeshController::exited, rank, st.code, st.signal, st.core);
+      });
     };
     pids.push_back(ProcessHost::instance().spawn(child, std::move(on_line), std::move(on_exit)));
   }
@@ -161,6 +166,7 @@ void HostMeshState::on_fault(const ActorSupervisionEvent& ev) {
 }
 
 HostMeshState::~HostMeshState() {
+  gate->close();
   agents.clear();
   client.reset();
 }
@@ -598,7 +604,8 @@ int run_agent(const std::string& listen, const std::function<void(const std::str
   proc.set_fault_hook([](const ActorSupervisionEvent& ev) {
     std::fprintf(stderr, "monarch agent: %s\n", ev.to_string().c_str());
   });
-  auto agent = proc.spawn<process_detail::HostAgent>("monarch.agent", process_detail::worker_listen_base(proc.address()));
+  auto agent = proc.spawn<process_detail::HostAgent>("monarch.agent", process_detail::worker_listen_base(proc.address()),
+                                                    std::make_shared<process_detail::CallbackGate>());
   proc.register_name("monarch.agent", agent);
   if (on_listening) on_listening(proc.address());
   int sig = 0;
@@ -637,8 +644,8 @@ HostMesh this_host(HostOptions options) {
                                  std::to_string(process_detail::g_counter++)
                            : options.listen;
   auto s = make_host_state(options, listen);
-  auto agent = s->client->spawn<process_detail::HostAgent>("monarch.agent",
-                                                   process_detail::worker_listen_base(s->client->address()));
+  auto agent = s->client->spawn<process_detail::HostAgent>(
+      "monarch.agent", process_detail::worker_listen_base(s->client->address()), s->gate);
   s->incarnations.push_back(agent.call(&process_detail::HostAgent::incarnation).get(options.timeouts.spawn_timeout));
   s->agents.push_back(agent);
   s->agent_addrs.push_back("embedded in " + s->client->address());

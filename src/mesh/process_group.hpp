@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "monarch/mesh/process.hpp"
@@ -86,11 +87,39 @@ class MeshController : public Actor {
   std::shared_ptr<Link> link_;
 };
 
+/// Exit and log callbacks of the agent's children run on the reaper thread and post to the
+/// controller through its Proc. An embedded agent's Proc is the client's, which the HostMesh
+/// destroys: it closes the gate first, waiting for a callback in flight, so none touches it after.
+struct CallbackGate {
+  std::mutex mu;
+  bool open = true;
+  uint64_t next = 0;
+  // The refs live here, not in the callbacks: close() releases them while the Proc is alive.
+  std::unordered_map<uint64_t, ActorRef<MeshController>> targets;
+  uint64_t add(ActorRef<MeshController> ref) {
+    std::lock_guard lock(mu);
+    targets.emplace(next, std::move(ref));
+    return next++;
+  }
+  template <class F>
+  void with(uint64_t id, F&& f) {
+    std::lock_guard lock(mu);
+    if (!open) return;
+    if (auto it = targets.find(id); it != targets.end()) f(it->second);
+  }
+  void close() {
+    std::unordered_map<uint64_t, ActorRef<MeshController>> gone;
+    std::lock_guard lock(mu);
+    open = false;
+    gone.swap(targets);
+  }
+};
+
 /// The host agent actor (registered as "monarch.agent" by run_agent; embedded for this_host()).
 class HostAgent : public Actor {
  public:
   /// `listen_base`: workers listen on "<base>-<n>" (unix) or "<base>:0" (tcp).
-  explicit HostAgent(std::string listen_base);
+  HostAgent(std::string listen_base, std::shared_ptr<CallbackGate> gate);
   std::vector<int64_t> spawn(SpawnSpec spec, ActorRef<MeshController> controller);
   bool kill(int64_t pid, int sig);
   uint64_t incarnation() const { return incarnation_; }
@@ -98,6 +127,7 @@ class HostAgent : public Actor {
 
  private:
   std::string listen_base_;
+  std::shared_ptr<CallbackGate> gate_;
   uint64_t incarnation_;
   uint64_t next_ = 0;
 };
@@ -109,6 +139,7 @@ struct HostMeshState {
   std::vector<ActorRef<HostAgent>> agents;
   std::vector<std::string> agent_addrs;   // "embedded" for this_host()
   std::vector<uint64_t> incarnations;
+  std::shared_ptr<CallbackGate> gate = std::make_shared<CallbackGate>();  // embedded agent's
   std::mutex groups_mu;                  // groups, fault_hook
   std::vector<ProcessGroup*> groups;     // live process meshes on these hosts
   Proc::FaultHook fault_hook;            // HostMesh::set_fault_hook; empty: fail fast
