@@ -161,8 +161,9 @@ void HostMeshState::on_fault(const ActorSupervisionEvent& ev) {
   }
   if (hook) return hook(ev);
   std::fprintf(stderr, "monarch: unhandled failure; exiting (fail fast)\n%s\n", ev.to_string().c_str());
+  std::fflush(stdout);
   std::fflush(stderr);
-  std::exit(1);
+  std::_Exit(1);  // like Proc's default hook: no static destructors while other threads run
 }
 
 HostMeshState::~HostMeshState() {
