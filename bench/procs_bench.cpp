@@ -70,6 +70,7 @@ double posix_spawn_ready_ms() {
 
 int main(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv, [](monarch::Proc& proc, const monarch::mesh::WorkerInfo&) {
+    monarch::mesh::register_cast<Probe>(&Probe::ping);
     proc.register_name("probe", proc.spawn<Probe>("probe"));
   });
   if (argc == 3 && std::strcmp(argv[1], "--role") == 0) {

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "actor/remote_state.hpp"
+#include "monarch/mesh/cast.hpp"
 #include "monarch/mesh/process.hpp"
 #include "process_group.hpp"
 
@@ -82,8 +83,9 @@ void WorkerControl::stop_worker() {
   if (link_->group == nullptr) return dflt;   \
   return link_->group->expr;
 
-bool MeshController::ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> c) {
-  MONARCH_WITH_GROUP(on_ready(rank, std::move(addr), pid, std::move(c)), false)
+bool MeshController::ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> c,
+                           ActorId comm) {
+  MONARCH_WITH_GROUP(on_ready(rank, std::move(addr), pid, std::move(c), std::move(comm)), false)
 }
 bool MeshController::heartbeat(uint64_t rank) { MONARCH_WITH_GROUP(on_heartbeat(rank), false) }
 void MeshController::actor_failed(uint64_t rank, std::string report) {
@@ -281,7 +283,8 @@ void ProcessGroup::start() {
   throw Error("spawn_procs: " + why);
 }
 
-bool ProcessGroup::on_ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> c) {
+bool ProcessGroup::on_ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> c,
+                            ActorId comm) {
   std::lock_guard lock(mu);
   if (rank >= ranks.size()) return false;
   auto& r = ranks[rank];
@@ -290,6 +293,7 @@ bool ProcessGroup::on_ready(uint64_t rank, std::string addr, int64_t pid, ActorR
   r.addr = std::move(addr);
   r.pid = pid;
   r.control = std::move(c);
+  r.comm = std::move(comm);
   r.last_heartbeat = Clock::now();
   cv.notify_all();
   return true;
@@ -539,9 +543,10 @@ int run_worker(const WorkerSetup& setup) {
     report(std::string("worker setup threw: ") + e.what());
   }
   auto control = proc.spawn<WorkerControl>("monarch.worker", shared);
+  auto comm = monarch::mesh::detail::install_comm(proc);  // this proc's node of the cast tree
   try {
     if (!owner_ref.call(&MeshController::ready, uint64_t{info.rank}, proc.address(),
-                        int64_t{::getpid()}, control)
+                        int64_t{::getpid()}, control, comm.id())
              .get(timeout)) {
       quit(0);  // the owner no longer wants this rank
     }
@@ -752,6 +757,14 @@ std::vector<size_t> ProcMesh::failed_ranks() const {
 Proc& ProcMesh::client() const { return *group().hosts->client; }
 
 bool ProcMesh::stop() const { return group().stop(); }
+
+std::vector<ActorId> ProcMesh::comm_ids() const {
+  auto& g = group();
+  std::lock_guard lock(g.mu);
+  std::vector<ActorId> out;
+  for (const auto& r : g.ranks) out.push_back(r.comm);
+  return out;
+}
 
 size_t ProcMesh::base_size() const { return state_->group ? state_->group->ranks.size() : state_->procs.size(); }
 

@@ -61,6 +61,11 @@ struct Blocker : monarch::Actor {
 
 // What every worker of this binary does before it reports ready.
 void worker_setup(monarch::Proc& proc, const monarch::mesh::WorkerInfo& info) {
+  // Endpoints the client casts to ActorMeshes here (the cast tree runs them in this process).
+  monarch::mesh::register_cast<Worker>(&Worker::rank);
+  monarch::mesh::register_cast<Worker>(&Worker::pid);
+  monarch::mesh::register_cast<Worker>(&Worker::crash);
+  monarch::mesh::register_cast<Blocker>(&Blocker::freeze);
   proc.register_name("worker", proc.spawn<Worker>("worker", info.rank));
   proc.register_name("blocker", proc.spawn<Blocker>("blocker"));
   if (info.mesh.starts_with("logs")) {

@@ -6,7 +6,7 @@
 //                     lost agent fails that host's ranks)
 //   agent -> client   MeshController::exited(rank, code, signal, core) at once on exit (pidfd);
 //                     MeshController::log(rank, stream, line)
-//   worker -> client  MeshController::ready(rank, addr, pid, control); heartbeat(rank) every
+//   worker -> client  MeshController::ready(rank, addr, pid, control, comm); heartbeat(rank) every
 //                     heartbeat_interval (false = you were declared failed: exit);
 //                     actor_failed(rank, report) before exiting on an unhandled actor failure
 //   client -> worker  WorkerControl::stop()
@@ -76,7 +76,7 @@ class MeshController : public Actor {
     ProcessGroup* group = nullptr;  // null once the group is gone
   };
   explicit MeshController(std::shared_ptr<Link> link) : link_(std::move(link)) {}
-  bool ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control);
+  bool ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control, ActorId comm);
   bool heartbeat(uint64_t rank);
   void actor_failed(uint64_t rank, std::string report);
   void exited(uint64_t rank, int code, int sig, bool core);
@@ -157,6 +157,7 @@ struct ProcessGroup {
     int64_t pid = 0;
     std::string addr;
     ActorRef<WorkerControl> control;
+    ActorId comm;  // the proc's cast-tree comm actor (install_comm)
     std::chrono::steady_clock::time_point last_heartbeat{};
     bool exited = false;
   };
@@ -166,7 +167,7 @@ struct ProcessGroup {
   ~ProcessGroup();
 
   // From the controller (client Proc worker thread).
-  bool on_ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control);
+  bool on_ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control, ActorId comm);
   bool on_heartbeat(uint64_t rank);
   void on_actor_failed(uint64_t rank, const std::string& report);
   void on_exit(uint64_t rank, const ExitStatus& st);

@@ -39,7 +39,9 @@ class ProcMesh {
   /// `extent` procs in this process (LocalAllocator). `options.workers` sizes the shared pool
   /// (0: one per core); `options.name` prefixes proc names ("<name>[<rank>]"). Throws UsageError
   /// for an empty extent.
-  static ProcMesh local(const ndslice::Extent& extent, ProcOptions options = {});
+  /// `cast` sets the cast tree (fan-out; see docs/cast-tree.md). Every proc gets its comm actor
+  /// (detail::install_comm). Throws UsageError for a fanout of 0.
+  static ProcMesh local(const ndslice::Extent& extent, ProcOptions options = {}, CastOptions cast = {});
 
   const ndslice::Shape& shape() const { return view_; }
   const ndslice::Extent& extent() const { return view_.extent(); }
@@ -81,51 +83,75 @@ class ProcMesh {
   /// view holds a failed rank, DeliveryFailure/UsageError from the lookup otherwise.
   template <class A>
   ActorMesh<A> lookup(const std::string& name) const {
-    auto members = std::make_shared<std::vector<ActorRef<A>>>(base_size());
+    std::vector<ActorId> members(base_size());
     std::vector<std::pair<size_t, Future<ActorRef<A>>>> pending;
     for (size_t i = 0; i < size(); ++i) {
       check_usable(i);
       pending.emplace_back(view_.global_rank(i), client().template lookup_remote<A>(address(i), name));
     }
-    for (auto& [g, f] : pending) (*members)[g] = f.get(lookup_timeout());
-    return ActorMesh<A>(std::move(members), view_);
+    for (auto& [g, f] : pending) members[g] = f.get(lookup_timeout()).id();
+    return ActorMesh<A>::from_ids(client(), members, view_, comm_ids(), CastOptions{}.fanout, 1);
   }
 
   /// One A per proc of this view, constructed from copies of `args`. Does not block; each actor's
-  /// init() runs before its first message.
+  /// init() runs before its first message. The ActorMesh has the extent of this view.
   /// On a process mesh: remote spawn (Proc::spawn_remote) from the client Proc, which owns the
   /// actors; an unhandled failure of one becomes a MeshFailure of its rank. Throws UsageError when
   /// the view holds a failed rank.
   template <class A, class... Args>
   ActorMesh<A> spawn(const std::string& name, const Args&... args) const {
-    if (is_process()) {
-      auto members = std::make_shared<std::vector<ActorRef<A>>>(base_size());
-      for (size_t i = 0; i < size(); ++i) {
-        check_usable(i);
-        (*members)[view_.global_rank(i)] = client().template spawn_remote<A>(address(i), name, args...);
-      }
-      return ActorMesh<A>(std::move(members), view_);
-    }
-    auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size());
-    for (size_t i = 0; i < size(); ++i) {
-      size_t g = view_.global_rank(i);
-      (*members)[g] = state_->procs[g]->template spawn<A>(name, args...);
-    }
-    return ActorMesh<A>(std::move(members), view_);
+    return spawn_per_proc<A>(name, ndslice::Extent(), args...);
+  }
+
+  /// Several A per proc: `per_proc` (e.g. {{"actors", 256}}) is appended to this view's dims, so
+  ///   procs.spawn<W>("w", {{"actors", 256}}, arg)   // on {hosts: 2, gpus: 8}
+  /// gives an ActorMesh with extent {hosts: 2, gpus: 8, actors: 256}; the members of one proc
+  /// are consecutive in it. Throws UsageError when a per-proc dim repeats a proc dim.
+  template <class A, class... Args>
+  ActorMesh<A> spawn(const std::string& name, const ndslice::Extent& per_proc, const Args&... args) const {
+    return spawn_per_proc<A>(name, per_proc, args...);
   }
 
  private:
   friend class HostMesh;
+  template <class A, class... Args>
+  ActorMesh<A> spawn_per_proc(const std::string& name, const ndslice::Extent& per_proc, const Args&... args) const {
+    const size_t k = per_proc.num_ranks();
+    if (is_process()) {
+      // Casts travel down the cast tree of the workers' comm actors (installed at bootstrap).
+      std::vector<ActorId> members(base_size() * k);
+      for (size_t i = 0; i < size(); ++i) {
+        check_usable(i);
+        size_t g = view_.global_rank(i);
+        for (size_t a = 0; a < k; ++a) {
+          members[g * k + a] = client().template spawn_remote<A>(address(i), name, args...).id();
+        }
+      }
+      return ActorMesh<A>::from_ids(client(), members, actor_view(per_proc), comm_ids(), CastOptions{}.fanout, k);
+    }
+    auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size() * k);
+    for (size_t i = 0; i < size(); ++i) {
+      size_t g = view_.global_rank(i);
+      for (size_t a = 0; a < k; ++a) (*members)[g * k + a] = state_->procs[g]->template spawn<A>(name, args...);
+    }
+    return ActorMesh<A>(std::move(members), actor_view(per_proc), state_->topo, k);
+  }
+
   struct State {
     std::shared_ptr<Scheduler> scheduler;
     std::vector<std::unique_ptr<Proc>> procs;  // by global rank (local meshes)
+    std::shared_ptr<const detail::CastTopology> topo;
     std::shared_ptr<process_detail::ProcessGroup> group;  // process meshes
     ~State();
   };
+  // This view with `per_proc`'s dims appended, over the actor base space (k ranks per proc).
+  ndslice::Shape actor_view(const ndslice::Extent& per_proc) const;
   size_t base_size() const;
+  std::vector<ActorId> comm_ids() const;  // by global rank (process meshes)
   void check_usable(size_t local) const;
   std::chrono::milliseconds lookup_timeout() const;
   process_detail::ProcessGroup& group() const;
+
   ProcMesh(std::shared_ptr<State> s, ndslice::Shape v) : state_(std::move(s)), view_(std::move(v)) {}
   std::shared_ptr<State> state_;
   ndslice::Shape view_;
