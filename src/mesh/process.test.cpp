@@ -78,11 +78,11 @@ void worker_setup(monarch::Proc& proc, const monarch::mesh::WorkerInfo& info) {
 
 HostOptions fast() {
   HostOptions o;
-  o.timeouts.heartbeat_interval = 50ms;
-  o.timeouts.heartbeat_timeout = 1000ms;  // generous: sanitizer builds start workers slowly
+  o.timeouts.heartbeat_interval = 100ms;
+  o.timeouts.heartbeat_timeout = 2000ms;  // generous: sanitizer builds under ctest -j2 are slow
   o.timeouts.spawn_timeout = 20s;
   o.timeouts.stop_timeout = 3s;
-  o.channel.delivery_timeout = 2s;  // calls pending on a dead proc fail within this
+  o.channel.delivery_timeout = 5s;  // > heartbeat_timeout, as the config layer orders them
   return o;
 }
 
