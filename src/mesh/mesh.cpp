@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "monarch/mesh/proc_mesh.hpp"
+#include "process_group.hpp"
 
 namespace monarch::mesh {
 
@@ -161,6 +162,11 @@ ndslice::Shape ProcMesh::actor_view(const ndslice::Extent& per_proc) const {
 }
 
 ProcMesh::State::~State() {
+  if (group) {
+    group->stop();
+    group.reset();
+    return;
+  }
   // Stop every proc's actors in parallel (all requests go out before anyone waits), then join the
   // shared pool (so no actor runs afterwards), then destroy the procs: the same order as a Proc
   // with its own scheduler.

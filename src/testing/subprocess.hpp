@@ -42,7 +42,7 @@ class Subprocess {
     stdout_ = out[0];
   }
   ~Subprocess() {
-    ::close(stdin_);
+    close_stdin();
     if (!reaped_) kill(SIGKILL);
     ::close(stdout_);
   }
@@ -81,6 +81,12 @@ class Subprocess {
   }
 
   pid_t pid() const { return pid_; }
+
+  /// Closes the child's stdin (a child waiting for EOF goes on).
+  void close_stdin() {
+    if (stdin_ >= 0) ::close(stdin_);
+    stdin_ = -1;
+  }
 
   /// Sends `sig`; SIGKILL also reaps the child.
   void kill(int sig) {

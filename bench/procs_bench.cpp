@@ -1,0 +1,100 @@
+// bench_procs: process meshes.
+//
+//   spawn_procs  this_host().spawn_procs({gpus: 16}) with one actor per proc, until every proc is
+//                ready and the ActorMesh is looked up (ms, p50 over runs); peer "posix_spawn":
+//                16 copies of this binary started with posix_spawn, each writing one line to a
+//                pipe once its main() runs (the floor: process start alone, no runtime).
+//
+// This binary is also the worker (bootstrap at the top of main) and the posix_spawn peer
+// (`--role ready`).
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/report.hpp"
+#include "monarch/mesh/process.hpp"
+
+extern char** environ;
+
+namespace {
+
+struct Probe : monarch::Actor {
+  int ping() { return 1; }
+  MONARCH_ENDPOINTS(Probe, ping)
+};
+
+constexpr size_t kProcs = 16;
+constexpr int kRuns = 10;
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return std::string(buf, static_cast<size_t>(n > 0 ? n : 0));
+}
+
+double posix_spawn_ready_ms() {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  std::string exe = self_exe();
+  auto t0 = monarch::bench::Clock::now();
+  std::vector<pid_t> pids;
+  for (size_t i = 0; i < kProcs; ++i) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    char role[] = "--role", ready[] = "ready";
+    char* argv[] = {exe.data(), role, ready, nullptr};
+    pid_t pid;
+    if (posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv, environ) == 0) pids.push_back(pid);
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ::close(fds[1]);
+  size_t lines = 0;
+  char buf[256];
+  while (lines < pids.size()) {
+    ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; ++i) lines += buf[i] == '\n';
+  }
+  double ms = monarch::bench::us_since(t0) / 1000.0;
+  ::close(fds[0]);
+  for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  monarch::mesh::bootstrap(argc, argv, [](monarch::Proc& proc, const monarch::mesh::WorkerInfo&) {
+    monarch::mesh::register_cast<Probe>(&Probe::ping);
+    proc.register_name("probe", proc.spawn<Probe>("probe"));
+  });
+  if (argc == 3 && std::strcmp(argv[1], "--role") == 0) {
+    std::printf("ready\n");
+    return 0;
+  }
+  auto host = monarch::mesh::this_host();
+  std::vector<double> monarch_ms, first_call_ms, peer_ms;
+  for (int run = 0; run < kRuns; ++run) {
+    auto t0 = monarch::bench::Clock::now();
+    auto procs = host.spawn_procs({{"gpus", kProcs}});
+    auto probes = procs.lookup<Probe>("probe");
+    monarch_ms.push_back(monarch::bench::us_since(t0) / 1000.0);
+    probes.call(&Probe::ping).get(std::chrono::seconds(10));
+    first_call_ms.push_back(monarch::bench::us_since(t0) / 1000.0);
+    procs.stop();
+    peer_ms.push_back(posix_spawn_ready_ms());
+  }
+  nlohmann::json p = {{"procs", kProcs}, {"runs", kRuns}};
+  using monarch::bench::percentile;
+  using monarch::bench::report;
+  report("spawn_procs", "monarch", "p50", percentile(monarch_ms, 0.5), "ms", "lower", p);
+  report("spawn_procs", "monarch", "max", percentile(monarch_ms, 1.0), "ms", "lower", p);
+  report("spawn_procs_first_call", "monarch", "p50", percentile(first_call_ms, 0.5), "ms", "lower", p);
+  report("spawn_procs", "posix_spawn", "p50", percentile(peer_ms, 0.5), "ms", "lower", p);
+  return 0;
+}

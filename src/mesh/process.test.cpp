@@ -1,0 +1,484 @@
+// Process meshes: real worker processes spawned by host agents (embedded and `monarch agent`),
+// their failures as MeshFailures, stop deadlines, orphans, and log forwarding.
+//
+// This binary is also the worker: main() calls bootstrap() first (see the bottom of the file).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "monarch/mesh/process.hpp"
+#include "testing/subprocess.hpp"
+
+using namespace std::chrono_literals;
+using monarch::mesh::HostOptions;
+using monarch::mesh::LogRecord;
+using monarch::mesh::MeshFailure;
+using monarch::mesh::ProcMesh;
+using monarch::mesh::SpawnOptions;
+using monarch::ndslice::Extent;
+using monarch::ndslice::Range;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+namespace {
+
+struct Worker : monarch::Actor {
+  explicit Worker(size_t rank) : rank_(rank) {}
+  size_t rank() const { return rank_; }
+  int pid() const { return ::getpid(); }
+  // Fault injection, by name: "exit3", "segv", "throw" (a send handler that throws: the actor
+  // fails unhandled), "freeze" (never returns).
+  void crash(std::string how) {
+    if (how == "exit3") ::_exit(3);
+    if (how == "segv") {
+      ::signal(SIGSEGV, SIG_DFL);  // not a sanitizer's handler: die of the signal itself
+      ::raise(SIGSEGV);
+    }
+    if (how == "throw") throw std::runtime_error("rank " + std::to_string(rank_) + " exploded");
+  }
+  MONARCH_ENDPOINTS(Worker, rank, pid, crash)
+  size_t rank_;
+};
+
+// A second actor per worker, so that a call can hang on it while Worker takes the fault.
+struct Blocker : monarch::Actor {
+  int freeze() {
+    std::promise<void> never;
+    never.get_future().wait();
+    return 0;
+  }
+  MONARCH_ENDPOINTS(Blocker, freeze)
+};
+
+// What every worker of this binary does before it reports ready.
+void worker_setup(monarch::Proc& proc, const monarch::mesh::WorkerInfo& info) {
+  // Endpoints the client casts to ActorMeshes here (the cast tree runs them in this process).
+  monarch::mesh::register_cast<Worker>(&Worker::rank);
+  monarch::mesh::register_cast<Worker>(&Worker::pid);
+  monarch::mesh::register_cast<Worker>(&Worker::crash);
+  monarch::mesh::register_cast<Blocker>(&Blocker::freeze);
+  proc.register_name("worker", proc.spawn<Worker>("worker", info.rank));
+  proc.register_name("blocker", proc.spawn<Blocker>("blocker"));
+  if (info.mesh.starts_with("logs")) {
+    std::printf("hello from rank %zu\n", info.rank);
+    std::printf("same on every rank\n");
+    std::fflush(stdout);
+    std::fprintf(stderr, "warning from rank %zu\n", info.rank);
+  }
+}
+
+HostOptions fast() {
+  HostOptions o;
+  o.timeouts.heartbeat_interval = 100ms;
+  o.timeouts.heartbeat_timeout = 2000ms;  // generous: sanitizer builds under ctest -j2 are slow
+  o.timeouts.spawn_timeout = 20s;
+  o.timeouts.stop_timeout = 3s;
+  o.channel.delivery_timeout = 5s;  // > heartbeat_timeout, as the config layer orders them
+  return o;
+}
+
+bool alive(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' &&
+         line[close + 2] != 'X';
+}
+
+bool all_dead(const std::vector<int>& pids, std::chrono::milliseconds deadline) {
+  auto end = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < end) {
+    bool any = false;
+    for (int p : pids) any |= alive(p);
+    if (!any) return true;
+    std::this_thread::sleep_for(10ms);  // polling /proc: there is no event for a stranger's exit
+  }
+  return false;
+}
+
+struct Failures {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<MeshFailure> got;
+  ProcMesh::FailureHandler handler() {
+    return [this](const MeshFailure& f) {
+      std::lock_guard lock(mu);
+      got.push_back(f);
+      cv.notify_all();
+      return true;
+    };
+  }
+  MeshFailure wait_one(std::chrono::milliseconds deadline = 10s) {
+    std::unique_lock lock(mu);
+    if (!cv.wait_for(lock, deadline, [&] { return !got.empty(); })) {
+      throw std::runtime_error("no MeshFailure within deadline");
+    }
+    return got.front();
+  }
+};
+
+std::vector<int> pids_of(const ProcMesh& m) {
+  std::vector<int> out;
+  for (size_t i = 0; i < m.size(); ++i) out.push_back(m.pid(i));
+  return out;
+}
+
+TEST(ProcessMesh, SpawnsWorkersCallsThemAndStops) {
+  auto host = monarch::mesh::this_host(fast());
+  SpawnOptions so;
+  so.name = "basic";
+  auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+  EXPECT_EQ(procs.extent().to_string(), "{gpus=4}");
+  EXPECT_TRUE(procs.is_process());
+  auto workers = procs.lookup<Worker>("worker");
+  auto ranks = workers.call(&Worker::rank).get(10s);
+  for (size_t r = 0; r < 4; ++r) EXPECT_EQ(ranks[r], r);
+  auto pids = workers.call(&Worker::pid).get(10s);
+  std::set<int> distinct;
+  for (size_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(pids[r], procs.pid(r));
+    EXPECT_NE(pids[r], ::getpid());
+    distinct.insert(pids[r]);
+  }
+  EXPECT_EQ(distinct.size(), 4u);
+  EXPECT_EQ(workers.slice("gpus", Range(1, 3)).call(&Worker::rank).get(10s)[1], 2u);
+  EXPECT_THROW(procs.proc(0), monarch::UsageError);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(procs.stop());  // every worker exited when asked
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_TRUE(all_dead(pids_of(procs), 5s));
+  EXPECT_TRUE(procs.failed_ranks().empty());
+}
+
+struct Fault {
+  const char* name;
+  std::function<void(const ProcMesh&, const monarch::mesh::ActorMesh<Worker>&)> inject;
+  const char* cause;
+};
+
+class ProcessFailure : public ::testing::TestWithParam<Fault> {};
+
+TEST_P(ProcessFailure, BecomesAMeshFailureAndTheRestKeepsWorking) {
+  const Fault& fault = GetParam();
+  auto host = monarch::mesh::this_host(fast());
+  Failures failures;
+  SpawnOptions so;
+  so.name = std::string("fault-") + fault.name;
+  so.on_failure = failures.handler();
+  auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+  auto workers = procs.lookup<Worker>("worker");
+  auto pids = pids_of(procs);
+  // A send (broadcast) to a proc that dies before acknowledging it comes back undeliverable to
+  // the sender (CH-4); from outside actors that is the client's fault hook.
+  host.set_fault_hook([](const monarch::ActorSupervisionEvent& e) {
+    EXPECT_THAT(e.cause, HasSubstr("undeliverable"));
+  });
+  auto pending = procs.slice("gpus", 2).lookup<Blocker>("blocker").call_one(&Blocker::freeze);
+  fault.inject(procs, workers);
+
+  MeshFailure f = failures.wait_one();
+  EXPECT_EQ(f.mesh, so.name);
+  EXPECT_THAT(f.ranks, ElementsAre(2u));
+  EXPECT_THAT(f.cause, HasSubstr(fault.cause));
+  EXPECT_THAT(f.to_string(), HasSubstr("mesh " + so.name + ": rank [2] failed: "));
+  EXPECT_THAT(procs.failed_ranks(), ElementsAre(2u));
+  // The call pending on the failed rank fails at once instead of hanging.
+  EXPECT_THROW(pending.get(10s), monarch::SupervisionError);
+  // The failed proc is killed (a frozen one too), never reused; the others keep working.
+  EXPECT_TRUE(all_dead({pids[2]}, 5s));
+  auto ok = workers.slice("gpus", Range(0, 2)).call(&Worker::rank).get(10s);
+  EXPECT_EQ(ok[1], 1u);
+  EXPECT_EQ(workers.slice("gpus", 3).call_one(&Worker::rank).get(10s), 3u);
+  EXPECT_THROW(procs.slice("gpus", 2).lookup<Worker>("worker"), monarch::UsageError);
+  EXPECT_TRUE(procs.stop());
+  EXPECT_TRUE(all_dead(pids, 5s));
+  std::lock_guard lock(failures.mu);
+  EXPECT_EQ(failures.got.size(), 1u);  // one failure, reported once
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, ProcessFailure,
+    ::testing::Values(
+        Fault{"exit3", [](auto&, auto& w) { (void)w.slice("gpus", 2).at(0).call(&Worker::crash, std::string("exit3")); },
+              "exited with code 3"},
+        Fault{"sigkill", [](auto& p, auto&) { ::kill(p.pid(2), SIGKILL); }, "killed by signal 9 (SIGKILL)"},
+        Fault{"segv", [](auto&, auto& w) { (void)w.slice("gpus", 2).at(0).call(&Worker::crash, std::string("segv")); },
+              "killed by signal 11 (SIGSEGV)"},
+        Fault{"sigstop", [](auto& p, auto&) { ::kill(p.pid(2), SIGSTOP); }, "no heartbeat for"},
+        Fault{"actor", [](auto&, auto& w) { w.slice("gpus", 2).broadcast(&Worker::crash, std::string("throw")); },
+              "rank 2 exploded"}),
+    [](const auto& p) { return std::string(p.param.name); });
+
+TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {
+  auto host = monarch::mesh::this_host(fast());
+  Failures failures;
+  SpawnOptions so;
+  so.name = "spawned";
+  so.on_failure = failures.handler();
+  auto procs = host.spawn_procs(Extent{{"gpus", 3}}, so);
+  auto workers = procs.spawn<Worker>("spawned", size_t{7});  // remote spawn, one per proc
+  auto blockers = procs.spawn<Blocker>("blocker");
+  auto got = workers.call(&Worker::rank).get(10s);
+  auto pids = workers.call(&Worker::pid).get(10s);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(got[r], 7u);
+    EXPECT_EQ(pids[r], procs.pid(r));  // each actor lives in its own worker process
+  }
+  auto pending = blockers.slice("gpus", 1).call_one(&Blocker::freeze);
+  workers.slice("gpus", 1).broadcast(&Worker::crash, std::string("throw"));
+  MeshFailure f = failures.wait_one();
+  EXPECT_THAT(f.ranks, ElementsAre(1u));
+  EXPECT_THAT(f.cause, HasSubstr("unhandled actor failure"));
+  EXPECT_THAT(f.cause, HasSubstr("rank 7 exploded"));
+  EXPECT_THROW(pending.get(10s), monarch::SupervisionError);
+  EXPECT_TRUE(all_dead({procs.pid(1)}, 5s));  // the failed proc is killed, never reused
+  EXPECT_EQ(workers.slice("gpus", 2).call_one(&Worker::rank).get(10s), 7u);
+  EXPECT_THROW(procs.spawn<Worker>("again", size_t{1}), monarch::UsageError);
+  EXPECT_EQ(procs.slice("gpus", 0).spawn<Worker>("again", size_t{1}).call_one(&Worker::rank).get(10s), 1u);
+  EXPECT_TRUE(procs.stop());
+}
+
+TEST(ProcessMesh, UnhandledFailureGoesToTheClientFaultHook) {
+  auto host = monarch::mesh::this_host(fast());
+  std::promise<std::string> report;
+  std::atomic<bool> once{false};
+  host.set_fault_hook([&](const monarch::ActorSupervisionEvent& e) {
+    if (!once.exchange(true)) report.set_value(e.to_string());
+  });
+  SpawnOptions so;
+  so.name = "unhandled";
+  auto procs = host.spawn_procs(Extent{{"gpus", 2}}, so);
+  ::kill(procs.pid(1), SIGKILL);
+  auto f = report.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+  EXPECT_THAT(f.get(), HasSubstr("mesh unhandled: rank [1] failed: killed by signal 9 (SIGKILL)"));
+}
+
+TEST(ProcessMesh, StopFinishesWithinItsDeadlineWhenRanksAreFrozenOrDead) {
+  auto opts = fast();
+  opts.timeouts.stop_timeout = 1s;
+  auto host = monarch::mesh::this_host(opts);
+  Failures failures;
+  SpawnOptions so;
+  so.name = "stopper";
+  so.on_failure = failures.handler();
+  auto procs = host.spawn_procs(Extent{{"gpus", 3}}, so);
+  auto pids = pids_of(procs);
+  ::kill(pids[0], SIGSTOP);
+  ::kill(pids[1], SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(procs.stop());  // rank 0 did not exit when asked: it was killed
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s + 1s + 1s);  // stop_timeout + kill grace + slack
+  EXPECT_TRUE(all_dead(pids, 5s));
+}
+
+TEST(ProcessMesh, LogLinesArriveWithTheRankPrefix) {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::condition_variable cv;
+  SpawnOptions so;
+  so.name = "logs";
+  so.log_sink = [&](const LogRecord& r) {
+    std::lock_guard lock(mu);
+    lines.push_back((r.stream == 2 ? "E " : "O ") + r.to_string());
+    cv.notify_all();
+  };
+  auto host = monarch::mesh::this_host(fast());
+  auto procs = host.spawn_procs(Extent{{"gpus", 2}}, so);
+  std::unique_lock lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return lines.size() >= 6; })) << lines.size();
+  for (size_t r = 0; r < 2; ++r) {
+    auto rs = std::to_string(r);
+    EXPECT_THAT(lines, ::testing::Contains("O [logs " + rs + "] hello from rank " + rs));
+    EXPECT_THAT(lines, ::testing::Contains("O [logs " + rs + "] same on every rank"));
+    EXPECT_THAT(lines, ::testing::Contains("E [logs " + rs + "] warning from rank " + rs));
+  }
+}
+
+TEST(ProcessMesh, RepeatedLinesAggregateOverAWindow) {
+  std::mutex mu;
+  std::vector<LogRecord> recs;
+  std::condition_variable cv;
+  SpawnOptions so;
+  so.name = "logs-agg";
+  so.log_sink = [&](const LogRecord& r) {
+    std::lock_guard lock(mu);
+    recs.push_back(r);
+    cv.notify_all();
+  };
+  auto opts = fast();
+  opts.timeouts.log_window = 300ms;
+  auto host = monarch::mesh::this_host(opts);
+  auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+  std::unique_lock lock(mu);
+  auto same = [&] {
+    std::vector<size_t> ranks;
+    for (auto& r : recs) {
+      if (r.text == "same on every rank") ranks.insert(ranks.end(), r.ranks.begin(), r.ranks.end());
+    }
+    return ranks;
+  };
+  ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return same().size() == 4; }));
+  // Each rank's line counted once, and at least two ranks shared one record.
+  auto ranks = same();
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_THAT(ranks, ElementsAre(0u, 1u, 2u, 3u));
+  size_t records = 0;
+  for (auto& r : recs) records += r.text == "same on every rank";
+  EXPECT_LT(records, 4u);
+  for (auto& r : recs) {
+    if (r.text == "same on every rank" && r.ranks.size() > 1) {
+      EXPECT_THAT(r.to_string(), HasSubstr("[logs-agg "));
+    }
+  }
+}
+
+TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
+  std::string stem = "unix://@monarch-agent-test-" + std::to_string(::getpid());
+  monarch::testing::Subprocess agent0(MONARCH_CLI, {"agent", "--listen", stem + "-0"});
+  monarch::testing::Subprocess agent1(MONARCH_CLI, {"agent", "--listen", stem + "-1"});
+  std::string a0 = agent0.listening(), a1 = agent1.listening();
+  auto hosts = monarch::mesh::attach_to_workers({a0, a1}, fast());
+  EXPECT_EQ(hosts.extent().to_string(), "{hosts=2}");
+  Failures failures;
+  SpawnOptions so;
+  so.name = "attached";
+  so.on_failure = failures.handler();
+  auto procs = hosts.spawn_procs(Extent{{"gpus", 2}}, so);
+  EXPECT_EQ(procs.extent().to_string(), "{hosts=2, gpus=2}");
+  auto workers = procs.lookup<Worker>("worker");
+  auto ranks = workers.call(&Worker::rank).get(10s);
+  for (size_t r = 0; r < 4; ++r) EXPECT_EQ(ranks[r], r);
+  auto pids = pids_of(procs);
+
+  // Host 1's agent dies: its workers die with it and its ranks fail; host 0 keeps working.
+  agent1.kill(SIGKILL);
+  EXPECT_TRUE(all_dead({pids[2], pids[3]}, 5s));
+  std::unique_lock lock(failures.mu);
+  ASSERT_TRUE(failures.cv.wait_for(lock, 10s, [&] { return failures.got.size() >= 2; }));
+  std::set<size_t> failed;
+  for (auto& f : failures.got) failed.insert(f.ranks.begin(), f.ranks.end());
+  lock.unlock();
+  EXPECT_EQ(failed, (std::set<size_t>{2, 3}));
+  EXPECT_EQ(workers.slice("hosts", 0).call(&Worker::rank).get(10s)[1], 1u);
+  EXPECT_TRUE(procs.stop());
+  EXPECT_TRUE(all_dead(pids, 5s));
+}
+
+// A client in a child process: spawns 3 workers, prints their pids, then ends as told.
+int run_client(const std::string& mode) {
+  const char* agent = std::getenv("MONARCH_TEST_AGENT");  // attach to it instead of this_host()
+  auto host = agent != nullptr ? monarch::mesh::attach_to_workers({agent}, fast())
+                               : monarch::mesh::this_host(fast());
+  SpawnOptions so;
+  so.name = "client";
+  auto procs = host.spawn_procs(Extent{{"gpus", 3}}, so);
+  for (size_t i = 0; i < procs.size(); ++i) std::printf("PID %d\n", procs.pid(i));
+  std::printf("READY\n");
+  std::fflush(stdout);
+  if (!mode.ends_with("sigkill")) {
+    char c;
+    while (::read(0, &c, 1) > 0) {  // until the test closes our stdin
+    }
+  }
+  if (mode == "exit") return 0;
+  if (mode == "throw") throw std::runtime_error("client threw");
+  if (mode == "unhandled") {
+    ::kill(procs.pid(1), SIGKILL);  // default fault hook: print and exit(1)
+  }
+  while (true) ::pause();  // "sigkill": the test kills us
+}
+
+class NoOrphans : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {
+  std::optional<monarch::testing::Subprocess> agent;
+  if (GetParam().starts_with("agent-")) {
+    // Workers of a remote agent: the agent outlives the client; they must notice and exit.
+    agent.emplace(MONARCH_CLI, std::vector<std::string>{"agent", "--listen",
+                  "unix://@monarch-orphan-agent-" + std::to_string(::getpid())});
+    ::setenv("MONARCH_TEST_AGENT", agent->listening().c_str(), 1);
+  }
+  ::setenv("MONARCH_TEST_CLIENT", GetParam().c_str(), 1);
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  ASSERT_GT(n, 0);
+  monarch::testing::Subprocess client(std::string(self, static_cast<size_t>(n)), {});
+  ::unsetenv("MONARCH_TEST_CLIENT");
+  ::unsetenv("MONARCH_TEST_AGENT");
+  std::vector<int> pids;
+  while (true) {
+    auto l = client.line(20s);
+    ASSERT_TRUE(l.has_value()) << "client ended before READY";
+    if (*l == "READY") break;
+    if (l->starts_with("PID ")) pids.push_back(std::stoi(l->substr(4)));
+  }
+  ASSERT_EQ(pids.size(), 3u);
+  for (int p : pids) EXPECT_TRUE(alive(p));
+  if (GetParam().ends_with("sigkill")) {
+    client.kill(SIGKILL);
+  } else {
+    client.close_stdin();
+  }
+  EXPECT_TRUE(all_dead(pids, 10s)) << "a worker outlived its client";
+}
+
+INSTANTIATE_TEST_SUITE_P(ClientEnds, NoOrphans,
+                         ::testing::Values("exit", "throw", "sigkill", "unhandled", "agent-sigkill"),
+                         [](const auto& p) {
+                           std::string n = p.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(ProcessMesh, AWorkerThatCannotStartFailsSpawnProcs) {
+  auto host = monarch::mesh::this_host(fast());
+  SpawnOptions so;
+  so.name = "nostart";
+  so.program = "/nonexistent/worker";
+  so.log_sink = [](const LogRecord&) {};
+  try {
+    host.spawn_procs(Extent{{"gpus", 2}}, so);
+    FAIL() << "spawn_procs succeeded with a missing program";
+  } catch (const monarch::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("mesh nostart: rank ["));
+    EXPECT_THAT(e.what(), HasSubstr("exited with code 127"));
+  }
+}
+
+TEST(ProcTimeouts, ValidateNamesTheKey) {
+  monarch::mesh::ProcTimeouts t;
+  EXPECT_NO_THROW(t.validate());
+  t.heartbeat_timeout = t.heartbeat_interval;
+  try {
+    t.validate();
+    FAIL();
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("heartbeat_timeout"));
+  }
+  t = {};
+  t.spawn_timeout = t.heartbeat_timeout;
+  EXPECT_THROW(t.validate(), monarch::UsageError);
+  HostOptions o;
+  o.timeouts.stop_timeout = 0ms;
+  EXPECT_THROW(monarch::mesh::this_host(o), monarch::UsageError);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  monarch::mesh::bootstrap(argc, argv, worker_setup);  // a worker never returns from here
+  if (const char* mode = std::getenv("MONARCH_TEST_CLIENT")) return run_client(mode);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

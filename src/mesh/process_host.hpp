@@ -1,0 +1,61 @@
+// Internal: the process side of a host agent. Forks worker processes from one long-lived thread,
+// watches each with a pidfd, reaps it with waitid(P_PIDFD), and streams its stdout/stderr lines.
+//
+// PH-1 Every child gets PR_SET_PDEATHSIG(SIGKILL) bound to the spawner thread, which lives until
+//      this process exits: when the host process dies (any way, SIGKILL included), its children die.
+// PH-2 A child's exit is reported once, as soon as the pidfd becomes readable, after the lines it
+//      wrote before exiting (what is in its pipes then) were delivered.
+// PH-3 Signals go through the pidfd, so a reaped pid that the kernel reused is never signalled.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace monarch::mesh::process_detail {
+
+/// How a process ended: exit code, or the signal that killed it.
+struct ExitStatus {
+  int code = -1;    ///< exit code when it exited; -1 when killed by a signal
+  int signal = 0;   ///< the signal that killed it, or 0
+  bool core = false;
+  /// "exited with code 3", "killed by signal 9 (SIGKILL)", "killed by signal 11 (SIGSEGV), core dumped".
+  std::string to_string() const;
+};
+
+struct ChildSpec {
+  std::string program;                   ///< path of the executable
+  std::vector<std::string> args;         ///< argv[1..]
+  std::vector<std::string> env;          ///< "KEY=VALUE" added to (and overriding) our environment
+};
+
+class ProcessHost {
+ public:
+  /// stream: 1 stdout, 2 stderr. Runs on the reaper thread; must not block for long.
+  using OnLine = std::function<void(int stream, std::string line)>;
+  /// Runs on the reaper thread, once, after the last OnLine.
+  using OnExit = std::function<void(const ExitStatus&)>;
+
+  /// The process-wide host (its threads live until the process exits: PH-1).
+  static ProcessHost& instance();
+
+  /// Starts `spec` and returns its pid. Throws monarch::Error naming the program when fork or
+  /// pipe fails; an exec failure shows up as an exit with code 127 and a stderr line.
+  /// Any thread; the fork itself runs on the spawner thread.
+  pid_t spawn(const ChildSpec& spec, OnLine on_line, OnExit on_exit);
+  /// Sends `sig` to the child `pid` if it was not reaped yet (PH-3). Returns false otherwise.
+  bool signal(pid_t pid, int sig);
+  /// Children not yet reaped.
+  size_t live() const;
+
+  struct Impl;
+
+ private:
+  ProcessHost();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace monarch::mesh::process_detail
