@@ -25,6 +25,8 @@ demo: deps build
 	$(BUILD)/bin/ndslice_demo
 	@echo
 	$(BUILD)/bin/actors_demo
+	@echo
+	$(BUILD)/bin/getting_started
 
 bench: deps build
 	scripts/run-bench.sh $(BUILD)

@@ -62,9 +62,33 @@ struct ChildEventEnvelope final : Envelope {
   std::string_view endpoint() const noexcept override { return "<supervise>"; }
 };
 
+struct MeshFailureEnvelope final : Envelope {
+  std::shared_ptr<const MeshFailure> failure;
+  explicit MeshFailureEnvelope(std::shared_ptr<const MeshFailure> f) : failure(std::move(f)) { system = true; }
+  void invoke(Cell& c) override {
+    if (c.actor() == nullptr) return bounce(DeliveryFailure(c.id(), "<supervise mesh>", "owner is gone"));
+    bool handled = false;
+    std::string why;
+    try {
+      handled = c.actor()->supervise(*failure);
+    } catch (...) {
+      why = " (supervise threw: " + describe_exception(std::current_exception()) + ")";
+    }
+    if (!handled) c.fail("unhandled " + failure->to_string() + why);
+  }
+  void bounce(const DeliveryFailure&) noexcept override {
+    spdlog::error("monarch: mesh failure lost (owner gone): {}", failure->to_string());
+  }
+  std::string_view endpoint() const noexcept override { return "<supervise mesh>"; }
+};
+
 }  // namespace
 
 size_t live_cells() noexcept { return g_live_cells.load(); }
+
+void post_mesh_failure(Cell* owner, std::shared_ptr<const MeshFailure> failure) {
+  owner->post(new MeshFailureEnvelope(std::move(failure)));
+}
 
 void post_child_event(Cell* owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
   owner->post(new ChildEventEnvelope(std::move(ev)));

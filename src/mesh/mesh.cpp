@@ -45,19 +45,29 @@ void CommActor::cast_send(CastWire w) {
 namespace detail {
 
 namespace {
-std::mutex g_casts_mu;
-std::unordered_map<std::string, std::shared_ptr<RemoteCastFn>> g_casts;
+// Function-local: handlers are also registered during static initialisation of other
+// translation units (RemoteCast::auto_registered), before this file's globals would exist.
+struct CastRegistry {
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<RemoteCastFn>> map;
+};
+CastRegistry& casts() {
+  static CastRegistry* r = new CastRegistry;  // never destroyed: used until process exit
+  return *r;
+}
 }  // namespace
 
 void add_remote_cast(const std::string& key, std::shared_ptr<RemoteCastFn> fn) {
-  std::lock_guard lock(g_casts_mu);
-  g_casts.try_emplace(key, std::move(fn));
+  auto& r = casts();
+  std::lock_guard lock(r.mu);
+  r.map.try_emplace(key, std::move(fn));
 }
 
 std::shared_ptr<RemoteCastFn> find_remote_cast(const std::string& key) {
-  std::lock_guard lock(g_casts_mu);
-  auto it = g_casts.find(key);
-  return it == g_casts.end() ? nullptr : it->second;
+  auto& r = casts();
+  std::lock_guard lock(r.mu);
+  auto it = r.map.find(key);
+  return it == r.map.end() ? nullptr : it->second;
 }
 
 void throw_not_castable(const char* adverb, const std::string& what) {

@@ -703,6 +703,15 @@ ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions opt
       throw UsageError("spawn_procs: mesh name '" + name + "' may hold only letters, digits, '_' and '-'");
     }
   }
+  if (!options.on_failure) {
+    if (monarch::detail::Cell* owner = monarch::detail::current_cell(); owner != nullptr) {
+      // Spawned inside an actor: that actor owns the mesh; failures go to its supervise().
+      options.on_failure = [owner = monarch::detail::CellPtr::share(owner)](const MeshFailure& f) {
+        monarch::detail::post_mesh_failure(owner.get(), std::make_shared<const MeshFailure>(f));
+        return true;
+      };
+    }
+  }
   auto group = std::make_shared<process_detail::ProcessGroup>(state_, name, extent, per_host.num_ranks(),
                                                       std::move(options));
   group->start();

@@ -62,6 +62,16 @@ class Actor {
     return false;
   }
 
+  /// Procs of a ProcMesh this actor spawned (HostMesh::spawn_procs called inside one of its
+  /// handlers, without SpawnOptions::on_failure) failed: crashed, exited, froze past the heartbeat
+  /// timeout, or one of their actors failed unhandled. Runs on this actor's thread, like any
+  /// message. Return true if handled (slices without the failed ranks keep working); false (the
+  /// default) fails this actor, and the failure climbs to its own owner (fail fast).
+  virtual bool supervise(const MeshFailure& failure) {
+    (void)failure;
+    return false;
+  }
+
   /// A fire-and-forget message this actor sent (or a Port message) could not be delivered.
   /// The default escalates: it rethrows, which fails this actor.
   virtual void undeliverable(const DeliveryFailure& failure) { throw failure; }

@@ -530,6 +530,28 @@ struct RemoteCast {
     }
   }
 
+  /// Registers, at static initialisation, the handler of every endpoint of A (MONARCH_ENDPOINTS)
+  /// whose member-function type is M. The caster's root() odr-uses it, so every process running
+  /// the caster's binary (worker processes started from the client's executable) can relay and
+  /// run these casts without calling register_cast itself.
+  static bool register_all_of_type() {
+    if constexpr (castable && monarch::detail::has_endpoints<A>::value) {
+      std::apply(
+          [](const auto&... e) {
+            (
+                [&] {
+                  if constexpr (std::is_same_v<std::decay_t<decltype(e.method)>, M>) {
+                    register_for(e.method);
+                  }
+                }(),
+                ...);
+          },
+          A::monarch_endpoints());
+    }
+    return true;
+  }
+  inline static const bool auto_registered = register_all_of_type();
+
   /// Registers the handler of (A, method, Mode, Reducer) in this process (once per key).
   static std::string register_for(M method) {
     std::string k = key(method);
@@ -673,6 +695,7 @@ struct RemoteCast {
   static CastWire root(const std::vector<ActorRef<A>>& members, const CastTopology& topo, const CastPlan& plan,
                        M method, const Reducer& reducer, const Args&... args) {
     CastWire w;
+    (void)auto_registered;  // static registration in every process of this binary
     w.handler = register_for(method);
     w.args = to_string_bytes(wire::encode(Stored(args...)));
     w.reducer = encode_reducer(reducer);

@@ -78,7 +78,9 @@ struct SpawnOptions {
   std::vector<std::string> args{};
   /// Extra environment of the workers, "KEY=VALUE".
   std::vector<std::string> env{};
-  /// Failure handler (see ProcMesh::on_failure); may also be set later.
+  /// Failure handler (see ProcMesh::on_failure); may also be set later. Left empty when
+  /// spawn_procs is called inside an actor's handler, that actor owns the mesh: each MeshFailure
+  /// goes to its supervise(const MeshFailure&) (false there fails the actor: fail fast).
   ProcMesh::FailureHandler on_failure{};
   /// Where worker output goes; empty: our stdout/stderr with a "[mesh rank] " prefix.
   LogSink log_sink{};

@@ -134,6 +134,9 @@ class Cell {
 
 /// Delivers a child's failure event to `owner` (its supervise() runs on its own thread).
 void post_child_event(Cell* owner, std::shared_ptr<const ActorSupervisionEvent> ev);
+/// Delivers a mesh failure to `owner`: its supervise(const MeshFailure&) runs on its own thread;
+/// false (or a throw) fails the owner with the failure as cause.
+void post_mesh_failure(Cell* owner, std::shared_ptr<const MeshFailure> failure);
 
 /// RAII: sets current_cell() for the duration of an activation.
 class CurrentCell {
