@@ -430,7 +430,7 @@ void Engine::drop(Registration& reg) {
     std::unique_lock lock(reg.mu);  // waits for transfers touching the memory (RD-3)
     if (reg.dropped) return;
     reg.dropped = true;
-    if (reg.ucx_memh != nullptr && impl_->ucx) impl_->ucx->deregister(reg);
+    if (impl_->ucx) impl_->ucx->deregister(reg);
   }
   std::lock_guard lock(impl_->reg_mu);
   impl_->regs.erase(reg.id);
@@ -477,7 +477,7 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
     return done(nullptr);
   }
 
-  if (h.backend == Backend::Ucx && impl_->ucx && !h.worker_address.empty()) {
+  if (h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty()) {
     return impl_->ucx->start(read, h, local, size, offset, timeout, std::move(what), std::move(done));
   }
 

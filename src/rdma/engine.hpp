@@ -29,7 +29,7 @@ struct Registration {
   /// Shared while a transfer touches the memory, exclusive in drop() (RD-3).
   std::shared_mutex mu;
   bool dropped = false;  // guarded by mu
-  void* ucx_memh = nullptr;  // ucp_mem_h when registered with UCX
+  void* ucx_memh[2] = {nullptr, nullptr};  // ucp_mem_h per UCX plane (shm, net)
   size_t ucx_slot = 0;       // index in the UCX status table
 };
 

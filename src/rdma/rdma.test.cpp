@@ -60,8 +60,13 @@ TEST(Rdma, HandleRoundTripsThroughTheWire) {
   EXPECT_EQ(back.reg_id, h.reg_id);
   EXPECT_EQ(back.length, 1000u);
   EXPECT_EQ(back.address, reinterpret_cast<uintptr_t>(mem.data()));
-  EXPECT_EQ(back.rkey, h.rkey);
-  EXPECT_EQ(back.worker_address, h.worker_address);
+  ASSERT_EQ(back.ucx_routes.size(), h.ucx_routes.size());
+  for (size_t i = 0; i < h.ucx_routes.size(); ++i) {
+    EXPECT_EQ(back.ucx_routes[i].kind, h.ucx_routes[i].kind);
+    EXPECT_EQ(back.ucx_routes[i].rkey, h.ucx_routes[i].rkey);
+    EXPECT_EQ(back.ucx_routes[i].worker_address, h.ucx_routes[i].worker_address);
+  }
+  EXPECT_EQ(back.status_address, h.status_address);
   EXPECT_LT(monarch::wire::encode(h).size(), 4096u);
 }
 

@@ -81,6 +81,19 @@ struct TransferOptions {
   std::chrono::milliseconds timeout{0};  // 0: rdma.timeout
 };
 
+/// One way to reach an owner over UCX: a UCP worker and the packed remote keys (ucp_rkey_pack) of
+/// the buffer and of the owner's status table, valid for that worker's context.
+struct UcxRoute {
+  uint8_t kind = 0;  ///< 2: network plane (tcp, ib; event-driven). 1 is kept for a shared-memory plane
+  std::vector<std::byte> worker_address{};
+  std::vector<std::byte> rkey{};
+  std::vector<std::byte> status_rkey{};
+  template <class A>
+  void serialize(A& ar) {
+    ar(kind, worker_address, rkey, status_rkey);
+  }
+};
+
 /// Where a registered buffer lives and how to reach it. Plain data, cereal-serialisable; send it
 /// inside actor messages. Copies are cheap (a few hundred bytes).
 struct RdmaHandle {
@@ -91,13 +104,12 @@ struct RdmaHandle {
   uint64_t address = 0;         ///< the buffer's virtual address in the owner
   uint64_t length = 0;          ///< bytes
   Backend backend = Backend::Channel;
-  std::vector<std::byte> rkey{};            ///< ucx: packed remote key (ucp_rkey_pack)
-  std::vector<std::byte> worker_address{};  ///< ucx: the owner's ucp worker address
-  /// ucx: where the owner publishes this registration's liveness word (reg_id while registered,
-  /// 0 once dropped), and the packed key of that status table. Readers check it so that a
-  /// dropped buffer fails with RdmaError(Dropped) on the ucx route too (RD-3).
+  /// ucx: how to reach the owner's UCP workers, best first (shared memory, then network).
+  std::vector<UcxRoute> ucx_routes{};
+  /// ucx: where the owner publishes this registration's status {reg_id, length} ({0, 0} once
+  /// dropped), in a table registered on every route. Readers check it so that a dropped buffer
+  /// or an out-of-range access fails with RdmaError on the ucx route too (RD-3, RD-4).
   uint64_t status_address = 0;
-  std::vector<std::byte> status_rkey{};
 
   /// Copies bytes [offset, offset + dst.size()) of the remote buffer into dst.
   /// Errors (through the Future): RdmaError, see RdmaErrc and RD-2/RD-4.
@@ -112,8 +124,7 @@ struct RdmaHandle {
 
   template <class A>
   void serialize(A& ar) {
-    ar(name, owner, owner_incarnation, reg_id, address, length, backend, rkey, worker_address,
-       status_address, status_rkey);
+    ar(name, owner, owner_incarnation, reg_id, address, length, backend, ucx_routes, status_address);
   }
 };
 
