@@ -2,9 +2,10 @@
 //
 //   rdma_read_<backend> / rdma_write_<backend>   GB/s of RdmaHandle::read_into / write_from from
 //       another process (one transfer at a time, waited on), impl "monarch";
-//     peers in the same run: "memcpy" (same sizes, this process), for ucx "ucx_perftest"
-//       (ucp_get / ucp_put with the same UCX settings), for channel "raw_socket" (one unix stream
-//       socket between two processes, blocking read/write of the same sizes).
+//     peers in the same run: "memcpy" (same sizes, this process); for ucx "ucx_perftest"
+//       (ucp_get / ucp_put over the transport our ucx route uses) and "ucx_perftest_shm" (UCX's
+//       default choice, shared memory on UCX-allocated buffers); for channel "raw_socket" (one
+//       unix stream socket between two processes, blocking read/write of the same sizes).
 //
 // Roles (this binary re-executed): no arguments = driver; `--client BACKEND` measures one backend
 // (MONARCH_RDMA_BACKEND is set for it); `--owner SIZE` registers SIZE bytes and prints its handle.
@@ -164,15 +165,17 @@ void raw_socket_peer() {
 
 /// ucx_perftest (ucx-utils) with ucp_get / ucp_put, server and client on this host. Returns GB/s
 /// from its "Final:" line (overall bandwidth, MB/s), or a negative number if it cannot run.
-double perftest(const std::string& test, size_t size) {
+double perftest(const std::string& test, size_t size, const std::string& tls) {
   if (std::system("command -v ucx_perftest > /dev/null 2>&1") != 0) return -1;
-  int port = 20000 + static_cast<int>(::getpid() % 20000);
+  static int seq = 0;  // a fresh port per run: the previous server's port may still be held
+  int port = 20000 + static_cast<int>((::getpid() + 7 * seq++) % 20000);
   std::string p = std::to_string(port);
   pid_t server = ::fork();
   if (server == 0) {
     int null = ::open("/dev/null", O_WRONLY);
     ::dup2(null, 1);
     ::dup2(null, 2);
+    if (!tls.empty()) ::setenv("UCX_TLS", tls.c_str(), 1);
     ::execlp("ucx_perftest", "ucx_perftest", "-p", p.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
@@ -180,7 +183,7 @@ double perftest(const std::string& test, size_t size) {
   double gbs = -1;
   for (int attempt = 0; attempt < 50 && gbs < 0; ++attempt) {
     ::usleep(100000);  // the server needs a moment to listen; retried, not assumed
-    std::string cmd = "ucx_perftest -p " + p + " -t " + test + " -s " + std::to_string(size) +
+    std::string cmd = (tls.empty() ? std::string() : "UCX_TLS=" + tls + " ") + "ucx_perftest -p " + p + " -t " + test + " -s " + std::to_string(size) +
                       " -n " + std::to_string(iters) + " localhost 2>/dev/null";
     FILE* f = ::popen(cmd.c_str(), "r");
     if (f == nullptr) break;
@@ -200,16 +203,23 @@ double perftest(const std::string& test, size_t size) {
   return gbs;
 }
 
+/// "ucx_perftest": the transport our ucx route uses (tcp unless UCX_TLS / rdma.ucx_tls say
+/// otherwise); "ucx_perftest_shm": UCX's own choice on UCX-allocated memory (shared memory), the
+/// ceiling a future shared-memory route could reach.
 void perftest_peer() {
-  for (size_t size : kSizes) {
-    for (auto [test, dir] : {std::pair{"ucp_get", "read"}, std::pair{"ucp_put", "write"}}) {
-      double g = perftest(test, size);
-      if (g < 0) {
-        std::fprintf(stderr, "bench_rdma: ucx_perftest not available; skipped\n");
-        return;
+  const char* env = std::getenv("UCX_TLS");
+  std::string ours = env != nullptr ? env : "tcp";
+  for (auto [impl, tls] : {std::pair{"ucx_perftest", ours}, std::pair{"ucx_perftest_shm", std::string()}}) {
+    for (size_t size : kSizes) {
+      for (auto [test, dir] : {std::pair{"ucp_get", "read"}, std::pair{"ucp_put", "write"}}) {
+        double g = perftest(test, size, tls);
+        if (g < 0) {
+          std::fprintf(stderr, "bench_rdma: ucx_perftest %s failed or absent; skipped\n", test);
+          continue;
+        }
+        bench::report(std::string("rdma_") + dir + "_ucx", impl, "bandwidth", g, "GB/s", "higher",
+                      params(size));
       }
-      bench::report(std::string("rdma_") + dir + "_ucx", "ucx_perftest", "bandwidth", g, "GB/s",
-                    "higher", params(size));
     }
   }
 }
