@@ -377,9 +377,15 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {
   if (want != "channel") {
     impl_->ucx = make_ucx_plane(impl_->ucx_why);
     if (!impl_->ucx) {
-      if (want == "ucx") {
-        spdlog::warn("rdma: rdma.backend=ucx but UCX is unavailable ({}); using the channel backend",
-                     impl_->ucx_why);
+#ifdef MONARCH_HAVE_UCX
+      constexpr bool built_with_ucx = true;
+#else
+      constexpr bool built_with_ucx = false;
+#endif
+      // Falling back warns, except for "auto" in a build without UCX (nothing was expected).
+      if (want == "ucx" || built_with_ucx) {
+        spdlog::warn("rdma: rdma.backend={} but UCX is unavailable ({}); using the channel backend",
+                     want, impl_->ucx_why);
       } else {
         spdlog::info("rdma: UCX unavailable ({}); using the channel backend", impl_->ucx_why);
       }

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "monarch/rdma/rdma.hpp"
@@ -29,7 +31,8 @@ struct Owner {
   Owner(size_t size, uint64_t seed)
       : proc(MONARCH_RDMA_PEER, {"owner", std::to_string(size), std::to_string(seed)}) {
     auto l = proc.line(20s);
-    if (!l || !l->starts_with("HANDLE ")) throw std::runtime_error("owner peer did not start");
+    while (l && !l->starts_with("HANDLE ")) l = proc.line(20s);  // skip log lines (spdlog: stdout)
+    if (!l) throw std::runtime_error("owner peer did not start");
     handle = pat::from_hex(l->substr(7));
   }
   std::string ask(const std::string& cmd) {
@@ -48,6 +51,23 @@ std::string peer_line(const std::vector<std::string>& args) {
 }
 
 std::string sum_line(uint64_t v) { return "SUM " + std::to_string(v); }
+
+/// Sets an environment variable (inherited by peers started meanwhile); restores it on exit.
+struct EnvFor {
+  std::string name;
+  std::optional<std::string> old;
+  EnvFor(std::string n, const std::string& v) : name(std::move(n)) {
+    if (const char* o = std::getenv(name.c_str())) old = o;
+    ::setenv(name.c_str(), v.c_str(), 1);
+  }
+  ~EnvFor() {
+    if (old) {
+      ::setenv(name.c_str(), old->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+};
 
 }  // namespace
 
@@ -169,4 +189,17 @@ TEST(RdmaProcesses, OwnerFrozenThenKilledMidTransferFailsByTheTimeout) {  // RD-
   // A new transfer to the dead owner fails too, within its timeout.
   o.timeout = 500ms;
   EXPECT_THROW(owner.handle.read_into(warm, 0, o).get(5s), RdmaError);
+}
+
+TEST(RdmaProcesses, UcxThatCannotStartFallsBackToChannel) {
+  // The peer asks for ucx with a transport UCX does not have: it warns and serves over channels,
+  // and its handle says so; we read it whatever our own backend is.
+  EnvFor backend("MONARCH_RDMA_BACKEND", "ucx");
+  EnvFor tls("MONARCH_RDMA_UCX_TLS", "no-such-transport");
+  auto owner = std::make_unique<Owner>(4099, 17);
+  EXPECT_EQ(owner->handle.backend, Backend::Channel);
+  EXPECT_TRUE(owner->handle.ucx_routes.empty());
+  std::vector<std::byte> dst(4099);
+  owner->handle.read_into(dst).get(20s);
+  EXPECT_EQ(pat::checksum(dst), pat::pattern_checksum(4099, 17));
 }
