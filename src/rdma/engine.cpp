@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <asio.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -351,6 +352,28 @@ Engine& Engine::get() {
   return *engine;
 }
 
+void Engine::shutdown_at_exit() {
+  std::unique_ptr<Impl> dying;
+  {
+    std::unique_lock life(life_mu_);  // waits for calls in progress; later ones fail fast
+    dying = std::move(impl_);
+  }
+  if (!dying) return;
+  // Order matters: the ucx thread first; then no more incoming messages (the listener, closed on
+  // its live I/O thread); then our links (outside tx_mu: their close callbacks take it); then
+  // pending transfers (their Futures fail "promise dropped"), and last the I/O thread, joined.
+  if (dying->ucx) dying->ucx->shutdown();
+  dying->ucx.reset();
+  dying->listener.reset();
+  std::map<std::pair<std::string, uint32_t>, std::shared_ptr<channel::Sender>> links;
+  {
+    std::lock_guard lock(dying->tx_mu);
+    links.swap(dying->senders);
+  }
+  links.clear();
+  dying.reset();
+}
+
 Engine::Engine() : impl_(std::make_unique<Impl>()) {
   auto& cfg = config::global();
   timeout_ = cfg.duration("rdma.timeout");
@@ -391,17 +414,31 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {
       }
     }
   }
+  // The engine object is never deleted, but its threads must stop before the process's static
+  // destructors run (they log through spdlog, whose registry is a static). Registered after the
+  // IoRuntime created spdlog's registry, so this runs before the registry is destroyed.
+  std::atexit([] { Engine::get().shutdown_at_exit(); });
 }
 
-Backend Engine::backend() const { return impl_->ucx ? Backend::Ucx : Backend::Channel; }
+Backend Engine::backend() const {
+  std::shared_lock life(life_mu_);
+  return impl_ && impl_->ucx ? Backend::Ucx : Backend::Channel;
+}
 
 std::string Engine::transport() const {
+  std::shared_lock life(life_mu_);
+  if (!impl_) return "shut down";
   if (impl_->ucx) return impl_->ucx->transport();
   return impl_->addr + " x" + std::to_string(impl_->streams) + " streams";
 }
 
 std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memory,
                                                       const std::string& name, RdmaHandle& h) {
+  std::shared_lock life(life_mu_);
+  if (!impl_) {
+    throw RdmaError(RdmaErrc::BackendUnavailable,
+                    "rdma: cannot register buffer '" + name + "': the process is exiting");
+  }
   if (memory.empty() || memory.data() == nullptr) {
     throw RdmaError(RdmaErrc::InvalidArgument,
                     "rdma: cannot register buffer '" + name + "': zero length");
@@ -432,6 +469,12 @@ std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memor
 }
 
 void Engine::drop(Registration& reg) {
+  std::shared_lock life(life_mu_);
+  if (!impl_) {  // after shutdown_at_exit: nothing serves the memory any more
+    std::unique_lock lock(reg.mu);
+    reg.dropped = true;
+    return;
+  }
   {
     std::unique_lock lock(reg.mu);  // waits for transfers touching the memory (RD-3)
     if (reg.dropped) return;
@@ -445,6 +488,11 @@ void Engine::drop(Registration& reg) {
 
 void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,
                    std::chrono::milliseconds timeout, Done done) {
+  std::shared_lock life(life_mu_);
+  if (!impl_) {
+    return done(make_error(RdmaErrc::BackendUnavailable,
+                           "rdma: transfer of " + h.describe() + " started while the process exits"));
+  }
   std::string what = std::string("rdma ") + (read ? "read_into" : "write_from") + " of " +
                      h.describe() + " [offset " + std::to_string(offset) + ", " +
                      std::to_string(size) + " B]";
@@ -585,6 +633,13 @@ RdmaHandle RdmaBuffer::handle() const {
     throw RdmaError(RdmaErrc::Dropped, "rdma: buffer " + handle_.describe() + " was dropped");
   }
   return handle_;
+}
+
+void RdmaBuffer::sync() const {
+  if (!reg_) return;
+  // Serving holds the registration's lock (shared); taking it exclusively orders this thread
+  // after everything already served, and everything served later after this thread's past.
+  std::unique_lock lock(static_cast<detail::Registration*>(reg_.get())->mu);
 }
 
 void RdmaBuffer::drop() {

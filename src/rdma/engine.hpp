@@ -1,5 +1,6 @@
-// Internal: the process's data plane. One Engine per process (created on first use, never
-// destroyed, so transfers in flight at exit never touch a dead engine).
+// Internal: the process's data plane. One Engine per process, created on first use and never
+// deleted; at exit (atexit, before static destructors) its threads are stopped and joined and its
+// state torn down, after which calls fail with BackendUnavailable.
 //
 // The channel route is always served: every registration can be read/written over channels.
 // The ucx route (ucx.cpp) is added when the backend setting allows and UCX starts.
@@ -45,6 +46,8 @@ class UcxPlane {
                      uint64_t offset, std::chrono::milliseconds timeout, std::string what,
                      Done done) = 0;
   virtual std::string transport() const = 0;
+  /// Stops the plane's I/O thread (at process exit).
+  virtual void shutdown() = 0;
 };
 
 /// Starts the UCX plane, or returns nullptr with `why` set. Defined in ucx.cpp or ucx_stub.cpp.
@@ -65,11 +68,15 @@ class Engine {
   std::chrono::milliseconds default_timeout() const { return timeout_; }
   Backend backend() const;
   std::string transport() const;
+  /// Stops the engine's I/O threads; called once, from an atexit handler.
+  void shutdown_at_exit();
 
   struct Impl;
 
  private:
   Engine();
+  /// Shared by every call, exclusive in shutdown_at_exit (which resets impl_).
+  mutable std::shared_mutex life_mu_;
   std::unique_ptr<Impl> impl_;
   std::chrono::milliseconds timeout_;
 };

@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -177,7 +178,11 @@ std::string rma_lanes(ucp_ep_h ep) {
 class Ucx final : public UcxPlane {
  public:
   Ucx() = default;
-  ~Ucx() override = default;  // never destroyed in practice (the Engine is immortal)
+  ~Ucx() override {  // at exit, after shutdown(); UCX objects are left to the process's end
+    guard_.reset();
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
 
   bool init(std::string& why) {
     std::string tls = config::global().string("rdma.ucx_tls");
@@ -271,6 +276,16 @@ class Ucx final : public UcxPlane {
       });
       begin(op);
     });
+  }
+
+  void shutdown() override {
+    auto done = std::make_shared<std::promise<void>>();
+    auto f = done->get_future();
+    asio::post(io_, [this, done] {
+      io_.stop();
+      done->set_value();
+    });
+    f.wait_for(std::chrono::seconds(2));
   }
 
   std::string transport() const override {

@@ -145,6 +145,13 @@ class RdmaBuffer {
   /// The handle peers use. Throws RdmaError(Dropped) after drop().
   RdmaHandle handle() const;
   std::span<std::byte> memory() const { return memory_; }
+  /// Orders the calling thread's accesses to the memory with those of this process's data plane
+  /// (the channel route applies peers' writes, and copies out for peers' reads, on its I/O
+  /// thread). Call it after your own writes before telling peers to read or write, and before
+  /// reading what peers wrote once a message told you their writes completed. The bytes are right
+  /// either way on x86; this makes it well-defined in the C++ memory model and visible to
+  /// ThreadSanitizer. (ucx-route writes are applied by UCX or the kernel, outside the model.)
+  void sync() const;
   /// Ends remote access (RD-3). Idempotent. Waits for transfers touching the memory right now.
   void drop();
   bool dropped() const { return reg_ == nullptr; }

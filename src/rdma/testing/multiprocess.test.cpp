@@ -107,7 +107,9 @@ TEST(RdmaProcesses, PeersReadAndWriteOurBuffer256MiB) {  // RD-1, largest size o
   std::string hex = pat::to_hex(buf.handle());
   EXPECT_EQ(peer_line({"read", hex, "0", std::to_string(size)}),
             sum_line(pat::checksum(mem)));
+  buf.sync();  // our reads above come before the peer's writes below
   EXPECT_EQ(peer_line({"write", hex, "0", std::to_string(size), "77"}), "OK");
+  buf.sync();  // the peer's "OK" says its writes completed
   EXPECT_EQ(pat::checksum(mem), pat::pattern_checksum(size, 77));
 }
 
