@@ -2,17 +2,24 @@
 //
 //   xproc_rtt     64 B round trip (p50/p99, us) to an echo process, over unix and tcp:
 //                 monarch channel vs raw_socket (blocking ping-pong) vs caf_io (remote actor, tcp).
+//                 raw_thread / raw_epoll_thread / raw_epoll_both: raw sockets shaped like the
+//                 channel (reply read by a second thread; with epoll loops), to show where the
+//                 time between raw_socket and monarch goes.
 //   xproc_stream  one link streaming to a counting receiver process: msgs/s at 64 B, GB/s at 1 MiB;
 //                 monarch channel vs raw_socket (length-prefixed frames, buffered writes).
 //
 // Every peer is this same binary re-executed with a role argument (`--role NAME ...`); the child
 // prints "READY <addr>" on stdout once listening, and "DONE <count> <bytes>" when a stream ends.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/futex.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -50,6 +57,7 @@ using monarch::bench::report;
 constexpr int kRttWarmup = 2000;
 constexpr int kRttRounds = 20000;
 constexpr size_t kRttSize = 64;
+constexpr double kRttSpinUs = 0;  // monarch rtt: how long the caller spins before sleeping
 constexpr double kStreamBudgetS = 2.0;          // per 64 B stream run
 constexpr uint64_t kSmallMsgs = 1'000'000;      // upper bound at 64 B
 constexpr uint64_t kLargeBytes = 2ull << 30;    // 2 GiB at 1 MiB
@@ -260,6 +268,36 @@ int role_raw_echo(const std::string& transport) {
   return 0;
 }
 
+// The raw echo as an event loop would run it (like the channel's asio loop): epoll_wait
+// (edge-triggered), then non-blocking reads until EAGAIN, echoing each 64 B message.
+int role_raw_epoll_echo(const std::string& transport) {
+  std::string where;
+  int lfd = raw_listen(transport, where);
+  say("READY " + where);
+  int fd = raw_accept(lfd, transport);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLET;
+  epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+  char buf[4096];
+  size_t have = 0;
+  for (;;) {
+    epoll_event out[4];
+    if (epoll_wait(ep, out, 4, -1) < 0 && errno != EINTR) return 1;
+    for (;;) {
+      ssize_t r = read(fd, buf + have, sizeof buf - have);
+      if (r == 0) return 0;
+      if (r < 0) break;  // EAGAIN: wait for the next edge
+      have += static_cast<size_t>(r);
+      size_t off = 0;
+      for (; have - off >= kRttSize; off += kRttSize) write_full(fd, buf + off, kRttSize);
+      std::memmove(buf, buf + off, have - off);
+      have -= off;
+    }
+  }
+}
+
 // Receives length-prefixed frames until the end marker; prints "DONE count bytes". A large
 // frame is read straight into a reusable buffer (one copy, as a receiver must); small frames
 // are parsed out of a 256 KiB read buffer.
@@ -358,6 +396,7 @@ int run_role(int argc, char** argv) {
   std::string role = argv[2];
   std::string arg = argc > 3 ? argv[3] : "";
   if (role == "raw_echo") return role_raw_echo(arg);
+  if (role == "raw_epoll_echo") return role_raw_epoll_echo(arg);
   if (role == "raw_sink") return role_raw_sink(arg);
   if (role == "monarch_echo") return role_monarch_echo(arg);
   if (role == "monarch_sink") return role_monarch_sink(arg);
@@ -391,31 +430,112 @@ void rtt_raw(const std::string& transport) {
   report_rtt("raw_socket", transport, v);
 }
 
+// Wakes a thread waiting for a reply that arrives on the IoRuntime thread. The waiter spins for
+// up to spin_us, then sleeps on a futex; the notifier makes the futex call only when someone
+// sleeps (std::atomic::notify_one in libstdc++ 12 always makes one, ~1 us on the reply path).
+struct ReplySignal {
+  std::atomic<uint32_t> count{0};
+  std::atomic<uint32_t> sleepers{0};
+  void notify() {
+    count.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_seq_cst) != 0) {
+      syscall(SYS_futex, &count, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    }
+  }
+  void wait_past(uint32_t before, double spin_us) {
+    auto t0 = Clock::now();
+    while (count.load(std::memory_order_acquire) == before) {
+      if (monarch::bench::us_since(t0) > spin_us) {
+        sleepers.fetch_add(1, std::memory_order_seq_cst);
+        while (count.load(std::memory_order_seq_cst) == before) {
+          syscall(SYS_futex, &count, FUTEX_WAIT_PRIVATE, before, nullptr, nullptr, 0);
+        }
+        sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        return;
+      }
+    }
+  }
+};
+
 void rtt_monarch(const std::string& transport) {
   Child c = Child::spawn({"monarch_echo", transport});
   auto echo_addr = ChannelAddr::parse(c.expect("READY"));
   IoRuntime io;
-  std::atomic<uint64_t> got{0};
-  auto l = Listener::serve(io, listen_addr(transport, "reply"), opts(), [&](Message&&) {
-    got.fetch_add(1, std::memory_order_release);
-    got.notify_one();
-  });
+  ReplySignal got;
+  auto l = Listener::serve(io, listen_addr(transport, "reply"), opts(), [&](Message&&) { got.notify(); });
+  const char* spin_env = std::getenv("BENCH_RTT_SPIN_US");
+  const double spin_us = spin_env != nullptr ? std::atof(spin_env) : kRttSpinUs;
   const std::string reply = l->bound_addr().to_string();
   auto s = Sender::connect(io, echo_addr, opts(), on_failure);
   std::vector<double> v;
   v.reserve(kRttRounds);
   for (int i = 0; i < kRttWarmup + kRttRounds; ++i) {
     auto t0 = Clock::now();
-    uint64_t before = got.load(std::memory_order_acquire);
+    uint32_t before = got.count.load(std::memory_order_acquire);
     s->send(Message{{bytes(reply), Bytes(kRttSize)}});
-    // Spin briefly (the reply is usually tens of us away), then sleep on the futex.
-    for (int k = 0; k < 200 && got.load(std::memory_order_acquire) == before; ++k) {
-    }
-    while (got.load(std::memory_order_acquire) == before) got.wait(before, std::memory_order_acquire);
+    got.wait_past(before, spin_us);
     if (i >= kRttWarmup) v.push_back(monarch::bench::us_since(t0));
   }
   drain(*s);
   report_rtt("monarch", transport, v);
+}
+
+// The floor for any design that delivers replies on an I/O thread (as the channel's Listener
+// does): the raw echo, but a second thread receives the reply and wakes the caller through
+// ReplySignal. With `epoll`, that thread waits like the channel's asio loop does: epoll_wait,
+// then non-blocking reads until EAGAIN. The difference to raw_socket is the cost of the extra
+// thread hop (and of the epoll pattern), not of anything in the channel.
+// With `epoll_echo` the echo process runs that loop too: the floor for the channel's whole
+// structure (event loops on both sides, replies delivered on an I/O thread).
+void rtt_raw_thread(const std::string& transport, bool epoll, bool epoll_echo = false) {
+  Child c = Child::spawn({epoll_echo ? "raw_epoll_echo" : "raw_echo", transport});
+  int fd = raw_connect(transport, c.expect("READY"));
+  ReplySignal got;
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    char buf[4096];
+    size_t have = 0;
+    if (!epoll) {
+      while (read_full(fd, buf, kRttSize)) got.notify();
+      return;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLET;
+    epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+    while (!stop.load()) {
+      epoll_event out[4];
+      if (epoll_wait(ep, out, 4, 100) <= 0) continue;
+      for (;;) {
+        ssize_t r = read(fd, buf + have, sizeof buf - have);
+        if (r <= 0) break;
+        have += static_cast<size_t>(r);
+        while (have >= kRttSize) {
+          std::memmove(buf, buf + kRttSize, have - kRttSize);
+          have -= kRttSize;
+          got.notify();
+        }
+      }
+    }
+    close(ep);
+  });
+  char buf[kRttSize] = {};
+  std::vector<double> v;
+  v.reserve(kRttRounds);
+  for (int i = 0; i < kRttWarmup + kRttRounds; ++i) {
+    auto t0 = Clock::now();
+    uint32_t before = got.count.load(std::memory_order_acquire);
+    write_full(fd, buf, sizeof buf);
+    got.wait_past(before, 0);
+    if (i >= kRttWarmup) v.push_back(monarch::bench::us_since(t0));
+  }
+  stop = true;
+  shutdown(fd, SHUT_RDWR);
+  reader.join();
+  close(fd);
+  report_rtt(epoll_echo ? "raw_epoll_both" : epoll ? "raw_epoll_thread" : "raw_thread", transport, v);
 }
 
 void rtt_caf() {
@@ -556,6 +676,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   for (std::string t : {"unix", "tcp"}) {
     if (enabled(("rtt raw " + t).c_str())) rtt_raw(t);
+    if (enabled(("rtt raw_thread " + t).c_str())) rtt_raw_thread(t, false);
+    if (enabled(("rtt raw_epoll_thread " + t).c_str())) rtt_raw_thread(t, true);
+    if (enabled(("rtt raw_epoll_both " + t).c_str())) rtt_raw_thread(t, true, true);
     if (enabled(("rtt monarch " + t).c_str())) rtt_monarch(t);
   }
   if (enabled("rtt caf tcp")) rtt_caf();

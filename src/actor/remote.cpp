@@ -124,11 +124,15 @@ void Proc::start_remote() {
   remote_->opts = options_.channel;
   remote_->io = std::make_unique<channel::IoRuntime>();
   auto* r = remote_.get();
+  // A peer may send as soon as we are bound (it may have learnt the address out of band), so
+  // on_message waits for the address and name written below (Remote::wait_started).
+  std::lock_guard hold(r->start_mu);
   remote_->listener = channel::Listener::serve(*remote_->io, channel::ChannelAddr::parse(options_.listen),
                                                options_.channel,
                                                [r](channel::Message&& m) { r->on_message(std::move(m)); });
   remote_->address = remote_->listener->bound_addr().to_string();
   options_.name = remote_->address;
+  r->started.store(true, std::memory_order_release);
 }
 
 void Proc::stop_remote() {

@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -69,6 +70,14 @@ struct Proc::Remote {
   std::unique_ptr<channel::IoRuntime> io;
   std::unique_ptr<channel::Listener> listener;
   std::string address;
+  // start_remote holds start_mu until `address` and the Proc's name are set; the io thread
+  // waits for that before handling its first message.
+  std::mutex start_mu;
+  std::atomic<bool> started{false};
+  void wait_started() {
+    if (started.load(std::memory_order_acquire)) return;
+    std::lock_guard lock(start_mu);
+  }
 
   std::mutex mu;
   std::unordered_map<std::string, std::shared_ptr<channel::Sender>> senders;
@@ -394,6 +403,7 @@ struct Proc::Remote {
 
   // A message from another Proc (io thread).
   void on_message(channel::Message&& m) {
+    wait_started();
     if (m.parts.empty()) return;
     RemoteHeader h;
     try {

@@ -8,8 +8,10 @@
 //                    or Reject  parts: [reason]
 //   sender -> listener  Data    {session_id, seq}                          parts: the message
 //   listener -> sender  Ack     {seq = highest delivered}
-// All connection state lives on the IoRuntime thread; only Sender::send and the queue it fills are
-// touched by other threads (under SenderCore::mu).
+// Connection state lives on the IoRuntime thread. Sender::send runs on any thread: it queues under
+// SenderCore::mu, or, on an idle connected link, writes the frame itself (the direct path, see
+// SenderCore::write_direct); everything the two paths share (queue, unacked, sequence numbers,
+// the partially written tail, the socket's fd) is guarded by SenderCore::mu.
 #include "monarch/channel/channel.hpp"
 
 #include <openssl/crypto.h>
@@ -17,7 +19,9 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <asio.hpp>
@@ -33,6 +37,7 @@
 #include <unordered_set>
 
 #include "monarch/wire/frame.hpp"
+#include "path_stats.hpp"
 
 namespace monarch::channel {
 
@@ -192,6 +197,11 @@ std::string peer_name(Socket& s) {
 }
 
 }  // namespace
+
+detail::SendPathStats& detail::send_path_stats() {
+  static SendPathStats stats;
+  return stats;
+}
 
 uint64_t process_incarnation() {
   static const uint64_t inc = random64();
@@ -616,19 +626,29 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   std::string secret;
   uint64_t session = random64();
 
-  // Shared with sending threads.
+  // Shared with sending threads, guarded by mu.
   mutable std::mutex mu;
   std::deque<Pending> queue;
   bool wake_posted = false;
   std::atomic<bool> closed{false};
   std::atomic<size_t> pending_count{0};
   std::string close_reason;
-  std::function<void(const std::string&)> close_handler;  // guarded by mu
+  std::function<void(const std::string&)> close_handler;
+  std::deque<Pending> unacked;  // in seq order; written by the direct path, popped by acks
+  uint64_t next_seq = 1;
+  uint64_t written_upto = 0;  // highest seq handed to the current connection (written or in tail)
+  // Direct path (write_direct): allowed while direct_fd >= 0 (connected, handshake done) and the
+  // writer coroutine is idle (!writer_busy), which also means every message in unacked is written
+  // and queue is empty. The writer clears writer_busy only when it has nothing left to write; a
+  // (re)connect sets it, so resends always go out before anything new.
+  int direct_fd = -1;
+  bool writer_busy = true;
+  Bytes tail;                          // unwritten end of a frame the direct path began writing
+  Clock::time_point last_send{};       // of the previous send() (direct path pacing)
+  Bytes direct_prefix;                 // reused encode buffer for the direct path
+  std::vector<std::span<const std::byte>> direct_spans;
 
   // IoRuntime thread only.
-  std::deque<Pending> unacked;  // in seq order
-  uint64_t next_seq = 1;
-  uint64_t written_upto = 0;  // highest seq written on the current connection
   uint64_t peer_incarnation = 0;
   std::shared_ptr<Socket> sock;
   bool connected = false;
@@ -636,6 +656,14 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   std::string last_error;          // of the last failed connection, for reports
   asio::steady_timer wake;
   asio::steady_timer tick;
+
+  // Marks the current connection unusable for the direct path; call before closing its socket.
+  void stop_direct() {
+    std::lock_guard lock(mu);
+    direct_fd = -1;
+    writer_busy = true;
+    tail.clear();
+  }
 
   void send(Message m) {
     if (m.size_bytes() > opt.max_frame_bytes) {
@@ -648,9 +676,21 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     {
       std::lock_guard lock(mu);
       if (!closed) {
-        queue.push_back(Pending{0, std::move(m), Clock::now()});
-        pending_count.fetch_add(1, std::memory_order_relaxed);
+        auto now = Clock::now();
+        bool paced = now - last_send >= kDirectIdle;
+        last_send = now;
         accepted = true;
+        pending_count.fetch_add(1, std::memory_order_relaxed);
+        if (paced && direct_fd >= 0 && !writer_busy && queue.empty() && direct_fits(m)) {
+          bool rest = write_direct(std::move(m), now);
+          last_send = Clock::now();  // pacing counts the caller's gap, not the write's own time
+          auto& st = detail::send_path_stats();
+          (rest ? st.direct_deferred : st.direct_whole).fetch_add(1, std::memory_order_relaxed);
+          if (!rest) return;  // written whole: nothing for the writer
+        } else {
+          queue.push_back(Pending{0, std::move(m), now});
+          detail::send_path_stats().queued.fetch_add(1, std::memory_order_relaxed);
+        }
         post = !wake_posted;
         wake_posted = true;
       }
@@ -661,6 +701,67 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
       return;
     }
     if (post) asio::post(ctx, [self] { self->wake.cancel(); });
+  }
+
+  // Direct path: only small messages (their unwritten end is copied into tail), only when the
+  // previous send() was at least kDirectIdle ago. Back-to-back sends (streaming) are queued instead,
+  // so the writer batches them into few large writes.
+  static constexpr size_t kDirectMaxBytes = 64 * 1024;
+  static constexpr size_t kDirectMaxParts = 64;
+  static constexpr auto kDirectIdle = std::chrono::microseconds(5);
+
+  bool direct_fits(const Message& m) const {
+    return m.parts.size() + m.shared_parts.size() <= kDirectMaxParts &&
+           m.size_bytes() <= kDirectMaxBytes;
+  }
+
+  // Caller holds mu, and direct_fd >= 0 && !writer_busy && queue.empty() (so unacked is all
+  // written and this frame is next on the wire). Numbers m, writes it with one non-blocking
+  // sendmsg and keeps it in unacked. Returns true when the writer must finish the job: the write
+  // was partial or would block (the rest is in tail, writer_busy is set), or failed (the writer's
+  // own write then fails too and the connection is replaced; m is resent from unacked).
+  bool write_direct(Message&& m, Clock::time_point now) {
+    uint64_t seq = next_seq++;
+    direct_spans.clear();
+    m.for_each_part([&](const Bytes& part) { direct_spans.emplace_back(part.data(), part.size()); });
+    direct_prefix.clear();
+    wire::encode_prefix(header(FrameKind::Data, session, process_incarnation(), seq), direct_spans,
+                        direct_prefix);
+    iovec iov[kDirectMaxParts + 1];
+    size_t n_iov = 0;
+    iov[n_iov++] = {direct_prefix.data(), direct_prefix.size()};
+    size_t total = direct_prefix.size();
+    for (const auto& sp : direct_spans) {
+      if (sp.empty()) continue;
+      iov[n_iov++] = {const_cast<std::byte*>(sp.data()), sp.size()};
+      total += sp.size();
+    }
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = n_iov;
+    ssize_t r;
+    do {
+      r = ::sendmsg(direct_fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (r < 0 && errno == EINTR);
+    size_t done = r > 0 ? static_cast<size_t>(r) : 0;
+    written_upto = seq;
+    if (done < total) {
+      // Keep the unwritten end for the writer; nothing else may be written before it.
+      size_t skip = done;
+      for (size_t i = 0; i < n_iov; ++i) {
+        auto* b = static_cast<const std::byte*>(iov[i].iov_base);
+        size_t len = iov[i].iov_len;
+        if (skip >= len) {
+          skip -= len;
+          continue;
+        }
+        tail.insert(tail.end(), b + skip, b + len);
+        skip = 0;
+      }
+      writer_busy = true;
+    }
+    unacked.push_back(Pending{seq, std::move(m), now});
+    return done < total;
   }
 
   std::string reason() {
@@ -674,16 +775,18 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
 
   // CH-4 / close(): returns every unacknowledged and queued message, in order.
   void close_link(const std::string& why) {
-    std::deque<Pending> q;
+    std::deque<Pending> q, all;
     {
       std::lock_guard lock(mu);
       if (closed) return;
       closed = true;
       close_reason = why;
       q.swap(queue);
+      all.swap(unacked);
+      direct_fd = -1;
+      writer_busy = true;
+      tail.clear();
     }
-    auto all = std::move(unacked);
-    unacked.clear();
     for (auto& p : q) all.push_back(std::move(p));
     if (!all.empty()) {
       spdlog::warn("channel to {}: link closed with {} message(s) undelivered: {}", addr.to_string(),
@@ -717,9 +820,9 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
       co_await tick.async_wait(asio::redirect_error(use_awaitable, ec));
       if (closed) break;
       auto oldest = Clock::time_point::max();
-      if (!unacked.empty()) oldest = unacked.front().sent_at;
       {
         std::lock_guard lock(mu);
+        if (!unacked.empty()) oldest = unacked.front().sent_at;
         if (!queue.empty()) oldest = std::min(oldest, queue.front().sent_at);
       }
       std::string detail = last_error.empty() ? "" : " (last connection error: " + last_error + ")";
@@ -757,6 +860,7 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
         last_error = e.code().message();
       }
       connected = false;
+      stop_direct();
       if (down_since == Clock::time_point{}) down_since = Clock::now();
       if (sock) {
         asio::error_code ignored;
@@ -801,26 +905,34 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     }
     on_accept(reply.header.incarnation, reply.header.seq);
     connected = true;
+    std::lock_guard lock(mu);
+    direct_fd = sock->native_handle();
+    writer_busy = true;  // until the writer has resent what the new session lacks
+    tail.clear();
   }
 
   void on_accept(uint64_t incarnation, uint64_t last_delivered) {
+    std::unique_lock lock(mu);
     if (peer_incarnation != 0 && incarnation != peer_incarnation) {
       // CH-3: the listener's process restarted; unacknowledged messages may have reached the
       // old one. Return them rather than risk a second delivery, and start numbering afresh.
-      auto lost = std::move(unacked);
-      unacked.clear();
+      std::deque<Pending> lost;
+      lost.swap(unacked);
+      next_seq = 1;
+      written_upto = last_delivered;
+      peer_incarnation = incarnation;
+      lock.unlock();
       pending_count.fetch_sub(lost.size());
       for (auto& p : lost) {
         fail(std::move(p.msg), "peer " + addr.to_string() +
                                    " restarted (new incarnation) before acknowledging; "
                                    "delivery unknown");
       }
-      next_seq = 1;
-    } else {
-      while (!unacked.empty() && unacked.front().seq <= last_delivered) {
-        unacked.pop_front();  // delivered before the connection broke
-        pending_count.fetch_sub(1);
-      }
+      return;
+    }
+    while (!unacked.empty() && unacked.front().seq <= last_delivered) {
+      unacked.pop_front();  // delivered before the connection broke
+      pending_count.fetch_sub(1);
     }
     peer_incarnation = incarnation;
     written_upto = last_delivered;
@@ -832,20 +944,28 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     std::shared_ptr<Socket> s = sock;  // keeps this connection's socket alive past a reconnect
     wire::FrameDecoder dec(limits_of(opt));
     std::vector<std::byte> buf(4096);
+    std::vector<Message> acked;
     try {
       while (true) {
         wire::Frame f = co_await read_frame(*s, dec, buf);
         if (f.header.kind != FrameKind::Ack) continue;
-        while (!unacked.empty() && unacked.front().seq <= f.header.seq) {
-          unacked.pop_front();
-          pending_count.fetch_sub(1);
+        {
+          // Acknowledged messages are freed after the lock is released (senders wait on it).
+          std::lock_guard lock(mu);
+          while (!unacked.empty() && unacked.front().seq <= f.header.seq) {
+            acked.push_back(std::move(unacked.front().msg));
+            unacked.pop_front();
+          }
         }
+        pending_count.fetch_sub(acked.size());
+        acked.clear();
       }
     } catch (const std::exception& e) {
       spdlog::debug("channel to {}: reader ended: {}", addr.to_string(), e.what());
     }
     if (s == sock) {
       connected = false;
+      stop_direct();
       asio::error_code ignored;
       s->close(ignored);
       wake.cancel();
@@ -867,25 +987,45 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     std::vector<Segment> segs;
     std::vector<std::span<const std::byte>> spans;
     std::vector<asio::const_buffer> bufs;
+    uint64_t upto = 0;
+    bool wrote = false;
+    bool idle = false;
     while (connected && !closed) {
+      batch.clear();
+      segs.clear();
       {
+        // Every message in unacked is numbered; while writer_busy is set the direct path stays
+        // out, so unacked, next_seq and written_upto are this thread's until it is cleared.
         std::lock_guard lock(mu);
+        if (wrote) written_upto = upto;
+        wrote = false;
         wake_posted = false;
         while (!queue.empty()) {
+          queue.front().seq = next_seq++;
           unacked.push_back(std::move(queue.front()));
           queue.pop_front();
         }
+        if (!tail.empty()) {
+          batch.swap(tail);  // the end of a frame the direct path began: it goes first
+          segs.push_back({nullptr, 0, batch.size()});
+        }
+        bool more = !unacked.empty() && unacked.back().seq > written_upto;
+        writer_busy = more || !segs.empty();
+        upto = written_upto;
+        idle = !writer_busy;
       }
-      batch.clear();
-      segs.clear();
-      uint64_t upto = written_upto;
+      if (idle) {  // send() may write directly now; it posts `wake` when it queues
+        wake.expires_at(Clock::time_point::max());
+        asio::error_code ec;
+        co_await wake.async_wait(asio::redirect_error(use_awaitable, ec));
+        continue;
+      }
       size_t bytes = 0;
       auto small = [&](size_t from) {
         if (batch.size() > from) segs.push_back({nullptr, from, batch.size() - from});
       };
       for (auto& p : unacked) {
-        if (p.seq == 0) p.seq = next_seq++;
-        if (p.seq <= written_upto) continue;
+        if (p.seq <= upto) continue;
         if (bytes > kMaxBatchBytes || segs.size() > 900) break;
         spans.clear();
         p.msg.for_each_part([&](const Bytes& part) { spans.emplace_back(part.data(), part.size()); });
@@ -905,12 +1045,6 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
         bytes += p.msg.size_bytes() + wire::kFrameHeaderSize;
         upto = p.seq;
       }
-      if (segs.empty()) {
-        wake.expires_at(Clock::time_point::max());
-        asio::error_code ec;
-        co_await wake.async_wait(asio::redirect_error(use_awaitable, ec));
-        continue;
-      }
       // Adjacent pieces of `batch` are merged so small messages go out as one iovec.
       bufs.clear();
       for (size_t i = 0; i < segs.size(); ++i) {
@@ -925,7 +1059,7 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
         bufs.emplace_back(batch.data() + off, len);
       }
       co_await asio::async_write(*sock, bufs, use_awaitable);
-      written_upto = upto;
+      wrote = true;
     }
     if (!connected) throw std::system_error(std::make_error_code(std::errc::connection_reset));
   }

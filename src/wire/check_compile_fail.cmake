@@ -1,7 +1,12 @@
-# cmake -DCXX=... -DINCLUDE_DIR=... -DSOURCE=... -P check_compile_fail.cmake
-# Passes when SOURCE fails to compile with the wire static_assert message, and compiles with
-# -DMONARCH_WIRE_EXPECT_OK (the control: the same file with a serialisable type).
-set(expected "type T is not serialisable")
+# cmake -DCXX=... -DINCLUDE_DIR=... -DSOURCE=... [-DEXPECTED=...] -P check_compile_fail.cmake
+# Passes when SOURCE fails to compile with the static_assert message EXPECTED (default: the wire
+# one), and compiles with -DMONARCH_WIRE_EXPECT_OK (the control: the same file with a serialisable
+# type).
+if(DEFINED EXPECTED)
+  set(expected "${EXPECTED}")
+else()
+  set(expected "type T is not serialisable")
+endif()
 execute_process(
   COMMAND ${CXX} -std=c++20 -fsyntax-only -I${INCLUDE_DIR} ${SOURCE}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)

@@ -131,8 +131,11 @@ class Sender {
   static std::shared_ptr<Sender> connect(IoRuntime& io, const ChannelAddr& addr,
                                          ChannelOptions options, FailureHandler on_failure);
   virtual ~Sender() = default;
-  /// Queues `m`. Throws ChannelError if m exceeds max_frame_bytes (the link is unaffected).
-  /// After the link closed (CH-4), `m` goes to the failure handler instead.
+  /// Sends `m` (any thread, never blocks on the network). On an idle connected link the calling
+  /// thread writes the frame itself with one non-blocking write (no hand-off to the IoRuntime
+  /// thread); otherwise, or for what that write could not take, the IoRuntime thread writes it.
+  /// Both paths keep CH-1. Throws ChannelError if m exceeds max_frame_bytes (the link is
+  /// unaffected). After the link closed (CH-4), `m` goes to the failure handler instead.
   virtual void send(Message m) = 0;
   /// Messages sent but not yet acknowledged, plus those queued.
   virtual size_t pending() const = 0;

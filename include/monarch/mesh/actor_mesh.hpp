@@ -1,4 +1,5 @@
-// ActorMesh<A>: one actor of type A per proc of a ProcMesh, addressed as a whole or through slices.
+// ActorMesh<A>: actors of type A on the procs of a ProcMesh (one per proc, or several as an extra
+// trailing dim, ProcMesh::spawn), addressed as a whole or through slices.
 //
 //   auto procs = monarch::mesh::ProcMesh::local({{"hosts", 2}, {"gpus", 4}});
 //   auto workers = procs.spawn<Worker>("worker");             // does not block
@@ -15,12 +16,19 @@
 //   broadcast every member, fire and forget (a failing handler fails that actor: supervision).
 //   reduce    every member; replies combined with an associative reducer (Sum, Min, Max, any
 //             R(R, R)); the caller receives one value.
-// A cast behaves exactly like one message per member from the caller (same per-pair FIFO, no
-// atomicity across members). Inside a handler, Context::message_rank() is the receiver's local
+// A cast behaves exactly like one message per member from the caller (same per-pair FIFO, even
+// across different slices; no atomicity across members). Inside a handler, Context::message_rank() is the receiver's local
 // rank in the view the message was cast to.
 //
-// Status: members are reached directly from the caller. The tree overlay with in-tree reduction,
-// the process allocator and supervision across processes are the next steps (issue 5).
+// Cast tree (docs/cast-tree.md, CAST-1..10): call, reduce, stream and broadcast go as ONE message to
+// the comm actor of base proc 0, which relays it down a fixed tree of per-proc comm actors of
+// bounded fan-out; replies are folded at every node, so the caller receives one message. call_one
+// and choose message their member directly (not ordered with casts, CAST-4). Results complete on
+// runtime threads (never the caller's); Future continuations follow future.hpp's rules.
+//
+// Status: in-process meshes (ProcMesh::local) and meshes of remote refs (attach / from_ids) whose
+// comm actors relay over channels. stream is in-process only; the process allocator and
+// supervision across processes are the next steps (issue 5).
 #pragma once
 
 #include <chrono>
@@ -35,16 +43,10 @@
 #include <vector>
 
 #include "monarch/actor/runtime.hpp"
+#include "monarch/mesh/cast.hpp"
 #include "monarch/ndslice/ndslice.hpp"
 
 namespace monarch::mesh {
-
-/// Inside a handler reached through a mesh adverb.
-struct Context {
-  /// The receiver's local rank within the (sliced) view the message was cast to. Valid until the
-  /// handler returns or first suspends. Throws UsageError outside a cast message.
-  static size_t message_rank();
-};
 
 /// Reducers for ActorMesh::reduce: associative combines of two replies.
 struct Sum {
@@ -60,174 +62,65 @@ struct Max {
   T operator()(const T& a, const T& b) const { return a < b ? b : a; }
 };
 
-/// Replies of a stream() cast, in arrival order. Thread-safe.
-template <class R>
-class Stream {
- public:
-  explicit Stream(size_t total) : q_(std::make_shared<Queue>()) { q_->total = total; }
-
-  /// Replies not yet handed out by next().
-  size_t remaining() const {
-    std::lock_guard lock(q_->mu);
-    return q_->total - q_->taken;
-  }
-
-  /// The next reply to arrive: (local rank, a ready Future<R> holding the value or the member's
-  /// error). Throws TimeoutError after `timeout` (nothing is lost; call again), UsageError when
-  /// every reply was already handed out.
-  std::pair<size_t, Future<R>> next(std::chrono::milliseconds timeout) {
-    std::unique_lock lock(q_->mu);
-    if (q_->taken == q_->total) throw UsageError("Stream::next: all replies were already taken");
-    if (!q_->cv.wait_for(lock, timeout, [&] { return !q_->ready.empty(); })) {
-      throw TimeoutError("Stream::next: no reply within " + std::to_string(timeout.count()) +
-                         " ms (" + std::to_string(q_->total - q_->taken) + " outstanding)");
-    }
-    auto item = std::move(q_->ready.front());
-    q_->ready.pop_front();
-    ++q_->taken;
-    return item;
-  }
-
-  /// Internal: registers member `rank`'s reply.
-  void add(size_t rank, Future<R> f) {
-    auto q = q_;
-    f.on_complete([q, rank](detail::State<R>& st) {
-      Promise<R> p;
-      if (st.error) {
-        p.set_error(st.error);
-      } else if constexpr (std::is_void_v<R>) {
-        p.set_value();
-      } else {
-        p.set_value(std::move(*st.value));
-      }
-      std::lock_guard lock(q->mu);
-      q->ready.emplace_back(rank, p.get_future());
-      q->cv.notify_all();
-    });
-  }
-
- private:
-  struct Queue {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::pair<size_t, Future<R>>> ready;
-    size_t total = 0;
-    size_t taken = 0;
-  };
-  std::shared_ptr<Queue> q_;
-};
-
 template <class A>
 class ActorMesh {
  public:
   ActorMesh() = default;
-  /// Internal: members by global rank of the proc mesh's base space, and the view.
-  ActorMesh(std::shared_ptr<const std::vector<ActorRef<A>>> members, ndslice::Shape view)
-      : members_(std::move(members)), view_(std::move(view)) {}
+  /// Internal: members by global rank of the actor base space (`per_proc` consecutive ranks per
+  /// base proc), the view, and the comm actors of the ProcMesh (null: members are reached
+  /// directly from the caller).
+  ActorMesh(std::shared_ptr<const std::vector<ActorRef<A>>> members, ndslice::Shape view,
+            std::shared_ptr<const detail::CastTopology> topo = nullptr, size_t per_proc = 1)
+      : members_(std::move(members)), view_(std::move(view)), topo_(std::move(topo)), per_proc_(per_proc) {}
 
   const ndslice::Shape& shape() const { return view_; }
   const ndslice::Extent& extent() const { return view_.extent(); }
   size_t size() const { return view_.num_ranks(); }
+  /// Members per proc (the product of the per-proc dims given to ProcMesh::spawn; 1 without).
+  size_t per_proc() const { return per_proc_; }
 
   /// Views (see ndslice::Shape::slice): the dim is dropped (index) or restricted (range).
-  ActorMesh slice(std::string_view dim, size_t index) const { return {members_, view_.slice(dim, index)}; }
+  ActorMesh slice(std::string_view dim, size_t index) const {
+    return {members_, view_.slice(dim, index), topo_, per_proc_};
+  }
   ActorMesh slice(std::string_view dim, const ndslice::Range& r) const {
-    return {members_, view_.slice(dim, r)};
+    return {members_, view_.slice(dim, r), topo_, per_proc_};
   }
 
   /// The member at local rank `local` of this view.
   const ActorRef<A>& at(size_t local) const { return (*members_)[view_.global_rank(local)]; }
 
+  /// Every member; Future<ValueMesh<R>> (ValueMesh<Unit> for void endpoints) indexed by the
+  /// view's points. Fails with the first member error (ActorError naming the member, or
+  /// DeliveryFailure naming the member or comm actor that could not be reached).
   template <class M, class... Args>
-  auto call(M method, Args&&... args) const {
-    using R = typename detail::reply_type<typename detail::method_traits<M>::ret>::type;
-    using Out = std::conditional_t<std::is_void_v<R>, Unit, R>;
-    struct Gather {
-      std::mutex mu;
-      std::vector<std::optional<Out>> values;
-      size_t left = 0;
-      bool failed = false;
-      Promise<ndslice::ValueMesh<Out>> promise;
-    };
-    auto g = std::make_shared<Gather>();
-    g->values.resize(size());
-    g->left = size();
-    auto result = g->promise.get_future();
-    if (size() == 0) {
-      g->promise.set_value(ndslice::ValueMesh<Out>::from_vector(extent(), {}));
-      return result;
-    }
-    ndslice::Extent ext = extent();
-    for (size_t i = 0; i < size(); ++i) {
-      at(i).call_ranked(i, method, args...).on_complete([g, i, ext](auto& st) {
-        std::unique_lock lock(g->mu);
-        if (g->failed) return;
-        if (st.error) {
-          g->failed = true;
-          lock.unlock();
-          g->promise.set_error(st.error);
-          return;
-        }
-        if constexpr (std::is_void_v<R>) {
-          g->values[i].emplace();
-        } else {
-          g->values[i].emplace(std::move(*st.value));
-        }
-        if (--g->left != 0) return;
-        std::vector<Out> out;
-        out.reserve(g->values.size());
-        for (auto& v : g->values) out.push_back(std::move(*v));
-        lock.unlock();
-        g->promise.set_value(ndslice::ValueMesh<Out>::from_vector(ext, out));
-      });
-    }
-    return result;
+  auto call(M method, const Args&... args) const {
+    detail::check_endpoint<A, M, const Args&...>();
+    if (topo_ && topo_->remote && size() > 0) return remote_call(method, args...);
+    auto job = make_job<detail::CastMode::Collect>(method, detail::NoReducer{}, args...);
+    auto f = job->collect_future();
+    job->start();
+    return f;
   }
 
   /// Every member; the replies are combined with `reducer` (any associative R(R, R), e.g. Sum,
-  /// Min, Max) as they arrive, so the caller receives one value. Fails with the first member
-  /// error; UsageError on an empty view. Combination order is unspecified: the reducer must be
-  /// associative and commutative.
+  /// Min, Max) inside the cast tree, so the caller receives one value. Fails with the first
+  /// member error; UsageError on an empty view. Combination order is unspecified: the reducer
+  /// must be associative and commutative, and callable as const from several threads at once.
   template <class Reducer, class M, class... Args>
-  auto reduce(Reducer reducer, M method, Args&&... args) const {
+  auto reduce(Reducer reducer, M method, const Args&... args) const {
     using R = typename detail::reply_type<typename detail::method_traits<M>::ret>::type;
     static_assert(!std::is_void_v<R>, "reduce: the endpoint must return a value");
+    static_assert(std::is_invocable_r_v<R, const Reducer&, R, const R&>,
+                  "reduce: the reducer must be callable as const with (R, const R&) and return R "
+                  "(no mutable lambdas: tree nodes call it concurrently)");
+    detail::check_endpoint<A, M, const Args&...>();
     if (size() == 0) throw UsageError("reduce: the mesh view " + extent().to_string() + " is empty");
-    struct Acc {
-      explicit Acc(Reducer r) : reducer(std::move(r)) {}
-      std::mutex mu;
-      std::optional<R> value;
-      size_t left = 0;
-      bool failed = false;
-      Reducer reducer;
-      Promise<R> promise;
-    };
-    auto acc = std::make_shared<Acc>(std::move(reducer));
-    acc->left = size();
-    auto result = acc->promise.get_future();
-    for (size_t i = 0; i < size(); ++i) {
-      at(i).call_ranked(i, method, args...).on_complete([acc](detail::State<R>& st) {
-        std::unique_lock lock(acc->mu);
-        if (acc->failed) return;
-        if (st.error) {
-          acc->failed = true;
-          lock.unlock();
-          return acc->promise.set_error(st.error);
-        }
-        try {
-          acc->value = acc->value ? acc->reducer(std::move(*acc->value), *st.value) : std::move(*st.value);
-        } catch (...) {
-          acc->failed = true;
-          lock.unlock();
-          return acc->promise.set_error(std::current_exception());
-        }
-        if (--acc->left != 0) return;
-        R out = std::move(*acc->value);
-        lock.unlock();
-        acc->promise.set_value(std::move(out));
-      });
-    }
-    return result;
+    if (topo_ && topo_->remote) return remote_reduce(std::move(reducer), method, args...);
+    auto job = make_job<detail::CastMode::Reduce>(method, std::move(reducer), args...);
+    auto f = job->reduce_future();
+    job->start();
+    return f;
   }
 
   template <class M, class... Args>
@@ -248,23 +141,152 @@ class ActorMesh {
   }
 
   /// Every member; Stream::next() hands out each member's (already completed) reply future in
-  /// the order the replies arrive, with the member's local rank.
+  /// the order the replies arrive, with the member's local rank. A comm actor that cannot be
+  /// reached gives each member below it a DeliveryFailure reply (CAST-7).
   template <class M, class... Args>
-  auto stream(M method, Args&&... args) const {
+  auto stream(M method, const Args&... args) const {
     using R = typename detail::reply_type<typename detail::method_traits<M>::ret>::type;
+    detail::check_endpoint<A, M, const Args&...>();
+    if (topo_ && topo_->remote) {
+      throw UsageError("stream: not supported yet on a mesh whose procs are in other processes (" +
+                       extent().to_string() + "); use call() or reduce()");
+    }
     Stream<R> out(size());
-    for (size_t i = 0; i < size(); ++i) out.add(i, at(i).call_ranked(i, method, args...));
+    auto job = make_job<detail::CastMode::Stream>(method, detail::NoReducer{}, args...);
+    job->set_stream(out);
+    job->start();
     return out;
   }
 
+  /// Every member, fire and forget (a failing handler fails that actor: supervision). A member
+  /// or comm actor that cannot be reached is reported to the caster's undeliverable() (or the
+  /// fault hook of the caster's Proc outside actors), as for ActorRef::send.
   template <class M, class... Args>
-  void broadcast(M method, Args&&... args) const {
-    for (size_t i = 0; i < size(); ++i) at(i).send_ranked(i, method, args...);
+  void broadcast(M method, const Args&... args) const {
+    detail::check_endpoint<A, M, const Args&...>();
+    if (topo_ && topo_->remote && size() > 0) {
+      using RC = detail::RemoteCast<A, M, detail::CastMode::Broadcast, detail::NoReducer>;
+      if constexpr (!RC::castable) {
+        detail::throw_not_castable("broadcast", "the endpoint's arguments are");
+      } else {
+        auto plan = detail::CastPlan::make(view_, per_proc_);
+        topo_->comm[0].send(&CommActor::cast_send, RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...));
+        return;
+      }
+    }
+    make_job<detail::CastMode::Broadcast>(method, detail::NoReducer{}, args...)->start();
+  }
+
+  /// This mesh as seen from `client`, a listening Proc in another process (or in this one, for
+  /// tests): members and comm actors become remote refs, and casts travel as CastWire between
+  /// comm actors (CAST-10). Reducers must then be stateless or serialisable.
+  ActorMesh attach(Proc& client) const {
+    std::vector<ActorId> members, comm;
+    members.reserve(members_->size());
+    for (const auto& m : *members_) members.push_back(m.valid() ? m.id() : ActorId{});
+    if (!topo_) throw UsageError("ActorMesh::attach: this mesh has no cast tree");
+    for (const auto& c : topo_->comm) comm.push_back(c.id());
+    return from_ids(client, members, view_, comm, topo_->fanout, per_proc_);
+  }
+
+  /// A mesh of actors in other processes, for a process allocator: `members` by global rank of
+  /// the actor base space (`per_proc` consecutive ranks per base proc), `comm` the comm actor of
+  /// each base proc (detail::install_comm), `view` over the actor base space.
+  static ActorMesh from_ids(Proc& client, const std::vector<ActorId>& members, ndslice::Shape view,
+                            const std::vector<ActorId>& comm, size_t fanout, size_t per_proc) {
+    auto refs = std::make_shared<std::vector<ActorRef<A>>>();
+    refs->reserve(members.size());
+    for (const auto& id : members) refs->emplace_back(&client, id, true);
+    auto topo = std::make_shared<detail::CastTopology>();
+    topo->fanout = fanout;
+    topo->remote = true;
+    for (const auto& id : comm) topo->comm.emplace_back(&client, id, true);
+    return ActorMesh(std::move(refs), std::move(view), std::move(topo), per_proc);
   }
 
  private:
+  template <class M, class... Args>
+  auto remote_call(M method, const Args&... args) const
+      -> Future<ndslice::ValueMesh<std::conditional_t<
+          std::is_void_v<typename detail::reply_type<typename detail::method_traits<M>::ret>::type>, Unit,
+          typename detail::reply_type<typename detail::method_traits<M>::ret>::type>>> {
+    using RC = detail::RemoteCast<A, M, detail::CastMode::Collect, detail::NoReducer>;
+    using R = typename RC::R;
+    using Out = std::conditional_t<std::is_void_v<R>, Unit, R>;
+    if constexpr (!RC::castable) {
+      detail::throw_not_castable("call", "the endpoint's arguments or reply are");
+    } else {
+      auto plan = detail::CastPlan::make(view_, per_proc_);
+      Promise<ndslice::ValueMesh<Out>> p;
+      auto f = p.get_future();
+      topo_->comm[0]
+          .call(&CommActor::cast, RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...))
+          .on_complete([p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
+            if (s.error) return p.set_error(s.error);
+            try {
+              auto parts = detail::decode_string<typename RC::Partial>(*s.value);
+              std::vector<std::optional<Out>> slots(ext.num_ranks());
+              for (auto& [r, v] : parts) {
+                if constexpr (std::is_void_v<R>) {
+                  slots.at(r).emplace();
+                } else {
+                  slots.at(r).emplace(std::move(v));
+                }
+              }
+              std::vector<Out> out;
+              out.reserve(slots.size());
+              for (size_t r = 0; r < slots.size(); ++r) {
+                if (!slots[r]) throw Error("cast: no reply from member " + std::to_string(r) + " of " + ext.to_string());
+                out.push_back(std::move(*slots[r]));
+              }
+              p.set_value(ndslice::ValueMesh<Out>::from_vector(ext, out));
+            } catch (...) {
+              p.set_error(std::current_exception());
+            }
+          });
+      return f;
+    }
+  }
+
+  template <class Reducer, class M, class... Args>
+  auto remote_reduce(Reducer reducer, M method, const Args&... args) const
+      -> Future<typename detail::reply_type<typename detail::method_traits<M>::ret>::type> {
+    using RC = detail::RemoteCast<A, M, detail::CastMode::Reduce, Reducer>;
+    using R = typename RC::R;
+    if constexpr (!RC::castable) {
+      detail::throw_not_castable("reduce", "the endpoint's arguments, reply or the reducer are");
+    } else {
+      auto plan = detail::CastPlan::make(view_, per_proc_);
+      Promise<R> p;
+      auto f = p.get_future();
+      topo_->comm[0]
+          .call(&CommActor::cast, RC::root(*members_, *topo_, plan, method, reducer, args...))
+          .on_complete([p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
+            if (s.error) return p.set_error(s.error);
+            try {
+              auto v = detail::decode_string<typename RC::Partial>(*s.value);
+              if (!v) throw Error("reduce: no reply from the members of " + ext.to_string());
+              p.set_value(std::move(*v));
+            } catch (...) {
+              p.set_error(std::current_exception());
+            }
+          });
+      return f;
+    }
+  }
+
+  template <detail::CastMode Mode, class M, class Reducer, class... Args>
+  auto make_job(M method, Reducer reducer, const Args&... args) const {
+    if (!topo_) throw UsageError("ActorMesh: this mesh has no cast tree (it was not spawned by a ProcMesh)");
+    using Job = detail::CastJob<A, M, Mode, Reducer, std::decay_t<Args>...>;
+    return std::make_shared<Job>(members_, topo_, detail::CastPlan::make(view_, per_proc_), extent(),
+                                 method, std::move(reducer), args...);
+  }
+
   std::shared_ptr<const std::vector<ActorRef<A>>> members_;
   ndslice::Shape view_;
+  std::shared_ptr<const detail::CastTopology> topo_;
+  size_t per_proc_ = 1;
 };
 
 }  // namespace monarch::mesh

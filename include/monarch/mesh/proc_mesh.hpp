@@ -27,7 +27,9 @@ class ProcMesh {
   /// `extent` procs in this process (LocalAllocator). `options.workers` sizes the shared pool
   /// (0: one per core); `options.name` prefixes proc names ("<name>[<rank>]"). Throws UsageError
   /// for an empty extent.
-  static ProcMesh local(const ndslice::Extent& extent, ProcOptions options = {});
+  /// `cast` sets the cast tree (fan-out; see docs/cast-tree.md). Every proc gets its comm actor
+  /// (detail::install_comm). Throws UsageError for a fanout of 0.
+  static ProcMesh local(const ndslice::Extent& extent, ProcOptions options = {}, CastOptions cast = {});
 
   const ndslice::Shape& shape() const { return view_; }
   const ndslice::Extent& extent() const { return view_.extent(); }
@@ -42,23 +44,42 @@ class ProcMesh {
   Proc& proc(size_t local) const { return *state_->procs[view_.global_rank(local)]; }
 
   /// One A per proc of this view, constructed from copies of `args`. Does not block; each actor's
-  /// init() runs before its first message.
+  /// init() runs before its first message. The ActorMesh has the extent of this view.
   template <class A, class... Args>
   ActorMesh<A> spawn(const std::string& name, const Args&... args) const {
-    auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size());
-    for (size_t i = 0; i < size(); ++i) {
-      size_t g = view_.global_rank(i);
-      (*members)[g] = state_->procs[g]->template spawn<A>(name, args...);
-    }
-    return ActorMesh<A>(std::move(members), view_);
+    return spawn_per_proc<A>(name, ndslice::Extent(), args...);
+  }
+
+  /// Several A per proc: `per_proc` (e.g. {{"actors", 256}}) is appended to this view's dims, so
+  ///   procs.spawn<W>("w", {{"actors", 256}}, arg)   // on {hosts: 2, gpus: 8}
+  /// gives an ActorMesh with extent {hosts: 2, gpus: 8, actors: 256}; the members of one proc
+  /// are consecutive in it. Throws UsageError when a per-proc dim repeats a proc dim.
+  template <class A, class... Args>
+  ActorMesh<A> spawn(const std::string& name, const ndslice::Extent& per_proc, const Args&... args) const {
+    return spawn_per_proc<A>(name, per_proc, args...);
   }
 
  private:
+  template <class A, class... Args>
+  ActorMesh<A> spawn_per_proc(const std::string& name, const ndslice::Extent& per_proc, const Args&... args) const {
+    const size_t k = per_proc.num_ranks();
+    auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size() * k);
+    for (size_t i = 0; i < size(); ++i) {
+      size_t g = view_.global_rank(i);
+      for (size_t a = 0; a < k; ++a) (*members)[g * k + a] = state_->procs[g]->template spawn<A>(name, args...);
+    }
+    return ActorMesh<A>(std::move(members), actor_view(per_proc), state_->topo, k);
+  }
+
   struct State {
     std::shared_ptr<Scheduler> scheduler;
     std::vector<std::unique_ptr<Proc>> procs;  // by global rank
+    std::shared_ptr<const detail::CastTopology> topo;
     ~State();
   };
+  // This view with `per_proc`'s dims appended, over the actor base space (k ranks per proc).
+  ndslice::Shape actor_view(const ndslice::Extent& per_proc) const;
+
   ProcMesh(std::shared_ptr<State> s, ndslice::Shape v) : state_(std::move(s)), view_(std::move(v)) {}
   std::shared_ptr<State> state_;
   ndslice::Shape view_;

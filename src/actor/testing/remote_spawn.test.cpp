@@ -7,6 +7,7 @@
 // Procs on abstract unix addresses; crashes, freezes and "same binary" spawns use real processes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "monarch/actor/runtime.hpp"
@@ -153,6 +155,36 @@ struct Worker {
   std::string addr = proc.listening();
 };
 
+/// Whether every thread of `pid` is stopped (state 'T' in /proc/<pid>/task/*/stat), polled until
+/// the deadline.
+bool wait_stopped(pid_t pid, std::chrono::milliseconds deadline) {
+  auto end = std::chrono::steady_clock::now() + deadline;
+  auto all_stopped = [&] {
+    std::string dir = "/proc/" + std::to_string(pid) + "/task";
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return false;
+    bool stopped = true;
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::FILE* f = std::fopen((dir + "/" + e->d_name + "/stat").c_str(), "r");
+      if (f == nullptr) continue;
+      char buf[512] = {};
+      size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+      std::fclose(f);
+      std::string stat(buf, n);
+      auto close = stat.rfind(')');
+      if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'T') stopped = false;
+    }
+    ::closedir(d);
+    return stopped;
+  };
+  while (std::chrono::steady_clock::now() < end) {
+    if (all_stopped()) return true;
+    std::this_thread::yield();
+  }
+  return false;
+}
+
 template <class E, class F>
 E expect_throws(F&& f) {
   try {
@@ -207,6 +239,26 @@ TEST(RemoteSpawn, UnknownFactoryReachesOwnerAndCallsSayWhy) {
   EXPECT_EQ(e.destination(), ref.id());
   EXPECT_THAT(e.reason(), HasSubstr("spawn of monarch::testing::Counter 'counter2' in proc " + addr));
   EXPECT_THAT(e.reason(), HasSubstr("no factory"));
+  auto counter = client.lookup_remote<monarch::testing::Counter>(addr, "counter").get(10s);
+  EXPECT_EQ(counter.call(&monarch::testing::Counter::incr, 1).get(10s), 1);  // the peer lives on
+}
+
+// SUP-R1 in real processes: the failure reaches the client's hook; the worker process, whose
+// default fault hook would exit, lives on because it forwarded the failure.
+TEST(RemoteSpawn, WorkerProcessSurvivesAFailureItForwarded) {
+  Worker w;
+  Faults faults;
+  Proc client(listening("client"));
+  client.set_fault_hook(faults.hook());
+  auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
+  int pid = a.call(&Recorder::pid).get(10s);
+  a.send(&Recorder::boom, std::string("worker-side boom"));
+  auto ev = faults.wait();
+  EXPECT_EQ(ev.actor, a.id());
+  EXPECT_THAT(ev.cause, HasSubstr("worker-side boom"));
+  auto b = client.spawn_remote<Recorder>(w.addr, "b", "b", 0);
+  EXPECT_EQ(b.call(&Recorder::pid).get(10s), pid);
+  EXPECT_EQ(faults.count(), 1u);
 }
 
 // SPAWN-2: throwing constructor / init(): the owner hears it; calls made right away fail, naming
@@ -237,6 +289,17 @@ TEST(RemoteSpawn, ThrowingConstructorOrInitReachesOwner) {
   EXPECT_EQ(ok.call(&Bomb::get).get(10s), 3);  // the worker lives on
   EXPECT_EQ(worker_faults.count(), 0u);
   EXPECT_EQ(faults.count(), 2u);
+}
+
+// Caller mistakes throw at once, naming what is wrong.
+TEST(RemoteSpawn, CallerMistakesThrow) {
+  Proc deaf;  // does not listen
+  auto e = expect_throws<monarch::UsageError>([&] { deaf.spawn_remote<Bomb>("unix://@x", "b", 3); });
+  EXPECT_THAT(e.what(), HasSubstr("does not listen"));
+  Proc client(listening("client"));
+  auto bad = expect_throws<monarch::UsageError>([&] { client.spawn_remote<Bomb>("garbage", "b", 3); });
+  EXPECT_THAT(bad.what(), HasSubstr("spawn_remote('b')"));
+  EXPECT_THAT(bad.what(), HasSubstr("garbage"));
 }
 
 // SUP-R1: a remote child's send-handler failure reaches its owner's supervise(); handled -> the
@@ -435,11 +498,21 @@ TEST(RemoteSpawn, StopOfAFrozenWorkerHonoursTheCallersDeadline) {
   auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
   EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
   w.proc.kill(SIGSTOP);
+  // kill() returns before every thread of the worker has stopped: wait until it has, so that no
+  // reply can still leave it.
+  ASSERT_TRUE(wait_stopped(w.proc.pid(), 5s)) << "worker did not stop";
   auto t0 = std::chrono::steady_clock::now();
   auto stopped = a.stop();
   auto killed = a.kill();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 100ms);  // did not block
-  EXPECT_FALSE(stopped.wait_for(300ms));
+  if (stopped.wait_for(300ms)) {
+    try {
+      stopped.get();
+      ADD_FAILURE() << "a frozen worker stopped the actor";
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "stop of a frozen worker failed early: " << e.what();
+    }
+  }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);  // the caller's deadline, not the peer's
   client.declare_proc_failed(w.addr, "test: heartbeat lost");
   EXPECT_THROW(stopped.get(1s), monarch::SupervisionError);
