@@ -213,7 +213,7 @@ void perftest_peer() {
     bool works[2] = {true, true};  // a test that fails once (e.g. ucp_put over tcp) is not retried
     for (size_t size : kSizes) {
       for (int t = 0; t < 2; ++t) {
-        const char* test = t == 0 ? "ucp_get" : "ucp_put";
+        const char* test = t == 0 ? "ucp_get" : "ucp_put_bw";
         const char* dir = t == 0 ? "read" : "write";
         if (!works[t]) continue;
         double g = perftest(test, size, tls);
