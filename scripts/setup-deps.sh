@@ -11,6 +11,8 @@ PACKAGES=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # runtime libraries (DESIGN.md section 5)
   libspdlog-dev libfmt-dev libasio-dev libcereal-dev libcli11-dev nlohmann-json3-dev libssl-dev
+  # data plane (monarch_rdma ucx backend) and its benchmark peer ucx_perftest
+  libucx-dev ucx-utils
   # benchmark peer: C++ Actor Framework 0.17
   libcaf-dev
   # scripts

@@ -55,6 +55,16 @@ const std::vector<KeyInfo> kKeys = {
     {"ft.quorum_join_timeout", Kind::Duration, "500ms",
      "how long the lighthouse waits for stragglers before forming a quorum"},
     {"ft.min_replicas", Kind::Int, "1", "a quorum needs at least this many replica groups"},
+    // rdma (data plane, docs/data-plane.md)
+    {"rdma.backend", Kind::String, "auto",
+     "data-plane backend: auto (ucx if it starts, else channel, with a warning), ucx, channel"},
+    {"rdma.timeout", Kind::Duration, "30s", "a read_into/write_from not complete by then fails"},
+    {"rdma.chunk_bytes", Kind::Bytes, "4MiB", "channel backend: bytes per chunk message"},
+    {"rdma.streams", Kind::Int, "4", "channel backend: parallel links per owner"},
+    {"rdma.listen", Kind::String, "",
+     "channel address the data plane serves on (empty: a private abstract unix socket)"},
+    {"rdma.ucx_tls", Kind::String, "",
+     "ucx backend: transports UCX may use, as UCX_TLS (empty: UCX_TLS or UCX's choice)"},
 };
 
 struct Order {
@@ -359,7 +369,8 @@ void Config::merge_file(const std::filesystem::path& path) {
 
 void Config::merge_env(const char* const* envp) {
   if (envp == nullptr) envp = environ;
-  static const char* kSections[] = {"MONARCH_CHANNEL_", "MONARCH_ACTOR_", "MONARCH_MESH_", "MONARCH_FT_"};
+  static const char* kSections[] = {"MONARCH_CHANNEL_", "MONARCH_ACTOR_", "MONARCH_MESH_", "MONARCH_FT_",
+                                     "MONARCH_RDMA_"};
   std::lock_guard lock(mu_);
   auto saved = values_;
   try {
@@ -429,8 +440,12 @@ void Config::validate() const {
   }
   for (std::string_view k : {"channel.ack_every", "mesh.cast_fanout", "actor.batch",
                              "channel.max_frame_bytes", "channel.ack_interval",
-                             "mesh.heartbeat_interval", "channel.handshake_timeout"}) {
+                             "mesh.heartbeat_interval", "channel.handshake_timeout",
+                             "rdma.timeout", "rdma.chunk_bytes", "rdma.streams"}) {
     if (value(k).number == 0) throw ConfigError("config: " + show(k) + " must be greater than 0");
+  }
+  if (std::string_view b = value("rdma.backend").text; b != "auto" && b != "ucx" && b != "channel") {
+    throw ConfigError("config: " + show("rdma.backend") + " must be auto, ucx or channel");
   }
   if (value("mesh.cast_fanout").number < 2) {
     throw ConfigError("config: " + show("mesh.cast_fanout") + " must be at least 2");

@@ -80,6 +80,18 @@ class Subprocess {
     return l->substr(10);
   }
 
+  /// Writes `text` and a newline to the child's stdin. Returns false if the child is gone.
+  bool write_line(const std::string& text) {
+    std::string l = text + "\n";
+    size_t done = 0;
+    while (done < l.size()) {
+      ssize_t n = ::write(stdin_, l.data() + done, l.size() - done);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
   pid_t pid() const { return pid_; }
 
   /// Closes the child's stdin (a child waiting for EOF goes on).

@@ -6,14 +6,14 @@
 //   auto hb = cfg.duration("mesh.heartbeat_timeout");       // std::chrono::milliseconds
 //   cfg.set("mesh.heartbeat_timeout", "500ms");             // runtime override (validated)
 //
-// Keys are "section.name" (sections: channel, actor, mesh, ft). The table of keys, with types,
+// Keys are "section.name" (sections: channel, actor, mesh, ft, rdma). The table of keys, with types,
 // defaults and meaning, lives in src/config/config.cpp and is printed by docs/config.md; every
 // timeout of the project is in that one table.
 //
 // Config file: JSON, named by $MONARCH_CONFIG_FILE (or passed to Config::load), either flat
 // ({"mesh.heartbeat_timeout": "2s"}) or nested ({"mesh": {"heartbeat_timeout": "2s"}}).
 // Environment: key "mesh.heartbeat_timeout" is $MONARCH_MESH_HEARTBEAT_TIMEOUT. A variable under a
-// section prefix (MONARCH_CHANNEL_, MONARCH_ACTOR_, MONARCH_MESH_, MONARCH_FT_) that names no key is
+// section prefix (MONARCH_CHANNEL_, MONARCH_ACTOR_, MONARCH_MESH_, MONARCH_FT_, MONARCH_RDMA_) that names no key is
 // an error; other MONARCH_* variables (MONARCH_SECRET, launcher variables) are not config keys.
 //
 // Value syntax: durations "250ms", "2s", "1m", "1h" or a bare integer of milliseconds (JSON numbers

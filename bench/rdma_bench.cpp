@@ -1,0 +1,255 @@
+// bench_rdma: data-plane bandwidth, 4 KiB .. 256 MiB, per backend, against the local limits.
+//
+//   rdma_read_<backend> / rdma_write_<backend>   GB/s of RdmaHandle::read_into / write_from from
+//       another process (one transfer at a time, waited on), impl "monarch";
+//     peers in the same run: "memcpy" (same sizes, this process); for ucx "ucx_perftest"
+//       (ucp_get / ucp_put over the transport our ucx route uses) and "ucx_perftest_shm" (UCX's
+//       default choice, shared memory on UCX-allocated buffers); for channel "raw_socket" (one
+//       unix stream socket between two processes, blocking read/write of the same sizes).
+//
+// Roles (this binary re-executed): no arguments = driver; `--client BACKEND` measures one backend
+// (MONARCH_RDMA_BACKEND is set for it); `--owner SIZE` registers SIZE bytes and prints its handle.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/report.hpp"
+#include "monarch/rdma/rdma.hpp"
+#include "rdma/testing/pattern.hpp"
+#include "testing/subprocess.hpp"
+
+using namespace monarch;
+using bench::Clock;
+
+namespace {
+
+const std::vector<size_t> kSizes = {4u << 10, 64u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20,
+                                    256u << 20};
+constexpr size_t kMax = 256u << 20;
+
+std::string self_path() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+/// Runs `f` enough times (>= 3, about 0.25 s or 2 GiB) and returns GB/s.
+template <class F>
+double measure(size_t size, F&& f) {
+  f();  // warm-up (connections, page faults)
+  size_t iters = 0;
+  auto t0 = Clock::now();
+  double secs = 0;
+  while (iters < 3 || (secs < 0.25 && iters * size < (2ull << 30))) {
+    f();
+    ++iters;
+    secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return static_cast<double>(iters * size) / secs / 1e9;
+}
+
+nlohmann::json params(size_t size, const std::string& extra_key = "", const std::string& v = "") {
+  nlohmann::json p = {{"size", size}};
+  if (!extra_key.empty()) p[extra_key] = v;
+  return p;
+}
+
+int role_owner(size_t size) {
+  std::vector<std::byte> mem(size);
+  rdma::testing::fill(mem, 1);
+  rdma::RdmaBuffer buf(mem, "bench");
+  std::printf("HANDLE %s\n", rdma::testing::to_hex(buf.handle()).c_str());
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
+}
+
+int role_client(const std::string& backend) {
+  testing::Subprocess owner(self_path(), {"--owner", std::to_string(kMax)});
+  auto l = owner.line(std::chrono::seconds(30));
+  if (!l || !l->starts_with("HANDLE ")) {
+    std::fprintf(stderr, "bench_rdma: owner did not start\n");
+    return 1;
+  }
+  rdma::RdmaHandle h = rdma::testing::from_hex(l->substr(7));
+  std::vector<std::byte> local(kMax);
+  rdma::testing::fill(local, 2);
+  std::string active = rdma::active_backend();
+  if (active != backend) {
+    std::fprintf(stderr, "bench_rdma: asked for %s, running %s\n", backend.c_str(), active.c_str());
+  }
+  for (size_t size : kSizes) {
+    std::span<std::byte> dst(local.data(), size);
+    double r = measure(size, [&] { h.read_into(dst).get(); });
+    bench::report("rdma_read_" + backend, "monarch", "bandwidth", r, "GB/s", "higher", params(size));
+    double w = measure(size, [&] { h.write_from(dst).get(); });
+    bench::report("rdma_write_" + backend, "monarch", "bandwidth", w, "GB/s", "higher", params(size));
+  }
+  std::fprintf(stderr, "bench_rdma: %s transport: %s\n", active.c_str(),
+               rdma::active_transport().c_str());
+  return 0;
+}
+
+void memcpy_peer() {
+  std::vector<std::byte> a(kMax), b(kMax);
+  rdma::testing::fill(a, 3);
+  std::memset(b.data(), 0, b.size());
+  for (size_t size : kSizes) {
+    double g = measure(size, [&] { std::memcpy(b.data(), a.data(), size); });
+    for (const char* be : {"ucx", "channel"}) {
+      for (const char* dir : {"read", "write"}) {
+        bench::report(std::string("rdma_") + dir + "_" + be, "memcpy", "bandwidth", g, "GB/s",
+                      "higher", params(size));
+      }
+    }
+  }
+}
+
+/// One unix stream socket between two processes; the child writes, we read. GB/s per size.
+void raw_socket_peer() {
+  for (size_t size : kSizes) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return;
+    size_t iters = std::max<size_t>(4, std::min<size_t>(2000, (1ull << 30) / size));
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(sv[0]);
+      std::vector<std::byte> src(size);
+      for (size_t i = 0; i < iters + 1; ++i) {
+        size_t done = 0;
+        while (done < size) {
+          ssize_t n = ::write(sv[1], src.data() + done, size - done);
+          if (n <= 0) ::_exit(1);
+          done += static_cast<size_t>(n);
+        }
+      }
+      ::_exit(0);
+    }
+    ::close(sv[1]);
+    std::vector<std::byte> dst(size);
+    auto read_one = [&] {
+      size_t done = 0;
+      while (done < size) {
+        ssize_t n = ::read(sv[0], dst.data() + done, size - done);
+        if (n <= 0) return false;
+        done += static_cast<size_t>(n);
+      }
+      return true;
+    };
+    read_one();  // warm-up
+    auto t0 = Clock::now();
+    size_t got = 0;
+    for (size_t i = 0; i < iters && read_one(); ++i) got += size;
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    ::close(sv[0]);
+    ::waitpid(pid, nullptr, 0);
+    double g = static_cast<double>(got) / secs / 1e9;
+    for (const char* dir : {"read", "write"}) {
+      bench::report(std::string("rdma_") + dir + "_channel", "raw_socket", "bandwidth", g, "GB/s",
+                    "higher", params(size));
+    }
+  }
+}
+
+/// ucx_perftest (ucx-utils) with ucp_get / ucp_put, server and client on this host. Returns GB/s
+/// from its "Final:" line (overall bandwidth, MB/s), or a negative number if it cannot run.
+double perftest(const std::string& test, size_t size, const std::string& tls) {
+  if (std::system("command -v ucx_perftest > /dev/null 2>&1") != 0) return -1;
+  static int seq = 0;  // a fresh port per run: the previous server's port may still be held
+  int port = 20000 + static_cast<int>((::getpid() + 7 * seq++) % 20000);
+  std::string p = std::to_string(port);
+  pid_t server = ::fork();
+  if (server == 0) {
+    int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    if (!tls.empty()) ::setenv("UCX_TLS", tls.c_str(), 1);
+    ::execlp("ucx_perftest", "ucx_perftest", "-p", p.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  size_t iters = std::max<size_t>(10, std::min<size_t>(2000, (1ull << 30) / size));
+  double gbs = -1;
+  for (int attempt = 0; attempt < 20 && gbs < 0; ++attempt) {
+    ::usleep(100000);  // the server needs a moment to listen; retried, not assumed
+    std::string cmd = (tls.empty() ? std::string() : "UCX_TLS=" + tls + " ") + "ucx_perftest -p " + p + " -t " + test + " -s " + std::to_string(size) +
+                      " -n " + std::to_string(iters) + " localhost 2>/dev/null";
+    FILE* f = ::popen(cmd.c_str(), "r");
+    if (f == nullptr) break;
+    char line[512];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::strncmp(line, "Final:", 6) != 0) continue;
+      double it, p50, avg, overall, bw_avg, bw_overall;
+      if (std::sscanf(line + 6, "%lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &overall, &bw_avg,
+                      &bw_overall) == 6) {
+        gbs = bw_overall * 1024 * 1024 / 1e9;  // ucx_perftest's MB is MiB
+      }
+    }
+    ::pclose(f);
+  }
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
+  return gbs;
+}
+
+/// "ucx_perftest": the transport our ucx route uses (tcp unless UCX_TLS / rdma.ucx_tls say
+/// otherwise); "ucx_perftest_shm": UCX's own choice on UCX-allocated memory (shared memory), the
+/// ceiling a future shared-memory route could reach.
+void perftest_peer() {
+  const char* env = std::getenv("UCX_TLS");
+  std::string ours = env != nullptr ? env : "tcp";
+  for (auto [impl, tls] : {std::pair{"ucx_perftest", ours}, std::pair{"ucx_perftest_shm", std::string()}}) {
+    bool works[2] = {true, true};  // a test that fails once (e.g. ucp_put over tcp) is not retried
+    for (size_t size : kSizes) {
+      for (int t = 0; t < 2; ++t) {
+        const char* test = t == 0 ? "ucp_get" : "ucp_put_bw";
+        const char* dir = t == 0 ? "read" : "write";
+        if (!works[t]) continue;
+        double g = perftest(test, size, tls);
+        if (g < 0) {
+          std::fprintf(stderr, "bench_rdma: ucx_perftest %s (UCX_TLS=%s) failed or absent; skipped\n",
+                       test, tls.empty() ? "default" : tls.c_str());
+          works[t] = false;
+          continue;
+        }
+        bench::report(std::string("rdma_") + dir + "_ucx", impl, "bandwidth", g, "GB/s", "higher",
+                      params(size));
+      }
+    }
+  }
+}
+
+int run_client(const std::string& backend) {
+  ::setenv("MONARCH_RDMA_BACKEND", backend.c_str(), 1);
+  testing::Subprocess client(self_path(), {"--client", backend});
+  while (auto l = client.line(std::chrono::minutes(5))) std::printf("%s\n", l->c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN);
+  std::string role = argc > 1 ? argv[1] : "";
+  if (role == "--owner" && argc == 3) return role_owner(std::stoull(argv[2]));
+  if (role == "--client" && argc == 3) return role_client(argv[2]);
+#ifdef MONARCH_HAVE_UCX
+  run_client("ucx");
+  perftest_peer();
+#endif
+  run_client("channel");
+  memcpy_peer();
+  raw_socket_peer();
+  return 0;
+}

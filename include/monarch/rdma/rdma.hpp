@@ -1,0 +1,201 @@
+// Data plane: one-sided reads and writes of registered memory (DESIGN.md section 1.4).
+//
+//   // owner process
+//   std::vector<std::byte> weights(64 << 20);
+//   monarch::rdma::RdmaBuffer buf(weights, "weights");    // registers, never copies
+//   send_to_peer(buf.handle());                           // RdmaHandle: small, cereal-serialisable
+//
+//   // any process holding the handle
+//   std::vector<std::byte> local(h.length);
+//   h.read_into(local).get();                             // whole buffer
+//   h.write_from(patch, /*offset=*/4096).get();           // bytes [4096, 4096+patch.size())
+//
+// Backends (docs/data-plane.md): `ucx` (UCX one-sided get/put: shared memory, cma, tcp, ib/rc
+// where present) and `channel` (chunked transfers over monarch channels on several parallel
+// links; always available). The setting rdma.backend picks one ("auto": ucx if it works, else
+// channel, with a warning). A handle names the backend that registered it; a reader uses the same
+// backend (a ucx handle also carries the channel route, so a reader without UCX falls back).
+//
+// Guarantees (numbered; tests cite them):
+//  RD-1 A transfer's Future completes once, with success only after every byte is in place
+//       (read: in the caller's span; write: in the owner's memory).
+//  RD-2 Every transfer completes (value or RdmaError) by its timeout, whatever the owner does
+//       (dies, freezes, drops the buffer). After the Future failed, the caller's span is no
+//       longer touched.
+//  RD-3 drop() (or the RdmaBuffer's destructor) returns only when no transfer is touching the
+//       memory, and later transfers on its handles fail with RdmaError(Dropped) naming the buffer.
+//  RD-4 Bad input (zero length, offset + size past the end, a forged or stale handle) fails with
+//       RdmaError naming the buffer, the offset and the length; nothing crashes.
+//
+// Threads: every function may be called from any thread, including actor handlers (get() there
+// blocks the worker; prefer then/co_await). Futures complete on the data plane's I/O thread.
+// The caller keeps the span of a read_into/write_from alive and unchanged until its Future
+// completes.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+
+#include "monarch/actor/errors.hpp"
+#include "monarch/actor/future.hpp"
+
+namespace monarch::rdma {
+
+enum class Backend : uint8_t { Channel = 1, Ucx = 2 };
+/// "channel" or "ucx".
+const char* backend_name(Backend b);
+
+enum class RdmaErrc : uint8_t {
+  InvalidArgument = 1,  ///< zero length, null memory, bad setting
+  OutOfBounds,          ///< offset + size past the end of the registered buffer
+  UnknownBuffer,        ///< the owner has no such registration (forged handle, restarted owner)
+  Dropped,              ///< the buffer was dropped by its owner
+  Timeout,              ///< not complete within the transfer's timeout
+  OwnerUnreachable,     ///< the owner's process cannot be reached (dead, link closed)
+  BackendUnavailable,   ///< the handle's backend cannot run here
+};
+const char* errc_name(RdmaErrc c);
+
+/// Every data-plane failure. The message names the buffer (name, registration id, owner address),
+/// the operation, offset and length, and what went wrong.
+class RdmaError : public Error {
+ public:
+  RdmaError(RdmaErrc code, const std::string& what) : Error(what), code_(code) {}
+  RdmaErrc code() const { return code_; }
+
+ private:
+  RdmaErrc code_;
+};
+
+/// Per-transfer options. Defaults come from the config layer (rdma.* keys, docs/config.md).
+struct TransferOptions {
+  /// The transfer fails with RdmaError(Timeout) if not complete within this (RD-2).
+  std::chrono::milliseconds timeout{0};  // 0: rdma.timeout
+};
+
+/// One way to reach an owner over UCX: a UCP worker and the packed remote keys (ucp_rkey_pack) of
+/// the buffer and of the owner's status table, valid for that worker's context.
+struct UcxRoute {
+  uint8_t kind = 0;  ///< 2: network plane (tcp, ib; event-driven). 1 is kept for a shared-memory plane
+  std::vector<std::byte> worker_address{};
+  std::vector<std::byte> rkey{};
+  std::vector<std::byte> status_rkey{};
+  template <class A>
+  void serialize(A& ar) {
+    ar(kind, worker_address, rkey, status_rkey);
+  }
+};
+
+/// Where a registered buffer lives and how to reach it. Plain data, cereal-serialisable; send it
+/// inside actor messages. Copies are cheap (a few hundred bytes).
+struct RdmaHandle {
+  std::string name;             ///< the owner's name for the buffer (for error messages)
+  std::string owner;            ///< channel address of the owner's data-plane listener
+  uint64_t owner_incarnation = 0;  ///< the owner process's incarnation: a restarted owner rejects
+  uint64_t reg_id = 0;          ///< registration id, unique and never reused within the owner
+  uint64_t address = 0;         ///< the buffer's virtual address in the owner
+  uint64_t length = 0;          ///< bytes
+  Backend backend = Backend::Channel;
+  /// ucx: how to reach the owner's UCP workers, best first (shared memory, then network).
+  std::vector<UcxRoute> ucx_routes{};
+  /// ucx: where the owner publishes this registration's status {reg_id, length} ({0, 0} once
+  /// dropped), in a table registered on every route. Readers check it so that a dropped buffer
+  /// or an out-of-range access fails with RdmaError on the ucx route too (RD-3, RD-4).
+  uint64_t status_address = 0;
+
+  /// Copies bytes [offset, offset + dst.size()) of the remote buffer into dst.
+  /// Errors (through the Future): RdmaError, see RdmaErrc and RD-2/RD-4.
+  Future<void> read_into(std::span<std::byte> dst, uint64_t offset = 0,
+                         TransferOptions opts = {}) const;
+  /// Copies src into bytes [offset, offset + src.size()) of the remote buffer.
+  Future<void> write_from(std::span<const std::byte> src, uint64_t offset = 0,
+                          TransferOptions opts = {}) const;
+
+  /// "'weights' (reg 3, 1048576 B at unix://@x, channel)".
+  std::string describe() const;
+
+  template <class A>
+  void serialize(A& ar) {
+    ar(name, owner, owner_incarnation, reg_id, address, length, backend, ucx_routes, status_address);
+  }
+};
+
+/// Registered memory. Does not own or copy the memory: the caller keeps it alive until drop()
+/// or destruction. Move-only.
+class RdmaBuffer {
+ public:
+  /// Registers `memory` under `name` (used in error messages). Throws RdmaError(InvalidArgument)
+  /// for an empty span, RdmaError(BackendUnavailable) if the data plane cannot start (e.g. its
+  /// listen address cannot be bound).
+  explicit RdmaBuffer(std::span<std::byte> memory, std::string name = "buffer");
+  RdmaBuffer(RdmaBuffer&&) noexcept;
+  RdmaBuffer& operator=(RdmaBuffer&&) noexcept;
+  RdmaBuffer(const RdmaBuffer&) = delete;
+  RdmaBuffer& operator=(const RdmaBuffer&) = delete;
+  ~RdmaBuffer();
+
+  /// The handle peers use. Throws RdmaError(Dropped) after drop().
+  RdmaHandle handle() const;
+  std::span<std::byte> memory() const { return memory_; }
+  /// Orders the calling thread's accesses to the memory with those of this process's data plane
+  /// (the channel route applies peers' writes, and copies out for peers' reads, on its I/O
+  /// thread). Call it after your own writes before telling peers to read or write, and before
+  /// reading what peers wrote once a message told you their writes completed. The bytes are right
+  /// either way on x86; this makes it well-defined in the C++ memory model and visible to
+  /// ThreadSanitizer. (ucx-route writes are applied by UCX or the kernel, outside the model.)
+  void sync() const;
+  /// Ends remote access (RD-3). Idempotent. Waits for transfers touching the memory right now.
+  void drop();
+  bool dropped() const { return reg_ == nullptr; }
+
+  /// Same as handle().read_into(...) / write_from(...), for symmetry with Monarch's API.
+  Future<void> read_into(std::span<std::byte> dst, uint64_t offset = 0, TransferOptions o = {}) const {
+    return handle().read_into(dst, offset, o);
+  }
+  Future<void> write_from(std::span<const std::byte> src, uint64_t offset = 0,
+                          TransferOptions o = {}) const {
+    return handle().write_from(src, offset, o);
+  }
+
+ private:
+  std::span<std::byte> memory_;
+  std::shared_ptr<void> reg_;  // the engine's registration record
+  RdmaHandle handle_;
+};
+
+/// Several transfers submitted together: one Future for all of them, completing when every one
+/// has (RD-1), failing with the first error (all still run to completion or timeout).
+class RdmaBatch {
+ public:
+  RdmaBatch& read_into(const RdmaHandle& h, std::span<std::byte> dst, uint64_t offset = 0);
+  RdmaBatch& write_from(const RdmaHandle& h, std::span<const std::byte> src, uint64_t offset = 0);
+  size_t size() const { return actions_.size(); }
+  /// Starts every action (in parallel). An empty batch completes at once.
+  Future<void> submit(TransferOptions opts = {});
+
+ private:
+  struct Action {
+    bool read;
+    RdmaHandle handle;
+    std::byte* local;
+    size_t size;
+    uint64_t offset;
+  };
+  std::vector<Action> actions_;
+};
+
+/// The backend new registrations use in this process ("ucx" or "channel"); starts the data plane.
+std::string active_backend();
+/// Transport detail: for ucx the transports UCX selected (e.g. "sm/cma,tcp"), for channel the
+/// listen address and stream count.
+std::string active_transport();
+
+}  // namespace monarch::rdma

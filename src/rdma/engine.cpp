@@ -1,0 +1,700 @@
+// The data plane's engine and its channel route.
+//
+// Channel protocol (every message: part 0 = Header (cereal), part 1 = data where noted):
+//   requester -> owner  Read  {req, reg, gen, offset, length, stream, reply_to}
+//   requester -> owner  Write {req, reg, gen, offset, length, stream, reply_to}  + data
+//   owner -> requester  ReadData {req, offset, length}                            + data
+//   owner -> requester  WriteAck {req, offset, length}
+//   owner -> requester  Error {req, code, error}
+// A transfer is cut into chunks of rdma.chunk_bytes, spread round-robin over rdma.streams links
+// (one channel Sender each, i.e. one connection each) to the owner; the owner answers on its own
+// link per (requester, stream). At most 2 chunks per stream are in flight per transfer, so a
+// 256 MiB transfer never queues 256 MiB.
+#include "engine.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <asio.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "monarch/channel/channel.hpp"
+#include "monarch/config/config.hpp"
+#include "monarch/wire/serialize.hpp"
+
+namespace monarch::rdma {
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::Channel: return "channel";
+    case Backend::Ucx: return "ucx";
+  }
+  return "?";
+}
+
+const char* errc_name(RdmaErrc c) {
+  switch (c) {
+    case RdmaErrc::InvalidArgument: return "invalid argument";
+    case RdmaErrc::OutOfBounds: return "out of bounds";
+    case RdmaErrc::UnknownBuffer: return "unknown buffer";
+    case RdmaErrc::Dropped: return "dropped";
+    case RdmaErrc::Timeout: return "timeout";
+    case RdmaErrc::OwnerUnreachable: return "owner unreachable";
+    case RdmaErrc::BackendUnavailable: return "backend unavailable";
+  }
+  return "?";
+}
+
+std::string RdmaHandle::describe() const {
+  return "'" + name + "' (reg " + std::to_string(reg_id) + ", " + std::to_string(length) +
+         " B at " + owner + ", " + backend_name(backend) + ")";
+}
+
+namespace detail {
+namespace {
+
+using channel::Bytes;
+using channel::Message;
+
+enum Kind : uint8_t { kRead = 1, kWrite, kReadData, kWriteAck, kError };
+
+struct Header {
+  uint8_t kind = 0;
+  uint64_t req = 0;
+  uint64_t reg = 0;
+  uint64_t gen = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint32_t stream = 0;
+  std::string reply_to;
+  uint8_t code = 0;
+  std::string error;
+  template <class A>
+  void serialize(A& ar) {
+    ar(kind, req, reg, gen, offset, length, stream, reply_to, code, error);
+  }
+};
+
+std::exception_ptr make_error(RdmaErrc c, const std::string& what) {
+  return std::make_exception_ptr(RdmaError(c, what));
+}
+
+std::string hex(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+}  // namespace
+
+/// One transfer in flight on the channel route.
+struct Op {
+  uint64_t id = 0;
+  bool read = true;
+  RdmaHandle h;
+  std::byte* local = nullptr;
+  size_t size = 0;
+  uint64_t offset = 0;
+  size_t chunk = 0;
+  size_t nchunks = 0;
+  size_t next = 0;       // next chunk to send
+  size_t completed = 0;  // chunks answered
+  std::string what;
+  Done done;
+  std::unique_ptr<asio::steady_timer> timer;  // destroyed (cancelled) with the Op
+};
+
+struct Engine::Impl {
+  channel::IoRuntime io;
+  asio::io_context& ctx = *static_cast<asio::io_context*>(io.context());
+  channel::ChannelOptions copts;
+  std::unique_ptr<channel::Listener> listener;
+  std::string addr;
+  uint64_t incarnation = channel::process_incarnation();
+  size_t chunk = 4 << 20;
+  uint32_t streams = 4;
+  std::unique_ptr<UcxPlane> ucx;
+  std::string ucx_why;
+
+  std::mutex reg_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<Registration>> regs;
+  std::unordered_map<uint64_t, std::string> dropped;  // id -> name, for "was dropped" errors
+  uint64_t next_reg = 1;
+
+  std::mutex ops_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<Op>> ops;
+  uint64_t next_op = 1;
+
+  std::mutex tx_mu;
+  std::map<std::pair<std::string, uint32_t>, std::shared_ptr<channel::Sender>> senders;
+
+  // ---- links ----
+  std::shared_ptr<channel::Sender> sender(const std::string& to, uint32_t stream) {
+    std::shared_ptr<channel::Sender> s;
+    {
+      std::lock_guard lock(tx_mu);
+      auto& slot = senders[{to, stream}];
+      if (slot && !slot->closed()) return slot;
+      slot = channel::Sender::connect(io, channel::ChannelAddr::parse(to), copts,
+                                      [this, to](Message&& m, const std::string& why) {
+                                        on_returned(std::move(m), to, why);
+                                      });
+      s = slot;
+    }
+    std::weak_ptr<channel::Sender> weak = s;
+    s->on_close([this, to, stream, weak](const std::string&) {
+      std::lock_guard lock(tx_mu);
+      auto it = senders.find({to, stream});
+      if (it != senders.end() && it->second == weak.lock()) senders.erase(it);
+    });
+    return s;
+  }
+
+  void send(const std::string& to, uint32_t stream, Message m) {
+    std::shared_ptr<channel::Sender> s = sender(to, stream);
+    s->send(std::move(m));
+  }
+
+  /// A message the channel could not deliver. Requests fail their transfer; replies are dropped
+  /// (their requester is gone and times out or has timed out).
+  void on_returned(Message&& m, const std::string& to, const std::string& why) {
+    if (m.parts.empty()) return;
+    Header hd;
+    try {
+      hd = wire::decode<Header>(m.parts[0]);
+    } catch (...) {
+      return;
+    }
+    if (hd.kind != kRead && hd.kind != kWrite) return;
+    fail(hd.req, RdmaErrc::OwnerUnreachable, "owner at " + to + " unreachable: " + why);
+  }
+
+  // ---- requester side ----
+  void fail(uint64_t id, RdmaErrc code, const std::string& why) {
+    std::shared_ptr<Op> op;
+    {
+      std::lock_guard lock(ops_mu);
+      auto it = ops.find(id);
+      if (it == ops.end()) return;
+      op = std::move(it->second);
+      ops.erase(it);
+    }
+    op->done(make_error(code, op->what + ": " + why));
+  }
+
+  /// Builds the message for chunk `i` of op (ops_mu held).
+  Message chunk_message(Op& op, size_t i, uint32_t& stream) {
+    uint64_t at = static_cast<uint64_t>(i) * op.chunk;
+    size_t len = std::min(op.chunk, op.size - static_cast<size_t>(at));
+    stream = static_cast<uint32_t>(i % streams);
+    Header hd;
+    hd.kind = op.read ? kRead : kWrite;
+    hd.req = op.id;
+    hd.reg = op.h.reg_id;
+    hd.gen = op.h.owner_incarnation;
+    hd.offset = op.offset + at;
+    hd.length = len;
+    hd.stream = stream;
+    hd.reply_to = addr;
+    Message m;
+    m.parts.push_back(wire::encode(hd));
+    if (!op.read) m.parts.emplace_back(op.local + at, op.local + at + len);
+    return m;
+  }
+
+  void send_chunks(const std::shared_ptr<Op>& op, std::vector<std::pair<uint32_t, Message>> out) {
+    for (auto& [stream, m] : out) {
+      try {
+        send(op->h.owner, stream, std::move(m));
+      } catch (const std::exception& e) {
+        fail(op->id, RdmaErrc::OwnerUnreachable, std::string("cannot send to owner: ") + e.what());
+        return;
+      }
+    }
+  }
+
+  void on_reply(const Header& hd, Message& m) {
+    std::shared_ptr<Op> op;
+    std::vector<std::pair<uint32_t, Message>> out;
+    std::exception_ptr error;
+    bool finished = false;
+    {
+      std::lock_guard lock(ops_mu);
+      auto it = ops.find(hd.req);
+      if (it == ops.end()) return;  // finished, failed or timed out: never touch its span (RD-2)
+      op = it->second;
+      if (hd.kind == kError) {
+        error = make_error(static_cast<RdmaErrc>(hd.code), op->what + ": " + hd.error);
+      } else if (hd.offset < op->offset || hd.offset - op->offset + hd.length > op->size ||
+                 (hd.kind == kReadData) != op->read ||
+                 (hd.kind == kReadData && (m.parts.size() < 2 || m.parts[1].size() != hd.length))) {
+        error = make_error(RdmaErrc::OwnerUnreachable, op->what + ": malformed reply from owner");
+      } else {
+        if (hd.kind == kReadData) {
+          std::memcpy(op->local + (hd.offset - op->offset), m.parts[1].data(), hd.length);
+        }
+        ++op->completed;
+        if (op->completed == op->nchunks) {
+          finished = true;
+        } else if (op->next < op->nchunks) {
+          uint32_t stream = 0;
+          Message next = chunk_message(*op, op->next++, stream);
+          out.emplace_back(stream, std::move(next));
+        }
+      }
+      if (error || finished) ops.erase(it);
+    }
+    if (error) {
+      op->done(error);
+    } else if (finished) {
+      op->done(nullptr);
+    } else {
+      send_chunks(op, std::move(out));
+    }
+  }
+
+  // ---- owner side ----
+  void reply_error(const Header& req, RdmaErrc code, const std::string& why) {
+    Header hd;
+    hd.kind = kError;
+    hd.req = req.req;
+    hd.code = static_cast<uint8_t>(code);
+    hd.error = why;
+    Message m;
+    m.parts.push_back(wire::encode(hd));
+    send(req.reply_to, req.stream, std::move(m));
+  }
+
+  /// Finds the registration for a request, or the error to answer with.
+  std::shared_ptr<Registration> lookup(uint64_t reg, uint64_t gen, RdmaErrc& code, std::string& why) {
+    if (gen != incarnation) {
+      code = RdmaErrc::UnknownBuffer;
+      why = "handle is from another incarnation of the owner process (owner restarted?)";
+      return nullptr;
+    }
+    std::lock_guard lock(reg_mu);
+    auto it = regs.find(reg);
+    if (it != regs.end()) return it->second;
+    auto d = dropped.find(reg);
+    if (d != dropped.end()) {
+      code = RdmaErrc::Dropped;
+      why = "buffer '" + d->second + "' (reg " + std::to_string(reg) + ") was dropped by its owner";
+    } else {
+      code = RdmaErrc::UnknownBuffer;
+      why = "owner has no registration " + std::to_string(reg);
+    }
+    return nullptr;
+  }
+
+  void serve(const Header& hd, Message& m) {
+    RdmaErrc code{};
+    std::string why;
+    auto reg = lookup(hd.reg, hd.gen, code, why);
+    if (!reg) return reply_error(hd, code, why);
+    Message out;
+    {
+      std::shared_lock lock(reg->mu);
+      if (reg->dropped) {
+        return reply_error(hd, RdmaErrc::Dropped,
+                           "buffer '" + reg->name + "' (reg " + std::to_string(reg->id) +
+                               ") was dropped by its owner");
+      }
+      if (hd.length > reg->length || hd.offset > reg->length - hd.length) {
+        return reply_error(hd, RdmaErrc::OutOfBounds,
+                           "bytes [" + std::to_string(hd.offset) + ", " +
+                               std::to_string(hd.offset + hd.length) + ") outside buffer '" +
+                               reg->name + "' of " + std::to_string(reg->length) + " B");
+      }
+      Header r;
+      r.req = hd.req;
+      r.offset = hd.offset;
+      r.length = hd.length;
+      if (hd.kind == kRead) {
+        r.kind = kReadData;
+        out.parts.push_back(wire::encode(r));
+        out.parts.emplace_back(reg->base + hd.offset, reg->base + hd.offset + hd.length);
+      } else {
+        if (m.parts.size() < 2 || m.parts[1].size() != hd.length) {
+          return reply_error(hd, RdmaErrc::InvalidArgument, "write chunk of the wrong size");
+        }
+        std::memcpy(reg->base + hd.offset, m.parts[1].data(), hd.length);
+        r.kind = kWriteAck;
+        out.parts.push_back(wire::encode(r));
+      }
+    }
+    send(hd.reply_to, hd.stream, std::move(out));
+  }
+
+  void on_message(Message&& m) {
+    if (m.parts.empty()) return;
+    Header hd;
+    try {
+      hd = wire::decode<Header>(m.parts[0]);
+    } catch (const std::exception& e) {
+      spdlog::warn("rdma: dropping malformed data-plane message: {}", e.what());
+      return;
+    }
+    try {
+      if (hd.kind == kRead || hd.kind == kWrite) return serve(hd, m);
+      on_reply(hd, m);
+    } catch (const std::exception& e) {  // e.g. a bad reply_to address: nobody to tell
+      spdlog::warn("rdma: cannot answer a data-plane request: {}", e.what());
+    }
+  }
+};
+
+Engine& Engine::get() {
+  static Engine* engine = new Engine();  // never destroyed: see engine.hpp
+  return *engine;
+}
+
+void Engine::shutdown_at_exit() {
+  std::unique_ptr<Impl> dying;
+  {
+    std::unique_lock life(life_mu_);  // waits for calls in progress; later ones fail fast
+    dying = std::move(impl_);
+  }
+  if (!dying) return;
+  // Order matters: the ucx thread first; then no more incoming messages (the listener, closed on
+  // its live I/O thread); then our links (outside tx_mu: their close callbacks take it); then
+  // pending transfers (their Futures fail "promise dropped"), and last the I/O thread, joined.
+  if (dying->ucx) dying->ucx->shutdown();
+  dying->ucx.reset();
+  dying->listener.reset();
+  std::map<std::pair<std::string, uint32_t>, std::shared_ptr<channel::Sender>> links;
+  {
+    std::lock_guard lock(dying->tx_mu);
+    links.swap(dying->senders);
+  }
+  links.clear();
+  dying.reset();
+}
+
+Engine::Engine() : impl_(std::make_unique<Impl>()) {
+  auto& cfg = config::global();
+  timeout_ = cfg.duration("rdma.timeout");
+  impl_->chunk = static_cast<size_t>(cfg.bytes("rdma.chunk_bytes"));
+  impl_->streams = static_cast<uint32_t>(cfg.integer("rdma.streams"));
+  impl_->copts.max_frame_bytes = std::max<size_t>(impl_->copts.max_frame_bytes, impl_->chunk + 4096);
+  std::string listen = cfg.string("rdma.listen");
+  if (listen.empty()) {
+    listen = "unix://@monarch-rdma-" + std::to_string(::getpid()) + "-" + hex(impl_->incarnation);
+  }
+  try {
+    impl_->listener = channel::Listener::serve(impl_->io, channel::ChannelAddr::parse(listen),
+                                               impl_->copts,
+                                               [impl = impl_.get()](Message&& m) {
+                                                 impl->on_message(std::move(m));
+                                               });
+  } catch (const std::exception& e) {
+    throw RdmaError(RdmaErrc::BackendUnavailable,
+                    "rdma: data plane cannot listen on " + listen + " (rdma.listen): " + e.what());
+  }
+  impl_->addr = impl_->listener->bound_addr().to_string();
+
+  std::string want = cfg.string("rdma.backend");
+  if (want != "channel") {
+    impl_->ucx = make_ucx_plane(impl_->ucx_why);
+    if (!impl_->ucx) {
+#ifdef MONARCH_HAVE_UCX
+      constexpr bool built_with_ucx = true;
+#else
+      constexpr bool built_with_ucx = false;
+#endif
+      // Falling back warns, except for "auto" in a build without UCX (nothing was expected).
+      if (want == "ucx" || built_with_ucx) {
+        spdlog::warn("rdma: rdma.backend={} but UCX is unavailable ({}); using the channel backend",
+                     want, impl_->ucx_why);
+      } else {
+        spdlog::info("rdma: UCX unavailable ({}); using the channel backend", impl_->ucx_why);
+      }
+    }
+  }
+  // The engine object is never deleted, but its threads must stop before the process's static
+  // destructors run (they log through spdlog, whose registry is a static). Registered after the
+  // IoRuntime created spdlog's registry, so this runs before the registry is destroyed.
+  std::atexit([] { Engine::get().shutdown_at_exit(); });
+}
+
+Backend Engine::backend() const {
+  std::shared_lock life(life_mu_);
+  return impl_ && impl_->ucx ? Backend::Ucx : Backend::Channel;
+}
+
+std::string Engine::transport() const {
+  std::shared_lock life(life_mu_);
+  if (!impl_) return "shut down";
+  if (impl_->ucx) return impl_->ucx->transport();
+  return impl_->addr + " x" + std::to_string(impl_->streams) + " streams";
+}
+
+std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memory,
+                                                      const std::string& name, RdmaHandle& h) {
+  std::shared_lock life(life_mu_);
+  if (!impl_) {
+    throw RdmaError(RdmaErrc::BackendUnavailable,
+                    "rdma: cannot register buffer '" + name + "': the process is exiting");
+  }
+  if (memory.empty() || memory.data() == nullptr) {
+    throw RdmaError(RdmaErrc::InvalidArgument,
+                    "rdma: cannot register buffer '" + name + "': zero length");
+  }
+  auto reg = std::make_shared<Registration>();
+  reg->base = memory.data();
+  reg->length = memory.size();
+  reg->name = name;
+  {
+    std::lock_guard lock(impl_->reg_mu);
+    reg->id = impl_->next_reg++;
+  }
+  h = RdmaHandle{};
+  h.name = name;
+  h.owner = impl_->addr;
+  h.owner_incarnation = impl_->incarnation;
+  h.reg_id = reg->id;
+  h.address = reinterpret_cast<uintptr_t>(memory.data());
+  h.length = memory.size();
+  h.backend = Backend::Channel;
+  if (impl_->ucx) {
+    impl_->ucx->register_memory(*reg, h);
+    h.backend = Backend::Ucx;
+  }
+  std::lock_guard lock(impl_->reg_mu);
+  impl_->regs[reg->id] = reg;
+  return reg;
+}
+
+void Engine::drop(Registration& reg) {
+  std::shared_lock life(life_mu_);
+  if (!impl_) {  // after shutdown_at_exit: nothing serves the memory any more
+    std::unique_lock lock(reg.mu);
+    reg.dropped = true;
+    return;
+  }
+  {
+    std::unique_lock lock(reg.mu);  // waits for transfers touching the memory (RD-3)
+    if (reg.dropped) return;
+    reg.dropped = true;
+    if (impl_->ucx) impl_->ucx->deregister(reg);
+  }
+  std::lock_guard lock(impl_->reg_mu);
+  impl_->regs.erase(reg.id);
+  impl_->dropped[reg.id] = reg.name;
+}
+
+void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,
+                   std::chrono::milliseconds timeout, Done done) {
+  std::shared_lock life(life_mu_);
+  if (!impl_) {
+    return done(make_error(RdmaErrc::BackendUnavailable,
+                           "rdma: transfer of " + h.describe() + " started while the process exits"));
+  }
+  std::string what = std::string("rdma ") + (read ? "read_into" : "write_from") + " of " +
+                     h.describe() + " [offset " + std::to_string(offset) + ", " +
+                     std::to_string(size) + " B]";
+  if (size == 0 || local == nullptr) {
+    return done(make_error(RdmaErrc::InvalidArgument, what + ": zero length"));
+  }
+  if (h.length == 0 || h.owner.empty()) {
+    return done(make_error(RdmaErrc::UnknownBuffer, what + ": empty handle"));
+  }
+  if (size > h.length || offset > h.length - size) {
+    return done(make_error(RdmaErrc::OutOfBounds,
+                           what + ": past the end of the " + std::to_string(h.length) + " B buffer"));
+  }
+  if (timeout.count() <= 0) timeout = timeout_;
+
+  // Same process: copy directly (still honouring drop, RD-3).
+  if (h.owner == impl_->addr) {
+    RdmaErrc code{};
+    std::string why;
+    auto reg = impl_->lookup(h.reg_id, h.owner_incarnation, code, why);
+    if (!reg) return done(make_error(code, what + ": " + why));
+    {
+      std::shared_lock lock(reg->mu);
+      if (reg->dropped) {
+        return done(make_error(RdmaErrc::Dropped, what + ": buffer was dropped by its owner"));
+      }
+      if (size > reg->length || offset > reg->length - size) {
+        return done(make_error(RdmaErrc::OutOfBounds, what + ": past the end of the buffer"));
+      }
+      if (read) {
+        std::memmove(local, reg->base + offset, size);
+      } else {
+        std::memmove(reg->base + offset, local, size);
+      }
+    }
+    return done(nullptr);
+  }
+
+  if (h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty()) {
+    return impl_->ucx->start(read, h, local, size, offset, timeout, std::move(what), std::move(done));
+  }
+
+  auto op = std::make_shared<Op>();
+  op->read = read;
+  op->h = h;
+  op->local = local;
+  op->size = size;
+  op->offset = offset;
+  op->chunk = impl_->chunk;
+  op->nchunks = (size + op->chunk - 1) / op->chunk;
+  op->what = std::move(what);
+  op->done = std::move(done);
+  op->timer = std::make_unique<asio::steady_timer>(impl_->ctx, timeout);
+  std::vector<std::pair<uint32_t, Message>> out;
+  {
+    std::lock_guard lock(impl_->ops_mu);
+    op->id = impl_->next_op++;
+    impl_->ops[op->id] = op;
+    size_t window = std::min<size_t>(op->nchunks, 2 * impl_->streams);
+    for (size_t i = 0; i < window; ++i) {
+      uint32_t stream = 0;
+      Message m = impl_->chunk_message(*op, op->next++, stream);
+      out.emplace_back(stream, std::move(m));
+    }
+    op->timer->async_wait([impl = impl_.get(), id = op->id, timeout](const asio::error_code& ec) {
+      if (ec) return;  // cancelled: the op finished
+      impl->fail(id, RdmaErrc::Timeout,
+                 "not complete after " + std::to_string(timeout.count()) +
+                     " ms (owner dead, frozen or too slow?)");
+    });
+  }
+  impl_->send_chunks(op, std::move(out));
+}
+
+}  // namespace detail
+
+// ---- public API ----
+
+namespace {
+
+Future<void> run(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,
+                 TransferOptions o) {
+  Promise<void> p;
+  Future<void> f = p.get_future();
+  auto shared = std::make_shared<Promise<void>>(std::move(p));
+  try {
+    auto& e = detail::Engine::get();
+    e.start(read, h, local, size, offset, o.timeout, [shared](std::exception_ptr err) {
+      if (err) {
+        shared->set_error(err);
+      } else {
+        shared->set_value();
+      }
+    });
+  } catch (...) {
+    if (!shared->satisfied()) shared->set_error(std::current_exception());
+  }
+  return f;
+}
+
+}  // namespace
+
+Future<void> RdmaHandle::read_into(std::span<std::byte> dst, uint64_t offset,
+                                   TransferOptions opts) const {
+  return run(true, *this, dst.data(), dst.size(), offset, opts);
+}
+
+Future<void> RdmaHandle::write_from(std::span<const std::byte> src, uint64_t offset,
+                                    TransferOptions opts) const {
+  // The engine never writes through `local` for a write.
+  return run(false, *this, const_cast<std::byte*>(src.data()), src.size(), offset, opts);
+}
+
+RdmaBuffer::RdmaBuffer(std::span<std::byte> memory, std::string name) : memory_(memory) {
+  reg_ = detail::Engine::get().register_memory(memory, name, handle_);
+}
+
+RdmaBuffer::RdmaBuffer(RdmaBuffer&& o) noexcept
+    : memory_(o.memory_), reg_(std::move(o.reg_)), handle_(std::move(o.handle_)) {
+  o.reg_ = nullptr;
+}
+
+RdmaBuffer& RdmaBuffer::operator=(RdmaBuffer&& o) noexcept {
+  if (this != &o) {
+    drop();
+    memory_ = o.memory_;
+    reg_ = std::move(o.reg_);
+    handle_ = std::move(o.handle_);
+    o.reg_ = nullptr;
+  }
+  return *this;
+}
+
+RdmaBuffer::~RdmaBuffer() { drop(); }
+
+RdmaHandle RdmaBuffer::handle() const {
+  if (!reg_) {
+    throw RdmaError(RdmaErrc::Dropped, "rdma: buffer " + handle_.describe() + " was dropped");
+  }
+  return handle_;
+}
+
+void RdmaBuffer::sync() const {
+  if (!reg_) return;
+  // Serving holds the registration's lock (shared); taking it exclusively orders this thread
+  // after everything already served, and everything served later after this thread's past.
+  std::unique_lock lock(static_cast<detail::Registration*>(reg_.get())->mu);
+}
+
+void RdmaBuffer::drop() {
+  if (!reg_) return;
+  detail::Engine::get().drop(*static_cast<detail::Registration*>(reg_.get()));
+  reg_ = nullptr;
+}
+
+RdmaBatch& RdmaBatch::read_into(const RdmaHandle& h, std::span<std::byte> dst, uint64_t offset) {
+  actions_.push_back(Action{true, h, dst.data(), dst.size(), offset});
+  return *this;
+}
+
+RdmaBatch& RdmaBatch::write_from(const RdmaHandle& h, std::span<const std::byte> src,
+                                 uint64_t offset) {
+  actions_.push_back(Action{false, h, const_cast<std::byte*>(src.data()), src.size(), offset});
+  return *this;
+}
+
+Future<void> RdmaBatch::submit(TransferOptions opts) {
+  if (actions_.empty()) return Future<void>::ready_value();
+  struct State {
+    std::mutex mu;
+    size_t left;
+    std::exception_ptr first;
+    Promise<void> promise;
+  };
+  auto st = std::make_shared<State>();
+  st->left = actions_.size();
+  Future<void> f = st->promise.get_future();
+  auto actions = std::move(actions_);
+  actions_.clear();
+  for (auto& a : actions) {
+    detail::Done done = [st](std::exception_ptr err) {
+      std::unique_lock lock(st->mu);
+      if (err && !st->first) st->first = err;
+      if (--st->left != 0) return;
+      auto first = st->first;
+      lock.unlock();
+      if (first) {
+        st->promise.set_error(first);
+      } else {
+        st->promise.set_value();
+      }
+    };
+    try {
+      detail::Engine::get().start(a.read, a.handle, a.local, a.size, a.offset, opts.timeout, done);
+    } catch (...) {
+      done(std::current_exception());
+    }
+  }
+  return f;
+}
+
+std::string active_backend() { return backend_name(detail::Engine::get().backend()); }
+std::string active_transport() { return detail::Engine::get().transport(); }
+
+}  // namespace monarch::rdma

@@ -1,0 +1,84 @@
+// Internal: the process's data plane. One Engine per process, created on first use and never
+// deleted; at exit (atexit, before static destructors) its threads are stopped and joined and its
+// state torn down, after which calls fail with BackendUnavailable.
+//
+// The channel route is always served: every registration can be read/written over channels.
+// The ucx route (ucx.cpp) is added when the backend setting allows and UCX starts.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+
+#include "monarch/rdma/rdma.hpp"
+
+namespace monarch::rdma::detail {
+
+/// Called once when a transfer ends: nullptr on success, else an RdmaError.
+using Done = std::function<void(std::exception_ptr)>;
+
+struct Registration {
+  uint64_t id = 0;
+  std::byte* base = nullptr;
+  size_t length = 0;
+  std::string name;
+  /// Shared while a transfer touches the memory, exclusive in drop() (RD-3).
+  std::shared_mutex mu;
+  bool dropped = false;  // guarded by mu
+  void* ucx_memh[2] = {nullptr, nullptr};  // ucp_mem_h per UCX plane (shm, net)
+  size_t ucx_slot = 0;       // index in the UCX status table
+};
+
+/// The UCX side (ucx.cpp); absent when built without UCX or when it failed to start.
+class UcxPlane {
+ public:
+  virtual ~UcxPlane() = default;
+  /// Registers reg's memory and fills h.rkey / h.worker_address. Throws RdmaError.
+  virtual void register_memory(Registration& reg, RdmaHandle& h) = 0;
+  virtual void deregister(Registration& reg) = 0;
+  /// One-sided get (read) or put (write) of [offset, offset+size) of h into/from local.
+  virtual void start(bool read, const RdmaHandle& h, std::byte* local, size_t size,
+                     uint64_t offset, std::chrono::milliseconds timeout, std::string what,
+                     Done done) = 0;
+  virtual std::string transport() const = 0;
+  /// Stops the plane's I/O thread (at process exit).
+  virtual void shutdown() = 0;
+};
+
+/// Starts the UCX plane, or returns nullptr with `why` set. Defined in ucx.cpp or ucx_stub.cpp.
+std::unique_ptr<UcxPlane> make_ucx_plane(std::string& why);
+
+class Engine {
+ public:
+  static Engine& get();
+
+  std::shared_ptr<Registration> register_memory(std::span<std::byte> memory, const std::string& name,
+                                                RdmaHandle& out);
+  void drop(Registration& reg);
+
+  /// Starts one transfer; `done` runs exactly once (maybe on this thread, for early errors).
+  void start(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,
+             std::chrono::milliseconds timeout, Done done);
+
+  std::chrono::milliseconds default_timeout() const { return timeout_; }
+  Backend backend() const;
+  std::string transport() const;
+  /// Stops the engine's I/O threads; called once, from an atexit handler.
+  void shutdown_at_exit();
+
+  struct Impl;
+
+ private:
+  Engine();
+  /// Shared by every call, exclusive in shutdown_at_exit (which resets impl_).
+  mutable std::shared_mutex life_mu_;
+  std::unique_ptr<Impl> impl_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace monarch::rdma::detail

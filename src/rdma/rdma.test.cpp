@@ -1,0 +1,156 @@
+// In-process tests of the data plane: API contract, bad input, drop, batches, the handle codec.
+// (Transfers across processes: testing/multiprocess.test.cpp.)
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "monarch/config/config.hpp"
+#include "monarch/rdma/rdma.hpp"
+#include "rdma/testing/pattern.hpp"
+
+using namespace monarch::rdma;
+namespace pat = monarch::rdma::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+template <class F>
+RdmaError expect_rdma_error(F&& f, RdmaErrc code) {
+  try {
+    f();
+  } catch (const RdmaError& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    return e;
+  }
+  ADD_FAILURE() << "expected RdmaError(" << errc_name(code) << ")";
+  return RdmaError(code, "");
+}
+
+std::vector<std::byte> pattern(size_t n, uint64_t seed) {
+  std::vector<std::byte> v(n);
+  pat::fill(v, seed);
+  return v;
+}
+
+}  // namespace
+
+TEST(Rdma, ActiveBackendIsQueryable) {
+  std::string b = active_backend();
+  EXPECT_TRUE(b == "ucx" || b == "channel") << b;
+  EXPECT_FALSE(active_transport().empty());
+  std::string want = monarch::config::global().string("rdma.backend");
+  if (want != "auto") {
+    EXPECT_EQ(b, want);
+  }
+}
+
+TEST(Rdma, ZeroLengthRegistrationFails) {  // RD-4
+  std::vector<std::byte> none;
+  auto e = expect_rdma_error([&] { RdmaBuffer b(none, "empty-one"); }, RdmaErrc::InvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("empty-one"), std::string::npos) << e.what();
+}
+
+TEST(Rdma, HandleRoundTripsThroughTheWire) {
+  auto mem = pattern(1000, 1);
+  RdmaBuffer buf(mem, "codec");
+  RdmaHandle h = buf.handle();
+  RdmaHandle back = pat::from_hex(pat::to_hex(h));
+  EXPECT_EQ(back.name, "codec");
+  EXPECT_EQ(back.owner, h.owner);
+  EXPECT_EQ(back.reg_id, h.reg_id);
+  EXPECT_EQ(back.length, 1000u);
+  EXPECT_EQ(back.address, reinterpret_cast<uintptr_t>(mem.data()));
+  ASSERT_EQ(back.ucx_routes.size(), h.ucx_routes.size());
+  for (size_t i = 0; i < h.ucx_routes.size(); ++i) {
+    EXPECT_EQ(back.ucx_routes[i].kind, h.ucx_routes[i].kind);
+    EXPECT_EQ(back.ucx_routes[i].rkey, h.ucx_routes[i].rkey);
+    EXPECT_EQ(back.ucx_routes[i].worker_address, h.ucx_routes[i].worker_address);
+  }
+  EXPECT_EQ(back.status_address, h.status_address);
+  EXPECT_LT(monarch::wire::encode(h).size(), 4096u);
+}
+
+TEST(Rdma, LocalReadAndWriteWithOffsets) {  // RD-1 in one process
+  auto mem = pattern(10000, 2);
+  RdmaBuffer buf(mem, "local");
+  std::vector<std::byte> got(3000);
+  buf.handle().read_into(got, 5000).get(5s);
+  EXPECT_EQ(pat::checksum(got),
+            pat::checksum(std::span<const std::byte>(mem).subspan(5000, 3000)));
+  auto patch = pattern(100, 3);
+  buf.write_from(patch, 9900).get(5s);
+  EXPECT_TRUE(std::equal(patch.begin(), patch.end(), mem.begin() + 9900));
+}
+
+TEST(Rdma, BadInputFailsWithClearErrors) {  // RD-4
+  auto mem = pattern(4096, 4);
+  RdmaBuffer buf(mem, "bounds");
+  RdmaHandle h = buf.handle();
+  std::vector<std::byte> dst(100);
+  auto e = expect_rdma_error([&] { h.read_into(dst, 4000).get(5s); }, RdmaErrc::OutOfBounds);
+  EXPECT_NE(std::string(e.what()).find("'bounds'"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("offset 4000"), std::string::npos) << e.what();
+  expect_rdma_error([&] { h.read_into(dst, ~0ull).get(5s); }, RdmaErrc::OutOfBounds);
+  expect_rdma_error([&] { h.read_into(std::span<std::byte>()).get(5s); },
+                    RdmaErrc::InvalidArgument);
+  expect_rdma_error([&] { h.write_from(std::span<const std::byte>(), 0).get(5s); },
+                    RdmaErrc::InvalidArgument);
+  expect_rdma_error([&] { RdmaHandle{}.read_into(dst).get(5s); }, RdmaErrc::UnknownBuffer);
+  RdmaHandle forged = h;
+  forged.reg_id = 1'000'000;
+  expect_rdma_error([&] { forged.read_into(dst).get(5s); }, RdmaErrc::UnknownBuffer);
+  RdmaHandle stale = h;
+  stale.owner_incarnation ^= 1;
+  expect_rdma_error([&] { stale.read_into(dst).get(5s); }, RdmaErrc::UnknownBuffer);
+}
+
+TEST(Rdma, DroppedBufferRefusesAccess) {  // RD-3
+  auto mem = pattern(4096, 5);
+  RdmaBuffer buf(mem, "gone-soon");
+  RdmaHandle h = buf.handle();
+  buf.drop();
+  buf.drop();  // idempotent
+  EXPECT_TRUE(buf.dropped());
+  std::vector<std::byte> dst(10);
+  auto e = expect_rdma_error([&] { h.read_into(dst).get(5s); }, RdmaErrc::Dropped);
+  EXPECT_NE(std::string(e.what()).find("gone-soon"), std::string::npos) << e.what();
+  expect_rdma_error([&] { (void)buf.handle(); }, RdmaErrc::Dropped);
+}
+
+TEST(Rdma, MovedBufferKeepsItsRegistration) {
+  auto mem = pattern(64, 6);
+  RdmaBuffer a(mem, "moved");
+  RdmaHandle h = a.handle();
+  RdmaBuffer b(std::move(a));
+  EXPECT_TRUE(a.dropped());  // NOLINT(bugprone-use-after-move): documented moved-from state
+  std::vector<std::byte> dst(64);
+  h.read_into(dst).get(5s);
+  EXPECT_EQ(dst, mem);
+}
+
+TEST(Rdma, BatchCompletesWhenAllDoAndReportsTheFirstError) {
+  auto mem = pattern(1 << 16, 7);
+  RdmaBuffer buf(mem, "batch");
+  RdmaHandle h = buf.handle();
+  std::vector<std::vector<std::byte>> parts(8, std::vector<std::byte>(1 << 13));
+  RdmaBatch batch;
+  for (size_t i = 0; i < parts.size(); ++i) batch.read_into(h, parts[i], i << 13);
+  EXPECT_EQ(batch.size(), 8u);
+  batch.submit().get(5s);
+  std::vector<std::byte> joined;
+  for (auto& p : parts) joined.insert(joined.end(), p.begin(), p.end());
+  EXPECT_EQ(joined, mem);
+
+  std::vector<std::byte> dst(16);
+  RdmaBatch bad;
+  bad.read_into(h, dst, 0).read_into(h, dst, 1 << 16);
+  expect_rdma_error([&] { bad.submit().get(5s); }, RdmaErrc::OutOfBounds);
+  EXPECT_NO_THROW(RdmaBatch{}.submit().get(1s));
+}
+
+TEST(Rdma, ConfigRejectsAnUnknownBackend) {
+  monarch::config::Config c;
+  EXPECT_THROW(c.set("rdma.backend", "carrier-pigeon"), monarch::config::ConfigError);
+  EXPECT_NO_THROW(c.set("rdma.backend", "channel"));
+  EXPECT_THROW(c.set("rdma.streams", "0"), monarch::config::ConfigError);
+}

@@ -1,0 +1,207 @@
+// The data plane across real processes (rdma_peer, fork/exec): checksummed reads and writes from
+// 1 B to 256 MiB in both directions, concurrent transfers, a dropped buffer, and an owner that
+// freezes and dies mid-transfer. The backend is this process's rdma.backend (ctest runs the
+// binary once per backend through MONARCH_RDMA_BACKEND; the peers inherit it).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "monarch/rdma/rdma.hpp"
+#include "rdma/testing/pattern.hpp"
+#include "testing/subprocess.hpp"
+
+using namespace monarch::rdma;
+namespace pat = monarch::rdma::testing;
+using namespace std::chrono_literals;
+using monarch::testing::Subprocess;
+
+namespace {
+
+const bool kIgnoreSigpipe = [] {  // writing to a killed peer's stdin must not kill the test
+  ::signal(SIGPIPE, SIG_IGN);
+  return true;
+}();
+
+struct Owner {
+  Subprocess proc;
+  RdmaHandle handle;
+  Owner(size_t size, uint64_t seed)
+      : proc(MONARCH_RDMA_PEER, {"owner", std::to_string(size), std::to_string(seed)}) {
+    auto l = proc.line(20s);
+    while (l && !l->starts_with("HANDLE ")) l = proc.line(20s);  // skip log lines (spdlog: stdout)
+    if (!l) throw std::runtime_error("owner peer did not start");
+    handle = pat::from_hex(l->substr(7));
+  }
+  std::string ask(const std::string& cmd) {
+    proc.write_line(cmd);
+    return proc.line(20s).value_or("<no answer>");
+  }
+  uint64_t sum(size_t off, size_t len) {
+    auto l = ask("sum " + std::to_string(off) + " " + std::to_string(len));
+    return std::stoull(l.substr(4));
+  }
+};
+
+std::string peer_line(const std::vector<std::string>& args) {
+  Subprocess p(MONARCH_RDMA_PEER, args);
+  return p.line(60s).value_or("<no output>");
+}
+
+std::string sum_line(uint64_t v) { return "SUM " + std::to_string(v); }
+
+/// Sets an environment variable (inherited by peers started meanwhile); restores it on exit.
+struct EnvFor {
+  std::string name;
+  std::optional<std::string> old;
+  EnvFor(std::string n, const std::string& v) : name(std::move(n)) {
+    if (const char* o = std::getenv(name.c_str())) old = o;
+    ::setenv(name.c_str(), v.c_str(), 1);
+  }
+  ~EnvFor() {
+    if (old) {
+      ::setenv(name.c_str(), old->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+};
+
+}  // namespace
+
+TEST(RdmaProcesses, ReadFromAnotherProcessOfManySizes) {  // RD-1
+  for (size_t size : {size_t{1}, size_t{4099}, size_t{(5u << 20) + 7}}) {
+    Owner owner(size, 11);
+    EXPECT_EQ(owner.handle.backend == Backend::Ucx ? "ucx" : "channel", active_backend());
+    std::vector<std::byte> dst(size);
+    owner.handle.read_into(dst).get(20s);
+    EXPECT_EQ(pat::checksum(dst), pat::pattern_checksum(size, 11)) << size;
+    if (size > 10) {  // a sub-range at an offset
+      std::vector<std::byte> part(size / 2);
+      owner.handle.read_into(part, size / 3).get(20s);
+      EXPECT_EQ(pat::checksum(part), owner.sum(size / 3, size / 2)) << size;
+    }
+  }
+}
+
+TEST(RdmaProcesses, WriteIntoAnotherProcess) {  // RD-1
+  for (size_t size : {size_t{1}, size_t{65537}, size_t{(9u << 20) + 3}}) {
+    Owner owner(size + 100, 12);
+    std::vector<std::byte> src(size);
+    pat::fill(src, 99, 50);
+    owner.handle.write_from(src, 50).get(20s);
+    EXPECT_EQ(owner.sum(50, size), pat::checksum(src)) << size;
+    // Bytes around the written range are untouched.
+    EXPECT_EQ(owner.sum(0, 50), pat::pattern_checksum(50, 12));
+    EXPECT_EQ(owner.sum(50 + size, 50), pat::pattern_checksum(50, 12, 50 + size));
+  }
+}
+
+TEST(RdmaProcesses, PeersReadAndWriteOurBuffer256MiB) {  // RD-1, largest size once
+  const size_t size = 256u << 20;
+  std::vector<std::byte> mem(size);
+  pat::fill(mem, 13);
+  RdmaBuffer buf(mem, "big");
+  std::string hex = pat::to_hex(buf.handle());
+  EXPECT_EQ(peer_line({"read", hex, "0", std::to_string(size)}),
+            sum_line(pat::checksum(mem)));
+  buf.sync();  // our reads above come before the peer's writes below
+  EXPECT_EQ(peer_line({"write", hex, "0", std::to_string(size), "77"}), "OK");
+  buf.sync();  // the peer's "OK" says its writes completed
+  EXPECT_EQ(pat::checksum(mem), pat::pattern_checksum(size, 77));
+}
+
+TEST(RdmaProcesses, ConcurrentTransfersToOneOwner) {  // RD-1 under concurrency
+  const size_t part = (1u << 20) + 5;
+  const int n = 8;
+  Owner owner(part * n * 2, 14);
+  std::vector<std::vector<std::byte>> reads(n, std::vector<std::byte>(part));
+  std::vector<std::vector<std::byte>> writes(n, std::vector<std::byte>(part));
+  std::vector<monarch::Future<void>> futures;
+  for (int i = 0; i < n; ++i) {
+    futures.push_back(owner.handle.read_into(reads[i], i * part));  // first half: read
+    pat::fill(writes[i], 200 + i);
+    futures.push_back(owner.handle.write_from(writes[i], (n + i) * part));  // second half: write
+  }
+  std::vector<std::thread> threads;  // and from other threads at the same time
+  std::vector<std::vector<std::byte>> more(4, std::vector<std::byte>(part));
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] { owner.handle.read_into(more[t], t * part).get(20s); });
+  }
+  for (auto& f : futures) f.get(20s);
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(pat::checksum(reads[i]), pat::pattern_checksum(part, 14, i * part)) << i;
+    EXPECT_EQ(owner.sum((n + i) * part, part), pat::checksum(writes[i])) << i;
+  }
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(more[t], reads[t]) << t;
+}
+
+TEST(RdmaProcesses, RemoteDropAndBoundsAreReportedByTheOwner) {  // RD-3, RD-4
+  Owner owner(4096, 15);
+  RdmaHandle lying = owner.handle;
+  lying.length = 1 << 20;  // a handle claiming more than the owner registered
+  std::vector<std::byte> dst(100);
+  try {
+    lying.read_into(dst, 8000).get(10s);
+    ADD_FAILURE() << "read past the owner's buffer succeeded";
+  } catch (const RdmaError& e) {
+    EXPECT_EQ(e.code(), RdmaErrc::OutOfBounds) << e.what();
+  }
+  EXPECT_EQ(owner.ask("drop"), "DROPPED");
+  try {
+    owner.handle.read_into(dst).get(10s);
+    ADD_FAILURE() << "read of a dropped buffer succeeded";
+  } catch (const RdmaError& e) {
+    EXPECT_EQ(e.code(), RdmaErrc::Dropped) << e.what();
+    EXPECT_NE(std::string(e.what()).find("peer-buffer"), std::string::npos) << e.what();
+  }
+  std::vector<std::byte> src(10);
+  EXPECT_THROW(owner.handle.write_from(src).get(10s), RdmaError);
+}
+
+TEST(RdmaProcesses, OwnerFrozenThenKilledMidTransferFailsByTheTimeout) {  // RD-2
+  const size_t size = 64u << 20;
+  Owner owner(size, 16);
+  std::vector<std::byte> warm(16);
+  owner.handle.read_into(warm).get(10s);  // links are up: the transfer below is really mid-way
+  ::kill(owner.proc.pid(), SIGSTOP);
+  std::vector<std::byte> dst(size);
+  TransferOptions o;
+  o.timeout = 1500ms;
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = owner.handle.read_into(dst, 0, o);
+  std::vector<std::byte> small(1 << 20);
+  auto w = owner.handle.write_from(small, 0, o);
+  EXPECT_FALSE(f.wait_for(300ms));  // the frozen owner cannot have answered
+  owner.proc.kill(SIGKILL);
+  for (auto* fut : {&f, &w}) {
+    try {
+      fut->get(10s);
+      ADD_FAILURE() << "transfer from a dead owner succeeded";
+    } catch (const RdmaError& e) {
+      EXPECT_TRUE(e.code() == RdmaErrc::Timeout || e.code() == RdmaErrc::OwnerUnreachable)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("peer-buffer"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);  // by the timeout, not the link's 30 s
+  // A new transfer to the dead owner fails too, within its timeout.
+  o.timeout = 500ms;
+  EXPECT_THROW(owner.handle.read_into(warm, 0, o).get(5s), RdmaError);
+}
+
+TEST(RdmaProcesses, UcxThatCannotStartFallsBackToChannel) {
+  // The peer asks for ucx with a transport UCX does not have: it warns and serves over channels,
+  // and its handle says so; we read it whatever our own backend is.
+  EnvFor backend("MONARCH_RDMA_BACKEND", "ucx");
+  EnvFor tls("MONARCH_RDMA_UCX_TLS", "no-such-transport");
+  auto owner = std::make_unique<Owner>(4099, 17);
+  EXPECT_EQ(owner->handle.backend, Backend::Channel);
+  EXPECT_TRUE(owner->handle.ucx_routes.empty());
+  std::vector<std::byte> dst(4099);
+  owner->handle.read_into(dst).get(20s);
+  EXPECT_EQ(pat::checksum(dst), pat::pattern_checksum(4099, 17));
+}
