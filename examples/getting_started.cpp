@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
               workers.reduce(mesh::Sum{}, &Worker::value, 1).get(10s));
   auto one = workers.slice("replicas", 1).slice("gpus", 0);
   std::printf("   call_one:  %s\n", one.call_one(&Worker::hello, std::string("main")).get(10s).c_str());
-  std::printf("   choose:    %s\n", workers.choose(&Worker::hello, std::string("a random pick")).get(10s).c_str());
+  std::printf("   choose:    %d\n", workers.choose(&Worker::value, 0).get(10s));
 
   auto replica1 = workers.slice("replicas", 1);
   replica1.broadcast(&Worker::add, 1000);  // fire and forget, to a slice

@@ -275,10 +275,11 @@ Future<void> remote_stop(Proc& proc, const ActorId& dest, bool kill) {
 }
 
 void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const char* endpoint,
-                     Bytes payload, ReplyHandler on_reply) {
+                     Bytes payload, ReplyHandler on_reply, size_t message_rank) {
   auto& r = proc.remote();
   RemoteHeader h;
   h.kind = kind;
+  h.message_rank = message_rank;
   h.dest = dest;
   h.endpoint = endpoint;
   h.reply_proc = r.address;

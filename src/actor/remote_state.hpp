@@ -486,6 +486,7 @@ struct Proc::Remote {
     detail::RemoteRequest req;
     req.payload = std::move(payload);
     req.is_call = is_call;
+    req.message_rank = static_cast<size_t>(h.message_rank);
     std::string to = h.reply_proc;
     uint64_t id = h.request_id;
     ActorId sender = h.sender;

@@ -35,6 +35,7 @@ struct Worker : monarch::Actor {
   explicit Worker(size_t rank) : rank_(rank) {}
   size_t rank() const { return rank_; }
   int pid() const { return ::getpid(); }
+  size_t where() const { return monarch::mesh::Context::message_rank(); }
   // Fault injection, by name: "exit3", "segv", "throw" (a send handler that throws: the actor
   // fails unhandled), "freeze" (never returns).
   void crash(std::string how) {
@@ -45,7 +46,7 @@ struct Worker : monarch::Actor {
     }
     if (how == "throw") throw std::runtime_error("rank " + std::to_string(rank_) + " exploded");
   }
-  MONARCH_ENDPOINTS(Worker, rank, pid, crash)
+  MONARCH_ENDPOINTS(Worker, rank, pid, where, crash)
   size_t rank_;
 };
 
@@ -61,11 +62,8 @@ struct Blocker : monarch::Actor {
 
 // What every worker of this binary does before it reports ready.
 void worker_setup(monarch::Proc& proc, const monarch::mesh::WorkerInfo& info) {
-  // Endpoints the client casts to ActorMeshes here (the cast tree runs them in this process).
-  monarch::mesh::register_cast<Worker>(&Worker::rank);
-  monarch::mesh::register_cast<Worker>(&Worker::pid);
-  monarch::mesh::register_cast<Worker>(&Worker::crash);
-  monarch::mesh::register_cast<Blocker>(&Blocker::freeze);
+  // No register_cast here: the casts this binary makes register their handlers in every process
+  // running it (RemoteCast::auto_registered), and `where` is cast without being registered.
   proc.register_name("worker", proc.spawn<Worker>("worker", info.rank));
   proc.register_name("blocker", proc.spawn<Blocker>("blocker"));
   if (info.mesh.starts_with("logs")) {
@@ -234,6 +232,13 @@ TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {
     EXPECT_EQ(got[r], 7u);
     EXPECT_EQ(pids[r], procs.pid(r));  // each actor lives in its own worker process
   }
+  // The receiver's rank in the cast view travels across processes: through the cast tree
+  // (call) and on direct calls (call_one, choose).
+  auto where = workers.call(&Worker::where).get(10s);
+  for (size_t r = 0; r < 3; ++r) EXPECT_EQ(where[r], r);
+  EXPECT_EQ(workers.slice("gpus", 2).call_one(&Worker::where).get(10s), 0u);
+  EXPECT_EQ(workers.slice("gpus", monarch::ndslice::Range(1, 3)).slice("gpus", 1).call_one(&Worker::where).get(10s), 0u);
+  EXPECT_LT(workers.choose(&Worker::where).get(10s), 3u);
   auto pending = blockers.slice("gpus", 1).call_one(&Blocker::freeze);
   workers.slice("gpus", 1).broadcast(&Worker::crash, std::string("throw"));
   MeshFailure f = failures.wait_one();

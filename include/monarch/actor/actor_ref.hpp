@@ -184,7 +184,7 @@ const char* remote_endpoint_name(M method) {
 
 /// Sends a call to an actor in another Proc; the reply completes the returned Future.
 template <class A, class M, class... Args>
-auto remote_call(Proc& proc, const ActorId& dest, M method, Args&&... args) {
+auto remote_call(Proc& proc, const ActorId& dest, size_t message_rank, M method, Args&&... args) {
   using traits = method_traits<M>;
   using R = typename reply_type<typename traits::ret>::type;
   Promise<R> p;
@@ -204,8 +204,10 @@ auto remote_call(Proc& proc, const ActorId& dest, M method, Args&&... args) {
                       } catch (...) {
                         p.set_error(std::current_exception());
                       }
-                    });
+                    },
+                    message_rank);
   } else {
+    (void)message_rank;
     p.set_error(UsageError("arguments or result of this endpoint are not serialisable, so it "
                            "cannot be called on an actor in another process"));
   }
@@ -213,13 +215,14 @@ auto remote_call(Proc& proc, const ActorId& dest, M method, Args&&... args) {
 }
 
 template <class A, class M, class... Args>
-void remote_send(Proc& proc, const ActorId& dest, M method, Args&&... args) {
+void remote_send(Proc& proc, const ActorId& dest, size_t message_rank, M method, Args&&... args) {
   using traits = method_traits<M>;
   if constexpr (remotable<M>()) {
     const char* name = remote_endpoint_name<A>(method);
     typename traits::stored stored(std::forward<Args>(args)...);
-    remote_dispatch(proc, dest, RemoteKind::Send, name, wire::encode(stored), nullptr);
+    remote_dispatch(proc, dest, RemoteKind::Send, name, wire::encode(stored), nullptr, message_rank);
   } else {
+    (void)message_rank;
     throw UsageError("arguments of this endpoint are not serialisable, so it cannot be sent to "
                      "an actor in another process");
   }
@@ -246,10 +249,12 @@ void register_endpoints() {
                       auto args = wire::decode<typename traits::stored>(req.payload);
                       if (!req.is_call) {
                         auto* env = new SendEnvelope<A, M>(&c.proc(), m, std::move(args));
+                        env->message_rank = req.message_rank;
                         env->remote_bounce = std::move(req.bounce_send);
                         return c.post(env);
                       }
                       auto* env = new CallEnvelope<A, M>(m, std::move(args));
+                      env->message_rank = req.message_rank;
                       env->promise.get_future().on_complete(
                           [reply = std::move(req.reply)](State<R>& st) mutable {
                             RemoteResult r;
@@ -321,11 +326,11 @@ class ActorRef {
   }
 
   /// Internal (mesh casts): call()/send() whose handler sees Context::message_rank() == rank.
-  /// (In-process members; across processes the rank does not travel yet.)
+  /// The rank travels with the message to actors in other processes too.
   template <class M, class... Args>
   auto call_ranked(size_t rank, M method, Args&&... args) const {
     detail::check_endpoint<A, M, Args...>();
-    if (remote_) return detail::remote_call<A>(*proc_, *unknown_, method, std::forward<Args>(args)...);
+    if (remote_) return detail::remote_call<A>(*proc_, *unknown_, rank, method, std::forward<Args>(args)...);
     auto* e = new detail::CallEnvelope<A, M>(method, std::forward<Args>(args)...);
     e->message_rank = rank;
     auto f = e->promise.get_future();
@@ -340,7 +345,7 @@ class ActorRef {
   template <class M, class... Args>
   void send_ranked(size_t rank, M method, Args&&... args) const {
     detail::check_endpoint<A, M, Args...>();
-    if (remote_) return detail::remote_send<A>(*proc_, *unknown_, method, std::forward<Args>(args)...);
+    if (remote_) return detail::remote_send<A>(*proc_, *unknown_, rank, method, std::forward<Args>(args)...);
     Proc* p = cell_ ? &cell_->proc() : proc_;
     auto* e = new detail::SendEnvelope<A, M>(p, method, std::forward<Args>(args)...);
     e->message_rank = rank;

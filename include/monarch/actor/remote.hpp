@@ -74,9 +74,10 @@ struct RemoteHeader {
   uint64_t request_id = 0; // Call/Lookup/Reply
   ActorId sender;          // Send/Bounce: the sending actor (uid 0: outside any actor)
   WireError error;         // Reply/Bounce
+  uint64_t message_rank = UINT64_MAX;  // Call/Send from a mesh adverb: Context::message_rank()
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(kind, dest, endpoint, reply_proc, request_id, sender, error);
+    ar(kind, dest, endpoint, reply_proc, request_id, sender, error, message_rank);
   }
 };
 
@@ -91,6 +92,7 @@ using ReplyHandler = UniqueFunction<void(RemoteResult&&)>;
 struct RemoteRequest {
   Bytes payload;
   bool is_call = true;
+  size_t message_rank = static_cast<size_t>(-1);  // Context::message_rank() of the handler
   UniqueFunction<void(RemoteResult&&)> reply;               // Call
   UniqueFunction<void(const DeliveryFailure&)> bounce_send;  // Send: back to the remote sender
 };
@@ -101,8 +103,9 @@ void add_remote_invoker(std::type_index type, std::string endpoint, RemoteInvoke
 
 /// Sends a Call or Send to `dest` (in another Proc) through `proc`'s channel. For a call,
 /// `on_reply` runs once with the result, or a DeliveryFailure when it cannot be delivered.
+/// `message_rank` travels to the handler's Context::message_rank() (SIZE_MAX: none).
 void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const char* endpoint,
-                     Bytes payload, ReplyHandler on_reply);
+                     Bytes payload, ReplyHandler on_reply, size_t message_rank = static_cast<size_t>(-1));
 
 /// The Proc decoding the current remote message on this thread (resolves ActorRefs in payloads).
 Proc* decoding_proc() noexcept;
