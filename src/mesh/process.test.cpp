@@ -239,6 +239,15 @@ TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {
   EXPECT_EQ(workers.slice("gpus", 2).call_one(&Worker::where).get(10s), 0u);
   EXPECT_EQ(workers.slice("gpus", monarch::ndslice::Range(1, 3)).slice("gpus", 1).call_one(&Worker::where).get(10s), 0u);
   EXPECT_LT(workers.choose(&Worker::where).get(10s), 3u);
+  auto stream = workers.slice("gpus", monarch::ndslice::Range(1, 3)).stream(&Worker::where);
+  std::set<size_t> seen;
+  for (int i = 0; i < 2; ++i) {
+    auto [rank, value] = stream.next(10s);
+    EXPECT_EQ(value.get(1s), rank);  // the rank within the streamed view
+    seen.insert(rank);
+  }
+  EXPECT_EQ(seen, (std::set<size_t>{0, 1}));
+  EXPECT_EQ(stream.remaining(), 0u);
   auto pending = blockers.slice("gpus", 1).call_one(&Blocker::freeze);
   workers.slice("gpus", 1).broadcast(&Worker::crash, std::string("throw"));
   MeshFailure f = failures.wait_one();

@@ -27,8 +27,8 @@
 // runtime threads (never the caller's); Future continuations follow future.hpp's rules.
 //
 // Status: in-process meshes (ProcMesh::local) and meshes of remote refs (attach / from_ids) whose
-// comm actors relay over channels. stream is in-process only; the process allocator and
-// supervision across processes are the next steps (issue 5).
+// comm actors relay over channels; process meshes (process.hpp) use the latter. Across processes
+// stream calls each member directly instead of going through the tree.
 #pragma once
 
 #include <chrono>
@@ -142,16 +142,19 @@ class ActorMesh {
 
   /// Every member; Stream::next() hands out each member's (already completed) reply future in
   /// the order the replies arrive, with the member's local rank. A comm actor that cannot be
-  /// reached gives each member below it a DeliveryFailure reply (CAST-7).
+  /// reached gives each member below it a DeliveryFailure reply (CAST-7). On a mesh of procs in
+  /// other processes the members are called directly (not through the tree; see CAST-4).
   template <class M, class... Args>
   auto stream(M method, const Args&... args) const {
     using R = typename detail::reply_type<typename detail::method_traits<M>::ret>::type;
     detail::check_endpoint<A, M, const Args&...>();
-    if (topo_ && topo_->remote) {
-      throw UsageError("stream: not supported yet on a mesh whose procs are in other processes (" +
-                       extent().to_string() + "); use call() or reduce()");
-    }
     Stream<R> out(size());
+    if (topo_ && topo_->remote) {
+      // Across processes each member replies straight to the caller (its rank travels with the
+      // call), so a stream is not ordered with tree casts to the same member (CAST-4).
+      for (size_t i = 0; i < size(); ++i) out.add(i, at(i).call_ranked(i, method, args...));
+      return out;
+    }
     auto job = make_job<detail::CastMode::Stream>(method, detail::NoReducer{}, args...);
     job->set_stream(out);
     job->start();
