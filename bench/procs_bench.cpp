@@ -5,6 +5,9 @@
 //                16 copies of this binary started with posix_spawn, each writing one line to a
 //                pipe once its main() runs (the floor: process start alone, no runtime).
 //
+//   cast_gather_procs  call() (cast down the comm-actor tree, replies gathered in it) to 16 worker
+//                processes x {1, 64, 256} actors each, us p50/p99; reduce_procs the same with Sum.
+//
 // This binary is also the worker (bootstrap at the top of main) and the posix_spawn peer
 // (`--role ready`).
 #include <spawn.h>
@@ -96,5 +99,28 @@ int main(int argc, char** argv) {
   report("spawn_procs", "monarch", "max", percentile(monarch_ms, 1.0), "ms", "lower", p);
   report("spawn_procs_first_call", "monarch", "p50", percentile(first_call_ms, 0.5), "ms", "lower", p);
   report("spawn_procs", "posix_spawn", "p50", percentile(peer_ms, 0.5), "ms", "lower", p);
+
+  // Cast + gather / reduce over worker processes (issue 5 target: 4096 actors on 16 procs <= 2 ms p50).
+  auto procs = host.spawn_procs({{"procs", kProcs}});
+  for (size_t k : {size_t{1}, size_t{64}, size_t{256}}) {
+    auto mesh = procs.spawn<Probe>("probe" + std::to_string(k), {{"actors", k}});
+    const int iters = k >= 256 ? 100 : 300;
+    std::vector<double> gather_us, reduce_us;
+    for (int i = 0; i < iters + 10; ++i) {
+      auto t0 = monarch::bench::Clock::now();
+      auto all = mesh.call(&Probe::ping).get(std::chrono::seconds(30));
+      if (i >= 10) gather_us.push_back(monarch::bench::us_since(t0));
+      if (all.size() != kProcs * k) std::abort();
+      t0 = monarch::bench::Clock::now();
+      int sum = mesh.reduce(monarch::mesh::Sum{}, &Probe::ping).get(std::chrono::seconds(30));
+      if (i >= 10) reduce_us.push_back(monarch::bench::us_since(t0));
+      if (sum != static_cast<int>(kProcs * k)) std::abort();
+    }
+    nlohmann::json q = {{"procs", kProcs}, {"actors_per_proc", k}, {"actors", kProcs * k}};
+    report("cast_gather_procs", "monarch", "p50", percentile(gather_us, 0.5), "us", "lower", q);
+    report("cast_gather_procs", "monarch", "p99", percentile(gather_us, 0.99), "us", "lower", q);
+    report("reduce_procs", "monarch", "p50", percentile(reduce_us, 0.5), "us", "lower", q);
+  }
+  procs.stop();
   return 0;
 }
