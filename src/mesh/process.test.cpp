@@ -4,7 +4,9 @@
 // This binary is also the worker: main() calls bootstrap() first (see the bottom of the file).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -93,15 +95,22 @@ bool alive(int pid) {
          line[close + 2] != 'X';
 }
 
+// Waits on a pidfd per process (readable once it has exited, child of ours or not).
 bool all_dead(const std::vector<int>& pids, std::chrono::milliseconds deadline) {
   auto end = std::chrono::steady_clock::now() + deadline;
-  while (std::chrono::steady_clock::now() < end) {
-    bool any = false;
-    for (int p : pids) any |= alive(p);
-    if (!any) return true;
-    std::this_thread::sleep_for(10ms);  // polling /proc: there is no event for a stranger's exit
+  for (int p : pids) {
+    int fd = static_cast<int>(::syscall(SYS_pidfd_open, p, 0));
+    if (fd < 0) {
+      if (errno == ESRCH) continue;  // already gone
+      return !alive(p);
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    pollfd pfd{fd, POLLIN, 0};
+    int n = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    ::close(fd);
+    if (n != 1) return false;
   }
-  return false;
+  return true;
 }
 
 struct Failures {
