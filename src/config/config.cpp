@@ -20,6 +20,7 @@ namespace {
 // Timeout order (checked by validate(), see kOrder below):
 //   channel.ack_interval < mesh.heartbeat_interval < mesh.heartbeat_timeout
 //   ft.collective_timeout < mesh.heartbeat_timeout < ft.step_timeout < mesh.spawn_timeout
+//   ft.heartbeat_interval < ft.heartbeat_timeout < mesh.heartbeat_timeout
 //   mesh.heartbeat_timeout < channel.delivery_timeout
 const std::vector<KeyInfo> kKeys = {
     // channel
@@ -55,6 +56,9 @@ const std::vector<KeyInfo> kKeys = {
     {"ft.quorum_join_timeout", Kind::Duration, "500ms",
      "how long the lighthouse waits for stragglers before forming a quorum"},
     {"ft.min_replicas", Kind::Int, "1", "a quorum needs at least this many replica groups"},
+    {"ft.heartbeat_interval", Kind::Duration, "100ms", "replica groups heartbeat the lighthouse this often"},
+    {"ft.heartbeat_timeout", Kind::Duration, "1s",
+     "a group without a heartbeat for this long is left out of the next quorum"},
     // rdma (data plane, docs/data-plane.md)
     {"rdma.backend", Kind::String, "auto",
      "data-plane backend: auto (ucx if it starts, else channel, with a warning), ucx, channel"},
@@ -74,6 +78,8 @@ const Order kOrder[] = {
     {"channel.ack_interval", "mesh.heartbeat_interval"},
     {"mesh.heartbeat_interval", "mesh.heartbeat_timeout"},
     {"ft.collective_timeout", "mesh.heartbeat_timeout"},
+    {"ft.heartbeat_interval", "ft.heartbeat_timeout"},
+    {"ft.heartbeat_timeout", "mesh.heartbeat_timeout"},
     {"mesh.heartbeat_timeout", "ft.step_timeout"},
     {"ft.step_timeout", "mesh.spawn_timeout"},
     {"mesh.heartbeat_timeout", "channel.delivery_timeout"},

@@ -1,0 +1,164 @@
+// Lighthouse and Manager: the control side of fault-tolerant training (DESIGN.md section 6).
+//
+//   // client (controller) process
+//   auto lighthouse = client.spawn<ft::Lighthouse>("lighthouse", ft::LighthouseOptions{});
+//   // one Manager per replica group, on the group's rank-0 proc:
+//   auto manager = group_procs.slice("ranks", 0).spawn<ft::Manager>("manager", lighthouse, "replica2", 1);
+//   // every rank of the group, every step (from its training thread):
+//   ft::QuorumResult q = manager.call(&ft::Manager::quorum, rank, step, failed, my_state).get(timeout);
+//   ... heal if q.heal, reconfigure the allreduce if q.quorum_id changed, allreduce ...
+//   bool commit = manager.call(&ft::Manager::should_commit, rank, step, ok).get(timeout);
+//
+// Lighthouse: one per job, in the controller's process. Replica groups heartbeat it (the
+// Manager's heartbeat thread, every ft.heartbeat_interval) and ask it for a quorum each step; the
+// rules are QuorumState's (quorum.hpp, Q-1..Q-6). The controller evicts a group it knows is dead
+// (its MeshFailure), so survivors need not wait for its heartbeat to go stale.
+//
+// Manager: one per replica group. It gathers the quorum requests of the group's ranks into one
+// QuorumMember, asks the lighthouse, and gives each rank its QuorumResult: whether to heal and from
+// whom, its rank and world size in the allreduce, and the store prefix of this quorum's group.
+// should_commit gathers one vote per rank and answers true only if every rank voted ok.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "monarch/actor/actor.hpp"
+#include "monarch/actor/future.hpp"
+#include "monarch/ft/quorum.hpp"
+
+namespace monarch::ft {
+
+/// Defaults come from the ft.* config keys (docs/config.md).
+struct LighthouseOptions {
+  int64_t min_replicas = 0;                    ///< 0: ft.min_replicas
+  std::chrono::milliseconds join_timeout{0};   ///< 0: ft.quorum_join_timeout
+  std::chrono::milliseconds heartbeat_timeout{0};  ///< 0: ft.heartbeat_timeout
+  template <class A>
+  void serialize(A& ar) {
+    ar(min_replicas, join_timeout, heartbeat_timeout);
+  }
+};
+
+/// Raised through a pending quorum Future when the lighthouse gives up on the request (the group
+/// was evicted, or a newer request from the same group replaced it).
+class QuorumError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Lighthouse : public Actor {
+ public:
+  explicit Lighthouse(LighthouseOptions options = {});
+
+  void init() override;
+  void cleanup(const std::optional<ActorSupervisionEvent>& error) override;
+
+  /// A group is alive. Fire-and-forget (send) from the group's heartbeat thread.
+  void heartbeat(std::string replica_id);
+  /// Joins the next quorum; completes when one forms (Q-1..Q-5). A newer request from the same
+  /// group fails the older one with QuorumError. The caller bounds the wait (ft.step_timeout).
+  Future<Quorum> quorum(QuorumMember member);
+  /// Supervision says the group is dead: its pending request fails with QuorumError(reason).
+  void evict(std::string replica_id, std::string reason);
+  /// The last quorum formed (quorum_id 0 and no participants before the first).
+  Quorum last_quorum() const;
+  /// Requests waiting for a quorum.
+  size_t pending() const { return state_.pending(); }
+  /// Groups with a fresh heartbeat now, sorted (the controller waits for all before the first step).
+  std::vector<std::string> healthy() const;
+  /// Re-evaluates the rules; the lighthouse's own ticker calls it every join_timeout / 5.
+  void tick();
+
+  MONARCH_ENDPOINTS(Lighthouse, heartbeat, quorum, evict, last_quorum, healthy, pending, tick)
+
+ private:
+  void try_form();
+
+  QuorumState state_;
+  std::map<std::string, Promise<Quorum>> waiting_;
+  std::atomic<bool> stopping_{false};
+  std::thread ticker_;
+};
+
+/// What one rank of a replica group learns from Manager::quorum.
+struct QuorumResult {
+  int64_t quorum_id = 0;
+  std::string store_prefix{};       ///< "quorum/<quorum_id>/": fresh per quorum id
+  int64_t replica_rank = 0;         ///< this group's index among participants
+  int64_t replica_world_size = 0;   ///< participating groups
+  int64_t global_rank = 0;          ///< this rank in the allreduce: ranks of earlier groups + rank
+  int64_t global_world_size = 0;    ///< ranks in the allreduce (sum over participating groups)
+  int64_t max_step = 0;
+  int64_t up_to_date_groups = 0;    ///< participants at max_step (they contribute gradients)
+  bool heal = false;                ///< this group is behind max_step: read the donor's state first
+  std::string donor_id{};           ///< when heal: the donor group
+  std::optional<rdma::RdmaHandle> donor_state{};  ///< when heal: the donor rank's committed state
+  std::vector<std::string> participants{};        ///< replica ids, in rank order
+  std::vector<std::string> healing{};             ///< replica ids healing this step
+  std::string reason{};                           ///< why the quorum formed
+
+  template <class A>
+  void serialize(A& ar) {
+    ar(quorum_id, store_prefix, replica_rank, replica_world_size, global_rank, global_world_size, max_step,
+       up_to_date_groups, heal, donor_id, donor_state, participants, healing, reason);
+  }
+};
+
+class Manager : public Actor {
+ public:
+  /// `world_size`: ranks in this group; each calls quorum() and should_commit() every step.
+  /// `heartbeat_interval` 0: ft.heartbeat_interval.
+  Manager(ActorRef<Lighthouse> lighthouse, std::string replica_id, int64_t world_size,
+          std::chrono::milliseconds heartbeat_interval = std::chrono::milliseconds{0});
+
+  /// Starts heartbeating the lighthouse.
+  void init() override;
+  void cleanup(const std::optional<ActorSupervisionEvent>& error) override;
+
+  /// Rank `rank` (0 <= rank < world_size) of this group asks for the quorum of step `step` (its
+  /// committed steps). `commit_failed`: its previous step did not commit. `state`: where its
+  /// committed state can be read, when it has one. Completes once every rank asked and the
+  /// lighthouse answered; fails with UsageError on a bad rank, QuorumError from the lighthouse.
+  Future<QuorumResult> quorum(int64_t rank, int64_t step, bool commit_failed,
+                              std::optional<rdma::RdmaHandle> state);
+  /// One vote per rank for step `step`; completes with true only if every rank voted ok.
+  Future<bool> should_commit(int64_t rank, int64_t step, bool ok);
+
+  MONARCH_ENDPOINTS(Manager, quorum, should_commit)
+
+ private:
+  struct QuorumAsk {
+    int64_t step;
+    bool commit_failed;
+    std::optional<rdma::RdmaHandle> state;
+    Promise<QuorumResult> reply;
+  };
+  struct Vote {
+    int64_t step;
+    bool ok;
+    Promise<bool> reply;
+  };
+  void check_rank(int64_t rank, const char* what) const;
+
+  ActorRef<Lighthouse> lighthouse_;
+  std::string replica_id_;
+  int64_t world_size_;
+  std::chrono::milliseconds heartbeat_interval_;
+  std::map<int64_t, QuorumAsk> asks_;
+  std::map<int64_t, Vote> votes_;
+  std::atomic<bool> stopping_{false};
+  std::thread heartbeat_;
+};
+
+/// Per-rank view of `q` for rank `rank` of group `replica_id` (what Manager::quorum returns).
+/// Throws std::out_of_range if the group is not a participant.
+QuorumResult result_for(const Quorum& q, const std::string& replica_id, int64_t rank);
+
+}  // namespace monarch::ft

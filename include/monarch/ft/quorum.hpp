@@ -1,0 +1,120 @@
+// Quorum rules of fault-tolerant training (DESIGN.md section 6), as plain data and a pure state
+// machine. The Lighthouse actor (lighthouse.hpp) drives a QuorumState with real time; tests drive
+// it with made-up time points.
+//
+// Vocabulary: a *replica group* (one model replica, `world_size` ranks) joins a *quorum* each
+// step. The quorum lists the participating groups, their steps and `max_step`; groups behind
+// `max_step` heal from an up-to-date donor before the step. `quorum_id` goes up whenever the
+// membership changes or a member reports that its previous step failed to commit, so every
+// member rebuilds its collective group (a fresh store prefix) on a new id.
+//
+// Rules, numbered (tests cite them):
+//  Q-1 Only replica groups with a fresh heartbeat (within QuorumRules::heartbeat_timeout; a quorum
+//      request counts as one) are *healthy*, and only healthy requesters are candidates.
+//  Q-2 Fast path: when every participant of the previous quorum is a candidate, the quorum forms
+//      at once from all candidates.
+//  Q-3 Otherwise a quorum needs at least `min_replicas` candidates AND more than half of the healthy
+//      groups (split-brain guard) AND either every healthy group has asked, or `join_timeout` has
+//      passed since the first pending request.
+//  Q-4 quorum_id starts at 1 and goes up by one when the participant set differs from the previous
+//      quorum's, or when any participant reports a commit failure; otherwise it stays.
+//  Q-5 max_step is the largest participant step. Participants behind it heal; each healer gets a
+//      donor round-robin (by healer order, offset by quorum_id) among participants at max_step.
+//  Q-6 An evicted group (declared dead by supervision) is not healthy until it heartbeats again,
+//      and its pending request is dropped.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <cereal/types/chrono.hpp>
+#include <cereal/types/optional.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+
+#include "monarch/rdma/rdma.hpp"
+
+namespace monarch::ft {
+
+using Clock = std::chrono::steady_clock;
+
+/// One replica group's request to join the next quorum.
+struct QuorumMember {
+  std::string replica_id;       ///< unique per group, e.g. "replica2"; restarts keep the id
+  int64_t step = 0;             ///< steps this group has committed
+  int64_t world_size = 1;       ///< ranks in the group
+  bool commit_failed = false;   ///< its previous step did not commit (Q-4)
+  /// Where each rank's committed state can be read (index = local rank); empty when the group has
+  /// nothing to offer (e.g. it is healing).
+  std::vector<rdma::RdmaHandle> state{};
+  std::string address{};        ///< free-form: where the group can be reached (for reports)
+
+  template <class A>
+  void serialize(A& ar) {
+    ar(replica_id, step, world_size, commit_failed, state, address);
+  }
+};
+
+/// A formed quorum: the same value goes to every participant.
+struct Quorum {
+  int64_t quorum_id = 0;
+  std::vector<QuorumMember> participants{};  ///< sorted by replica_id
+  int64_t max_step = 0;
+  std::string reason{};  ///< why it formed: "fast path", "all healthy joined", "join timeout"
+
+  /// Index of `replica_id` among participants; -1 if absent.
+  int64_t rank_of(const std::string& replica_id) const;
+  /// The donor of participant `replica_id` if it must heal; nullopt when it is up to date.
+  /// Throws std::out_of_range if replica_id is not a participant.
+  std::optional<QuorumMember> donor_for(const std::string& replica_id) const;
+  /// Participants at max_step (not healing), in order.
+  std::vector<std::string> up_to_date() const;
+  /// "quorum 3 (fast path): replica0@12 replica1@12 replica2@9(heal<-replica0)".
+  std::string to_string() const;
+
+  template <class A>
+  void serialize(A& ar) {
+    ar(quorum_id, participants, max_step, reason);
+  }
+};
+
+struct QuorumRules {
+  int64_t min_replicas = 1;
+  std::chrono::milliseconds join_timeout{500};
+  std::chrono::milliseconds heartbeat_timeout{1000};
+};
+
+/// The lighthouse's bookkeeping. Not thread-safe (the Lighthouse actor owns it).
+class QuorumState {
+ public:
+  explicit QuorumState(QuorumRules rules);
+
+  /// A heartbeat from `replica_id` at `now`.
+  void heartbeat(const std::string& replica_id, Clock::time_point now);
+  /// `m` asks to join the next quorum (replaces its earlier pending request). Counts as a heartbeat.
+  void request(QuorumMember m, Clock::time_point now);
+  /// Supervision declared the group dead.
+  void evict(const std::string& replica_id);
+  /// Forms a quorum if the rules allow one at `now` (Q-1..Q-5); the pending requests it answers
+  /// are consumed. When none forms, `why_not` (if given) says what is missing.
+  std::optional<Quorum> poll(Clock::time_point now, std::string* why_not = nullptr);
+
+  const std::optional<Quorum>& previous() const { return previous_; }
+  /// Groups with a fresh heartbeat at `now`, sorted.
+  std::vector<std::string> healthy(Clock::time_point now) const;
+  size_t pending() const { return pending_.size(); }
+  const QuorumRules& rules() const { return rules_; }
+
+ private:
+  QuorumRules rules_;
+  std::map<std::string, Clock::time_point> last_heartbeat_;
+  std::map<std::string, QuorumMember> pending_;
+  std::optional<Clock::time_point> first_pending_;
+  std::optional<Quorum> previous_;
+};
+
+}  // namespace monarch::ft

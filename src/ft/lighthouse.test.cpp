@@ -1,0 +1,146 @@
+// Lighthouse + Manager actors in one Proc: quorum per rank, commit votes, eviction, healing
+// assignment, heartbeat expiry. The rules themselves are tested in quorum.test.cpp (Q-1..Q-6).
+#include "monarch/ft/lighthouse.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "monarch/actor/runtime.hpp"
+
+using namespace std::chrono_literals;
+using monarch::ActorRef;
+using monarch::Future;
+using monarch::Proc;
+using monarch::ft::Lighthouse;
+using monarch::ft::LighthouseOptions;
+using monarch::ft::Manager;
+using monarch::ft::QuorumError;
+using monarch::ft::QuorumResult;
+using ::testing::HasSubstr;
+
+namespace {
+
+monarch::rdma::RdmaHandle fake_state(const std::string& name) {
+  monarch::rdma::RdmaHandle h;  // plain data: the managers only pass it along
+  h.name = name;
+  h.length = 64;
+  return h;
+}
+
+struct LighthouseTest : ::testing::Test {
+  Proc proc;
+  ActorRef<Lighthouse> lh = proc.spawn<Lighthouse>(
+      "lighthouse", LighthouseOptions{.min_replicas = 1, .join_timeout = 200ms, .heartbeat_timeout = 600ms});
+
+  ActorRef<Manager> manager(const std::string& id, int64_t world = 1) {
+    auto m = proc.spawn<Manager>("manager." + id, lh, id, world, 50ms);
+    // The manager heartbeats on its own thread; this one makes sure the lighthouse knows the group
+    // before any quorum request from this thread (FIFO per sender), so the first quorum has all.
+    lh.send(&Lighthouse::heartbeat, id);
+    return m;
+  }
+  Future<QuorumResult> ask(ActorRef<Manager>& m, int64_t rank, int64_t step, bool failed = false,
+                           std::optional<monarch::rdma::RdmaHandle> state = std::nullopt) {
+    return m.call(&Manager::quorum, rank, step, failed, std::move(state));
+  }
+};
+
+TEST_F(LighthouseTest, EveryRankOfEveryGroupGetsItsPlaceInOneQuorum) {
+  auto a = manager("a"), b = manager("b", 2);
+  auto fa = ask(a, 0, 0);
+  auto fb1 = ask(b, 1, 0);
+  auto fb0 = ask(b, 0, 0);
+  QuorumResult ra = fa.get(5s), rb0 = fb0.get(5s), rb1 = fb1.get(5s);
+  for (auto* r : {&ra, &rb0, &rb1}) {
+    EXPECT_EQ(r->quorum_id, 1);
+    EXPECT_EQ(r->replica_world_size, 2);
+    EXPECT_EQ(r->global_world_size, 3);  // a has 1 rank, b has 2
+    EXPECT_EQ(r->store_prefix, "quorum/1/");
+    EXPECT_FALSE(r->heal);
+    EXPECT_EQ(r->participants, (std::vector<std::string>{"a", "b"}));
+  }
+  EXPECT_EQ(ra.global_rank, 0);
+  EXPECT_EQ(rb0.global_rank, 1);
+  EXPECT_EQ(rb1.global_rank, 2);
+}
+
+TEST_F(LighthouseTest, OneBadVoteFailsTheCommitForTheWholeGroup) {
+  auto g = manager("g", 3);
+  auto v0 = g.call(&Manager::should_commit, int64_t{0}, int64_t{5}, true);
+  auto v1 = g.call(&Manager::should_commit, int64_t{1}, int64_t{5}, false);
+  EXPECT_FALSE(v0.wait_for(50ms)) << "must wait for every rank";
+  auto v2 = g.call(&Manager::should_commit, int64_t{2}, int64_t{5}, true);
+  EXPECT_FALSE(v0.get(5s));
+  EXPECT_FALSE(v1.get(5s));
+  EXPECT_FALSE(v2.get(5s));
+  // Next step, all ok.
+  std::vector<Future<bool>> ok;
+  for (int64_t r = 0; r < 3; ++r) ok.push_back(g.call(&Manager::should_commit, r, int64_t{6}, true));
+  for (auto& f : ok) EXPECT_TRUE(f.get(5s));
+  EXPECT_THAT([&] { g.call(&Manager::should_commit, int64_t{3}, int64_t{6}, true).get(5s); },
+              ::testing::ThrowsMessage<monarch::ActorError>(HasSubstr("rank 3 is outside [0, 3)")));
+}
+
+TEST_F(LighthouseTest, ABehindGroupHealsFromTheDonorsStateAndCommitFailureBumpsTheId) {
+  auto a = manager("a"), b = manager("b"), c = manager("c");
+  std::vector<Future<QuorumResult>> f;
+  f.push_back(ask(a, 0, 4, false, fake_state("a.state")));
+  f.push_back(ask(b, 0, 4, false, fake_state("b.state")));
+  f.push_back(ask(c, 0, 0, false, std::nullopt));  // a restarted replica: nothing to offer
+  auto ra = f[0].get(5s), rb = f[1].get(5s), rc = f[2].get(5s);
+  EXPECT_EQ(rc.max_step, 4);
+  EXPECT_TRUE(rc.heal);
+  ASSERT_TRUE(rc.donor_state.has_value());
+  EXPECT_EQ(rc.donor_state->name, rc.donor_id + ".state");
+  EXPECT_EQ(rc.up_to_date_groups, 2);
+  EXPECT_EQ(rc.healing, (std::vector<std::string>{"c"}));
+  EXPECT_FALSE(ra.heal);
+  EXPECT_FALSE(rb.heal);
+
+  // The step failed to commit somewhere: the next quorum, same members, has a new id.
+  auto f2a = ask(a, 0, 4, true), f2b = ask(b, 0, 4), f2c = ask(c, 0, 4);
+  EXPECT_EQ(f2a.get(5s).quorum_id, ra.quorum_id + 1);
+  EXPECT_EQ(f2b.get(5s).quorum_id, ra.quorum_id + 1);
+  EXPECT_EQ(f2c.get(5s).quorum_id, ra.quorum_id + 1);
+}
+
+TEST_F(LighthouseTest, EvictionFailsThePendingRequestAndLetsTheOthersGoOn) {
+  auto a = manager("a"), b = manager("b");
+  auto fa = ask(a, 0, 0), fb = ask(b, 0, 0);
+  ASSERT_EQ(fa.get(5s).quorum_id, 1);
+  ASSERT_EQ(fb.get(5s).quorum_id, 1);
+  // b asks again, then is declared dead before a asks: its request fails with the reason.
+  auto fb2 = ask(b, 0, 1);
+  // The request travels test -> manager -> lighthouse; wait until it is there (with a deadline).
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (lh.call(&Lighthouse::pending).get(5s) == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "b's request never reached the lighthouse";
+    std::this_thread::yield();
+  }
+  lh.call(&Lighthouse::evict, std::string("b"), std::string("proc exited with code 3")).get(5s);
+  EXPECT_THAT([&] { fb2.get(5s); }, ::testing::ThrowsMessage<QuorumError>(HasSubstr("proc exited with code 3")));
+  // b's manager still heartbeats; stop it so that it is not healthy any more.
+  b.stop().get(5s);
+  lh.call(&Lighthouse::evict, std::string("b"), std::string("stopped")).get(5s);
+  auto ra = ask(a, 0, 1).get(5s);
+  EXPECT_EQ(ra.participants, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(ra.quorum_id, 2);
+  EXPECT_EQ(lh.call(&Lighthouse::healthy).get(5s), (std::vector<std::string>{"a"}));
+}
+
+TEST_F(LighthouseTest, AGroupWhoseHeartbeatsStopIsLeftOutAfterTheHeartbeatTimeout) {
+  auto a = manager("a"), b = manager("b");
+  auto fa = ask(a, 0, 0), fb = ask(b, 0, 0);
+  ASSERT_EQ(fa.get(5s).quorum_id, 1);
+  fb.get(5s);
+  b.stop().get(5s);  // silent from now on, never evicted
+  auto start = std::chrono::steady_clock::now();
+  auto ra = ask(a, 0, 1).get(5s);
+  auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(ra.participants, (std::vector<std::string>{"a"}));
+  EXPECT_GE(waited, 150ms) << "a had to wait: join timeout (200 ms) or b's heartbeat timeout (600 ms)";
+}
+
+}  // namespace

@@ -1,0 +1,160 @@
+// QuorumState rules Q-1..Q-6 (include/monarch/ft/quorum.hpp), driven with made-up time.
+#include "monarch/ft/quorum.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace std::chrono_literals;
+using monarch::ft::Clock;
+using monarch::ft::Quorum;
+using monarch::ft::QuorumMember;
+using monarch::ft::QuorumRules;
+using monarch::ft::QuorumState;
+
+namespace {
+
+QuorumMember member(const std::string& id, int64_t step, bool failed = false) {
+  QuorumMember m;
+  m.replica_id = id;
+  m.step = step;
+  m.commit_failed = failed;
+  return m;
+}
+
+std::vector<std::string> ids(const Quorum& q) {
+  std::vector<std::string> out;
+  for (const auto& p : q.participants) out.push_back(p.replica_id);
+  return out;
+}
+
+struct QuorumTest : ::testing::Test {
+  Clock::time_point t0 = Clock::time_point{} + 1h;
+  QuorumRules rules{.min_replicas = 2, .join_timeout = 500ms, .heartbeat_timeout = 1000ms};
+  QuorumState s{rules};
+
+  // Forms the first quorum {a, b, c} at step 0.
+  Quorum first_quorum() {
+    for (auto id : {"a", "b", "c"}) s.heartbeat(id, t0);
+    for (auto id : {"a", "b", "c"}) s.request(member(id, 0), t0);
+    auto q = s.poll(t0);
+    EXPECT_TRUE(q.has_value());
+    return *q;
+  }
+};
+
+TEST_F(QuorumTest, FirstQuorumWaitsForEveryHealthyGroupThenFormsWithId1) {
+  for (auto id : {"a", "b", "c"}) s.heartbeat(id, t0);
+  s.request(member("a", 0), t0);
+  s.request(member("b", 0), t0);
+  std::string why;
+  EXPECT_FALSE(s.poll(t0 + 10ms, &why).has_value());
+  EXPECT_NE(why.find("waiting for 1"), std::string::npos) << why;
+  s.request(member("c", 0), t0 + 20ms);
+  auto q = s.poll(t0 + 20ms);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->quorum_id, 1);
+  EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(q->reason, "all healthy joined");
+  EXPECT_EQ(s.pending(), 0u);
+}
+
+TEST_F(QuorumTest, FastPathKeepsTheIdWhenMembershipIsIntact) {
+  auto q1 = first_quorum();
+  for (auto id : {"c", "a", "b"}) s.request(member(id, 1), t0 + 100ms);
+  auto q2 = s.poll(t0 + 100ms);
+  ASSERT_TRUE(q2.has_value());
+  EXPECT_EQ(q2->reason, "fast path");
+  EXPECT_EQ(q2->quorum_id, q1.quorum_id);
+  EXPECT_EQ(q2->max_step, 1);
+}
+
+TEST_F(QuorumTest, ACommitFailureBumpsTheIdEvenWithTheSameMembers) {
+  first_quorum();
+  s.request(member("a", 0, /*failed=*/true), t0 + 100ms);
+  s.request(member("b", 0), t0 + 100ms);
+  s.request(member("c", 0), t0 + 100ms);
+  auto q = s.poll(t0 + 100ms);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->quorum_id, 2);
+}
+
+TEST_F(QuorumTest, ADeadGroupDelaysTheQuorumUntilJoinTimeoutAndBumpsTheId) {
+  first_quorum();
+  // c died: a and b ask; c's heartbeat is still fresh, so they wait for it...
+  s.request(member("a", 1), t0 + 100ms);
+  s.request(member("b", 1), t0 + 100ms);
+  EXPECT_FALSE(s.poll(t0 + 500ms).has_value());
+  // ... until join_timeout after the first pending request.
+  auto q = s.poll(t0 + 600ms);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->reason, "join timeout");
+  EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(q->quorum_id, 2);
+}
+
+TEST_F(QuorumTest, EvictionFormsTheQuorumAtOnce) {
+  first_quorum();
+  s.request(member("a", 1), t0 + 100ms);
+  s.request(member("b", 1), t0 + 100ms);
+  s.evict("c");
+  auto q = s.poll(t0 + 101ms);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->reason, "all healthy joined");
+  EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(QuorumTest, AStaleHeartbeatIsNotHealthyAndItsRequestIsNoCandidate) {
+  first_quorum();
+  s.heartbeat("a", t0 + 1500ms);
+  s.heartbeat("b", t0 + 1500ms);
+  // c asked long ago and went silent (frozen): not a candidate, not healthy.
+  s.request(member("c", 0), t0 + 100ms);
+  s.request(member("a", 1), t0 + 1500ms);
+  s.request(member("b", 1), t0 + 1500ms);
+  auto q = s.poll(t0 + 1500ms);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(s.healthy(t0 + 1500ms), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(QuorumTest, SplitBrainGuardNeedsMoreThanHalfOfTheHealthy) {
+  QuorumState four(QuorumRules{.min_replicas = 1, .join_timeout = 100ms, .heartbeat_timeout = 1s});
+  for (auto id : {"a", "b", "c", "d"}) four.heartbeat(id, t0);
+  four.request(member("a", 0), t0);
+  four.request(member("b", 0), t0);
+  std::string why;
+  EXPECT_FALSE(four.poll(t0 + 200ms, &why).has_value()) << "2 of 4 healthy is not a majority";
+  EXPECT_NE(why.find("not more than half"), std::string::npos) << why;
+  four.request(member("c", 0), t0 + 200ms);
+  EXPECT_TRUE(four.poll(t0 + 200ms).has_value());
+}
+
+TEST_F(QuorumTest, MinReplicasIsEnforced) {
+  s.heartbeat("a", t0);
+  s.request(member("a", 0), t0);
+  std::string why;
+  EXPECT_FALSE(s.poll(t0 + 2s - 1500ms, &why).has_value());
+  EXPECT_NE(why.find("min_replicas is 2"), std::string::npos) << why;
+}
+
+TEST_F(QuorumTest, HealersGetDonorsRoundRobinAmongUpToDateGroups) {
+  QuorumState st(QuorumRules{.min_replicas = 1, .join_timeout = 100ms, .heartbeat_timeout = 1s});
+  st.request(member("a", 7), t0);
+  st.request(member("b", 7), t0);
+  st.request(member("c", 3), t0);
+  st.request(member("d", 0), t0);
+  auto q = st.poll(t0);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->max_step, 7);
+  EXPECT_EQ(q->up_to_date(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_FALSE(q->donor_for("a").has_value());
+  auto dc = q->donor_for("c"), dd = q->donor_for("d");
+  ASSERT_TRUE(dc && dd);
+  EXPECT_NE(dc->replica_id, dd->replica_id) << "two healers, two donors: " << q->to_string();
+  EXPECT_THROW(q->donor_for("zz"), std::out_of_range);
+}
+
+TEST(QuorumRulesTest, BadMinReplicasIsRejected) {
+  EXPECT_THROW(QuorumState(QuorumRules{.min_replicas = 0}), std::invalid_argument);
+}
+
+}  // namespace
