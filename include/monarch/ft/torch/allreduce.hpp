@@ -1,0 +1,117 @@
+// Gradient allreduce across replica groups, reconfigurable per quorum (DESIGN.md section 6).
+//
+// A StoreServer (hosted by the controller) is the rendezvous point: a c10d TCPStore on an
+// ephemeral port. Each quorum gets a fresh key prefix ("q<quorum_id>"), and every participant
+// calls AllreduceGroup::configure with that prefix, its rank in the quorum and the world size;
+// that builds a new c10d ProcessGroupGloo under the prefix and drops the previous one.
+//
+// This header is torch-free (pimpl), so the FT core and the example can include it cheaply; the
+// library monarch_ft_torch links libtorch.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+namespace monarch::ft {
+
+/// An allreduce (or group setup) failed: a peer died, aborted or missed the timeout. The group
+/// that threw is closed (its sockets are shut, so peers blocked on it fail fast too); the caller
+/// reconfigures with a new prefix before the next allreduce.
+class AllreduceError : public std::runtime_error {
+ public:
+  AllreduceError(std::string prefix, int rank, int world_size, const std::string& cause);
+  const std::string& prefix() const noexcept { return prefix_; }
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+
+ private:
+  std::string prefix_;
+  int rank_;
+  int world_size_;
+};
+
+/// The rendezvous store: a c10d::TCPStore server listening on `host`:<ephemeral port>. The
+/// process hosting it (the controller) keeps it alive as long as any quorum may form; destroying
+/// it stops the server thread. Thread-safe to read host()/port() from any thread.
+class StoreServer {
+ public:
+  /// Listens on all interfaces, advertises `host` (default "127.0.0.1"). Throws
+  /// std::runtime_error if the listening socket cannot be opened.
+  explicit StoreServer(std::string host = "127.0.0.1");
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  const std::string& host() const noexcept { return host_; }
+  std::uint16_t port() const noexcept { return port_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string host_;
+  std::uint16_t port_ = 0;
+};
+
+/// Which collective backend configure() builds.
+enum class AllreduceBackend {
+  gloo,  // CPU tensors over TCP; always built
+  nccl,  // CUDA tensors; only when built against a CUDA libtorch (MONARCH_FT_HAVE_NCCL). The
+         // Debian libtorch has no CUDA, so here configure(nccl) throws AllreduceError.
+};
+
+/// One member of a reconfigurable allreduce group. Not thread-safe: one thread (the replica's
+/// training loop) calls configure/allreduce_sum/abort in turn. The group owns one gloo worker
+/// thread that runs the collective.
+class AllreduceGroup {
+ public:
+  AllreduceGroup();
+  ~AllreduceGroup();
+  AllreduceGroup(const AllreduceGroup&) = delete;
+  AllreduceGroup& operator=(const AllreduceGroup&) = delete;
+
+  /// Joins the group `prefix` (unique per quorum, e.g. "q7"; reusing a prefix that an earlier
+  /// group used on the same store is an error that shows up as a hang until the timeout) as
+  /// `rank` of `world_size` (0 <= rank < world_size). Drops the previous group first. Blocks
+  /// until every member of the group has joined; throws AllreduceError if that takes longer than
+  /// `timeout` (a peer never showed up) or the store at `store_host`:`store_port` is unreachable.
+  /// `timeout` also bounds every later allreduce_sum of this group. `local_host` is the address
+  /// this member's gloo device binds and advertises (loopback for replicas on one host).
+  void configure(const std::string& store_host, std::uint16_t store_port,
+                 const std::string& prefix, int rank, int world_size,
+                 std::chrono::milliseconds timeout,
+                 AllreduceBackend backend = AllreduceBackend::gloo,
+                 const std::string& local_host = "127.0.0.1");
+
+  /// In-place elementwise sum of `data` over all members (every member passes the same number of
+  /// floats). All members get bitwise-identical results (gloo's ring allreduce reduces each chunk
+  /// once, in one order, then broadcasts it). With world_size 1 it returns at once.
+  /// Throws AllreduceError if the group is not configured, a peer died or aborted (typically
+  /// within milliseconds: its sockets close), or the op took longer than the configure timeout
+  /// (a stopped peer). After a throw the group is closed (see abort()).
+  void allreduce_sum(std::span<float> data);
+
+  /// Closes the current group now: its sockets shut, so peers blocked in allreduce_sum (or
+  /// configure) on this group fail fast instead of waiting for their timeout. Use it when this
+  /// member gives up on a step (e.g. an exception before its allreduce). Idempotent; no-op when
+  /// not configured. Call it from the same thread as allreduce_sum, not concurrently.
+  void abort() noexcept;
+
+  /// True between a successful configure() and the next error or abort().
+  bool configured() const noexcept;
+  const std::string& prefix() const noexcept { return prefix_; }
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string prefix_;
+  int rank_ = -1;
+  int world_size_ = 0;
+};
+
+}  // namespace monarch::ft

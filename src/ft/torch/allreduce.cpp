@@ -1,0 +1,184 @@
+// AllreduceGroup over c10d ProcessGroupGloo (include/monarch/ft/torch/allreduce.hpp).
+#include "monarch/ft/torch/allreduce.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#ifdef MONARCH_FT_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <mutex>
+#include <vector>
+
+namespace monarch::ft {
+
+namespace {
+
+std::string describe(const std::exception& e) {
+  // c10::Error::what() carries a C++ backtrace after the first line; the first line is the cause.
+  std::string s = e.what();
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+// Groups whose collective is wedged past every timeout cannot be destroyed without blocking
+// (~ProcessGroupGloo joins its worker thread). They are parked here instead. Never expected in
+// practice: gloo's own timeout (the configure timeout) completes the work first.
+std::mutex graveyard_mu;
+std::vector<c10::intrusive_ptr<c10d::ProcessGroup>>& graveyard() {
+  static auto* g = new std::vector<c10::intrusive_ptr<c10d::ProcessGroup>>();
+  return *g;
+}
+
+}  // namespace
+
+AllreduceError::AllreduceError(std::string prefix, int rank, int world_size,
+                               const std::string& cause)
+    : std::runtime_error("allreduce group '" + prefix + "' (rank " + std::to_string(rank) +
+                         " of " + std::to_string(world_size) + "): " + cause),
+      prefix_(std::move(prefix)),
+      rank_(rank),
+      world_size_(world_size) {}
+
+struct StoreServer::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+StoreServer::StoreServer(std::string host) : impl_(std::make_unique<Impl>()), host_(std::move(host)) {
+  c10d::TCPStoreOptions opts;
+  opts.port = 0;  // ephemeral
+  opts.isServer = true;
+  opts.waitWorkers = false;
+  opts.multiTenant = true;
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(host_, opts);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("StoreServer: cannot listen for " + host_ + ": " + describe(e));
+  }
+  port_ = impl_->store->getPort();
+}
+
+StoreServer::~StoreServer() = default;
+
+struct AllreduceGroup::Impl {
+  // The client connection to the store, reused while the store address stays the same.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::string store_host;
+  std::uint16_t store_port = 0;
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  AllreduceBackend backend = AllreduceBackend::gloo;
+  std::chrono::milliseconds timeout{0};
+};
+
+AllreduceGroup::AllreduceGroup() : impl_(std::make_unique<Impl>()) {}
+
+AllreduceGroup::~AllreduceGroup() { abort(); }
+
+bool AllreduceGroup::configured() const noexcept { return static_cast<bool>(impl_->pg); }
+
+void AllreduceGroup::abort() noexcept {
+  // Dropping the last reference destroys the ProcessGroupGloo: its worker thread is joined (it
+  // is idle: every allreduce_sum waits for its work) and the gloo pairs close their sockets, so
+  // peers blocked on a recv from us see "connection closed" at once.
+  impl_->pg.reset();
+}
+
+void AllreduceGroup::configure(const std::string& store_host, std::uint16_t store_port,
+                               const std::string& prefix, int rank, int world_size,
+                               std::chrono::milliseconds timeout, AllreduceBackend backend,
+                               const std::string& local_host) {
+  abort();
+  prefix_ = prefix;
+  rank_ = rank;
+  world_size_ = world_size;
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw AllreduceError(prefix, rank, world_size, "invalid rank/world size");
+  }
+  if (timeout.count() <= 0) throw AllreduceError(prefix, rank, world_size, "timeout must be > 0 ms");
+  try {
+    if (!impl_->store || impl_->store_host != store_host || impl_->store_port != store_port) {
+      impl_->store.reset();
+      c10d::TCPStoreOptions opts;
+      opts.port = store_port;
+      opts.isServer = false;
+      opts.waitWorkers = false;
+      opts.timeout = timeout;
+      impl_->store = c10::make_intrusive<c10d::TCPStore>(store_host, opts);
+      impl_->store_host = store_host;
+      impl_->store_port = store_port;
+    }
+    // The store timeout bounds the rendezvous (each get/wait of a peer's address).
+    impl_->store->setTimeout(timeout);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, impl_->store);
+    impl_->backend = backend;
+    impl_->timeout = timeout;
+    if (backend == AllreduceBackend::gloo) {
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local_host));
+      opts->threads = 1;
+      impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world_size, opts);
+      return;
+    }
+#ifdef MONARCH_FT_HAVE_NCCL
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world_size, opts);
+#else
+    throw AllreduceError(prefix, rank, world_size,
+                         "NCCL backend requested, but monarch_ft_torch was built against a "
+                         "libtorch without CUDA (Debian's libtorch-dev has none); use gloo");
+#endif
+  } catch (const AllreduceError&) {
+    throw;
+  } catch (const std::exception& e) {
+    impl_->pg.reset();
+    throw AllreduceError(prefix, rank, world_size, "configure: " + describe(e));
+  }
+}
+
+void AllreduceGroup::allreduce_sum(std::span<float> data) {
+  if (!impl_->pg) {
+    throw AllreduceError(prefix_, rank_, world_size_, "not configured (or closed by an earlier error/abort)");
+  }
+  if (world_size_ == 1 || data.empty()) return;
+  try {
+    auto cpu = torch::from_blob(data.data(), {static_cast<int64_t>(data.size())},
+                                torch::TensorOptions().dtype(torch::kFloat32));
+    std::vector<at::Tensor> tensors;
+#ifdef MONARCH_FT_HAVE_NCCL
+    bool on_gpu = impl_->backend == AllreduceBackend::nccl;
+    tensors.push_back(on_gpu ? cpu.to(torch::kCUDA) : cpu);
+#else
+    tensors.push_back(cpu);
+#endif
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = impl_->timeout;
+    auto work = impl_->pg->allreduce(tensors, opts);
+    // gloo's own timeout (the configure timeout) completes the work with an error; the extra
+    // margin here only guards against a wedged backend.
+    if (!work->wait(impl_->timeout + std::chrono::seconds(5))) {
+      throw std::runtime_error("allreduce aborted");
+    }
+#ifdef MONARCH_FT_HAVE_NCCL
+    if (on_gpu) cpu.copy_(tensors[0].cpu());
+#endif
+  } catch (const std::exception& e) {
+    std::string cause = describe(e);
+    if (cause.find("Operation timed out") != std::string::npos) {
+      // Work::wait gave up while the worker may still be inside gloo: park the group instead of
+      // blocking in its destructor.
+      std::lock_guard lock(graveyard_mu);
+      graveyard().push_back(std::move(impl_->pg));
+    }
+    abort();
+    throw AllreduceError(prefix_, rank_, world_size_, "allreduce of " +
+                         std::to_string(data.size()) + " floats: " + cause);
+  }
+}
+
+}  // namespace monarch::ft

@@ -1,0 +1,225 @@
+// AllreduceGroup across real processes (testing/allreduce_peer.cpp), with the store server in
+// this process. Covers: bitwise-identical sums at world 3; SIGKILL of one member -> the others
+// get AllreduceError fast, then reconfigure at world 2 and go on; abort() from one member makes
+// the others fail fast; SIGSTOP of one member -> the others fail after the timeout; a member that
+// never shows up -> configure fails within its timeout; world 1.
+#include "monarch/ft/torch/allreduce.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "testing/subprocess.hpp"
+
+using namespace std::chrono_literals;
+using monarch::ft::AllreduceError;
+using monarch::ft::AllreduceGroup;
+using monarch::ft::StoreServer;
+using monarch::testing::Subprocess;
+
+namespace {
+
+constexpr std::size_t kFloats = 4096;
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The next line starting with `prefix` (other lines skipped); fails the test at the deadline.
+std::string expect(Subprocess& p, const std::string& prefix,
+                   std::chrono::milliseconds deadline = 20s) {
+  auto end = std::chrono::steady_clock::now() + deadline;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    auto l = p.line(left);
+    if (!l) break;
+    if (l->starts_with(prefix)) return *l;
+  }
+  ADD_FAILURE() << "no line starting with '" << prefix << "' from pid " << p.pid();
+  return {};
+}
+
+std::vector<std::string> words(const std::string& s) {
+  std::istringstream in(s);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// Hash (FNV-1a over bytes, as the peer) of the exact half of iteration `iter` summed over `world`.
+std::uint64_t expected_exact_hash(int world, long iter) {
+  std::vector<float> sum(kFloats / 2, 0.0f);
+  for (int r = 0; r < world; ++r) {
+    for (std::size_t j = 0; j < sum.size(); ++j) {
+      sum[j] += static_cast<float>((static_cast<long>(r) * 7 + iter * 3 + static_cast<long>(j)) % 100);
+    }
+  }
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  const auto* b = reinterpret_cast<const unsigned char*>(sum.data());
+  for (std::size_t i = 0; i < sum.size() * sizeof(float); ++i) {
+    h ^= b[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+struct Group {
+  StoreServer store;
+  std::vector<std::unique_ptr<Subprocess>> peers;
+
+  explicit Group(int n) {
+    for (int i = 0; i < n; ++i) {
+      peers.push_back(std::make_unique<Subprocess>(MONARCH_FT_ALLREDUCE_PEER, std::vector<std::string>{}));
+    }
+  }
+  void configure(const std::string& prefix, const std::vector<int>& members, long timeout_ms) {
+    int world = static_cast<int>(members.size());
+    for (int r = 0; r < world; ++r) {
+      peers[members[r]]->write_line("configure " + store.host() + " " + std::to_string(store.port()) +
+                                    " " + prefix + " " + std::to_string(r) + " " +
+                                    std::to_string(world) + " " + std::to_string(timeout_ms));
+    }
+    for (int m : members) ASSERT_EQ(expect(*peers[m], "CONFIGURED"), "CONFIGURED");
+  }
+  // Every member of `members` prints OK for iterations 0..n-1 with the same hashes.
+  void expect_iterations(const std::vector<int>& members, long n) {
+    int world = static_cast<int>(members.size());
+    for (long i = 0; i < n; ++i) {
+      std::string full;
+      for (int m : members) {
+        auto w = words(expect(*peers[m], "OK "));
+        ASSERT_EQ(w.size(), 4u);
+        ASSERT_EQ(w[1], std::to_string(i));
+        EXPECT_EQ(w[2], std::to_string(expected_exact_hash(world, i))) << "iteration " << i;
+        if (full.empty()) full = w[3];
+        EXPECT_EQ(w[3], full) << "member " << m << " got different bits at iteration " << i;
+      }
+    }
+  }
+  // Waits for "ERROR <ns> <msg>" from peer m; returns seconds since `since_ns`.
+  double error_after(int m, std::int64_t since_ns, const std::string& must_name,
+                     std::chrono::milliseconds deadline = 20s) {
+    auto l = expect(*peers[m], "ERROR ", deadline);
+    auto w = words(l);
+    if (w.size() < 2) return 1e9;
+    EXPECT_NE(l.find(must_name), std::string::npos) << l;
+    return static_cast<double>(std::stoll(w[1]) - since_ns) / 1e9;
+  }
+};
+
+TEST(AllreduceGroup, ThreeProcessesGetBitwiseIdenticalSums) {
+  Group g(3);
+  g.configure("q1", {0, 1, 2}, 10000);
+  for (auto& p : g.peers) p->write_line("loop 50 " + std::to_string(kFloats));
+  g.expect_iterations({0, 1, 2}, 50);
+  for (auto& p : g.peers) EXPECT_EQ(expect(*p, "DONE"), "DONE");
+}
+
+TEST(AllreduceGroup, KilledPeerFailsOthersFastThenWorldTwoReconfigures) {
+  Group g(3);
+  const long timeout_ms = 10000;
+  g.configure("q1", {0, 1, 2}, timeout_ms);
+  for (auto& p : g.peers) p->write_line("loop 0 " + std::to_string(kFloats));
+  g.expect_iterations({0, 1, 2}, 20);
+  auto killed_at = steady_ns();
+  g.peers[2]->kill(SIGKILL);
+  for (int m : {0, 1}) {
+    double s = g.error_after(m, killed_at, "allreduce group 'q1' (rank " + std::to_string(m) + " of 3)");
+    std::printf("detection after SIGKILL: member %d after %.3f s\n", m, s);
+    EXPECT_LT(s, 3.0) << "a killed peer must be detected by its closed sockets, not the timeout";
+  }
+  g.configure("q2", {0, 1}, timeout_ms);
+  for (int m : {0, 1}) g.peers[m]->write_line("loop 10 " + std::to_string(kFloats));
+  g.expect_iterations({0, 1}, 10);
+  for (int m : {0, 1}) EXPECT_EQ(expect(*g.peers[m], "DONE"), "DONE");
+}
+
+TEST(AllreduceGroup, AbortMakesPeersFailFast) {
+  Group g(3);
+  g.configure("q1", {0, 1, 2}, 10000);
+  for (int m : {0, 1}) g.peers[m]->write_line("loop 0 " + std::to_string(kFloats));
+  g.peers[2]->write_line("abort_after 20 " + std::to_string(kFloats));
+  g.expect_iterations({0, 1, 2}, 20);
+  auto w = words(expect(*g.peers[2], "ABORTED "));
+  ASSERT_EQ(w.size(), 2u);
+  auto aborted_at = std::stoll(w[1]);
+  for (int m : {0, 1}) {
+    double s = g.error_after(m, aborted_at, "'q1'");
+    std::printf("detection after abort(): member %d after %.3f s\n", m, s);
+    EXPECT_LT(s, 3.0) << "abort() must not leave peers waiting for their 10 s timeout";
+  }
+}
+
+TEST(AllreduceGroup, StoppedPeerFailsOthersAtTheTimeout) {
+  Group g(3);
+  const long timeout_ms = 1500;
+  g.configure("q1", {0, 1, 2}, timeout_ms);
+  for (auto& p : g.peers) p->write_line("loop 0 " + std::to_string(kFloats));
+  g.expect_iterations({0, 1, 2}, 20);
+  auto stopped_at = steady_ns();
+  g.peers[2]->kill(SIGSTOP);
+  for (int m : {0, 1}) {
+    double s = g.error_after(m, stopped_at, "'q1'");
+    std::printf("detection after SIGSTOP (timeout %.1f s): member %d after %.3f s\n",
+                static_cast<double>(timeout_ms) / 1000, m, s);
+    EXPECT_LT(s, static_cast<double>(timeout_ms) / 1000 + 2.0);
+  }
+  g.peers[2]->kill(SIGCONT);
+  // The woken member finds its group closed by the others and fails too, instead of hanging.
+  EXPECT_NE(expect(*g.peers[2], "ERROR "), "");
+}
+
+TEST(AllreduceGroup, ConfigureFailsWithinTimeoutWhenAPeerNeverShowsUp) {
+  StoreServer store;
+  AllreduceGroup group;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    group.configure(store.host(), store.port(), "lonely", 0, 2, 1000ms);
+    FAIL() << "configure returned without its peer";
+  } catch (const AllreduceError& e) {
+    EXPECT_EQ(e.prefix(), "lonely");
+    EXPECT_EQ(e.world_size(), 2);
+    EXPECT_NE(std::string(e.what()).find("'lonely' (rank 0 of 2)"), std::string::npos) << e.what();
+  }
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, 4s);
+  EXPECT_FALSE(group.configured());
+  std::vector<float> buf(4, 1.0f);
+  EXPECT_THROW(group.allreduce_sum(buf), AllreduceError);
+}
+
+TEST(AllreduceGroup, WorldOfOneIsTheIdentity) {
+  StoreServer store;
+  AllreduceGroup group;
+  group.configure(store.host(), store.port(), "solo", 0, 1, 1000ms);
+  std::vector<float> buf{1.5f, -2.0f, 3.25f};
+  group.allreduce_sum(buf);
+  EXPECT_EQ(buf, (std::vector<float>{1.5f, -2.0f, 3.25f}));
+  group.abort();
+  EXPECT_THROW(group.allreduce_sum(buf), AllreduceError);
+}
+
+TEST(AllreduceGroup, NcclNeedsACudaBuild) {
+#ifndef MONARCH_FT_HAVE_NCCL
+  StoreServer store;
+  AllreduceGroup group;
+  try {
+    group.configure(store.host(), store.port(), "gpu", 0, 1, 1000ms, monarch::ft::AllreduceBackend::nccl);
+    FAIL() << "nccl configured on a CPU-only libtorch";
+  } catch (const AllreduceError& e) {
+    EXPECT_NE(std::string(e.what()).find("without CUDA"), std::string::npos) << e.what();
+  }
+#else
+  GTEST_SKIP() << "CUDA build: NCCL exercised on GPU machines only";
+#endif
+}
+
+}  // namespace

@@ -1,0 +1,137 @@
+// FlatState (include/monarch/ft/torch/flat_state.hpp).
+#include "monarch/ft/torch/flat_state.hpp"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace monarch::ft {
+
+namespace {
+
+constexpr std::uint64_t kMagic = 0x315441545346544dULL;  // "MFTSTAT1"
+constexpr std::size_t kHeaderBytes = 64;
+constexpr std::size_t kHeaderFloats = kHeaderBytes / sizeof(float);
+constexpr std::size_t kAlignFloats = 16;  // total size a multiple of 64 bytes
+// Header fields, as int64 slots.
+constexpr std::size_t kMagicSlot = 0, kCountSlot = 1, kStepSlot = 2, kPositionSlot = 3;
+
+std::int64_t read_slot(const std::byte* base, std::size_t slot) {
+  std::int64_t v;
+  std::memcpy(&v, base + slot * 8, 8);
+  return v;
+}
+void write_slot(std::byte* base, std::size_t slot, std::int64_t v) {
+  std::memcpy(base + slot * 8, &v, 8);
+}
+
+}  // namespace
+
+struct FlatState::Impl {
+  torch::Tensor buffer;  // float32 [total]: header + params + exp_avg + exp_avg_sq + padding
+  torch::Tensor params;  // views of buffer, [P] each
+  torch::Tensor exp_avg;
+  torch::Tensor exp_avg_sq;
+  torch::Tensor grads;  // float32 [P], separate
+};
+
+FlatState::FlatState(::torch::nn::Module& module) : impl_(std::make_unique<Impl>()) {
+  auto parameters = module.parameters(/*recurse=*/true);
+  if (parameters.empty()) throw std::invalid_argument("FlatState: the module has no parameters");
+  std::size_t count = 0;
+  for (const auto& p : parameters) {
+    if (p.device() != torch::kCPU || p.scalar_type() != torch::kFloat32 || p.is_sparse()) {
+      throw std::invalid_argument("FlatState: parameter of shape " +
+                                  c10::str(p.sizes()) + " is not a dense CPU float32 tensor");
+    }
+    count += static_cast<std::size_t>(p.numel());
+  }
+  num_params_ = count;
+  std::size_t total = kHeaderFloats + 3 * count;
+  total = (total + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  auto& s = *impl_;
+  s.buffer = torch::zeros({static_cast<int64_t>(total)}, torch::kFloat32);
+  auto n = static_cast<int64_t>(count);
+  s.params = s.buffer.narrow(0, kHeaderFloats, n);
+  s.exp_avg = s.buffer.narrow(0, kHeaderFloats + n, n);
+  s.exp_avg_sq = s.buffer.narrow(0, kHeaderFloats + 2 * n, n);
+  s.grads = torch::zeros({n}, torch::kFloat32);
+
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (auto& p : parameters) {
+    auto numel = p.numel();
+    auto value = s.params.narrow(0, offset, numel).view(p.sizes());
+    value.copy_(p.detach());
+    p.set_data(value);
+    p.mutable_grad() = s.grads.narrow(0, offset, numel).view(p.sizes());
+    offset += numel;
+  }
+  base_ = reinterpret_cast<std::byte*>(s.buffer.data_ptr<float>());
+  size_ = total * sizeof(float);
+  params_ = s.params.data_ptr<float>();
+  grads_ = s.grads.data_ptr<float>();
+  write_slot(base_, kMagicSlot, static_cast<std::int64_t>(kMagic));
+  write_slot(base_, kCountSlot, static_cast<std::int64_t>(count));
+}
+
+FlatState::~FlatState() = default;
+FlatState::FlatState(FlatState&&) noexcept = default;
+FlatState& FlatState::operator=(FlatState&&) noexcept = default;
+
+void FlatState::load_from(std::span<const std::byte> src) {
+  if (src.size() != size_) {
+    throw std::invalid_argument("FlatState::load_from: " + std::to_string(src.size()) +
+                                " bytes, expected " + std::to_string(size_));
+  }
+  if (static_cast<std::uint64_t>(read_slot(src.data(), kMagicSlot)) != kMagic ||
+      read_slot(src.data(), kCountSlot) != static_cast<std::int64_t>(num_params_)) {
+    throw std::invalid_argument("FlatState::load_from: header mismatch (not a FlatState of a "
+                                "model with " + std::to_string(num_params_) + " parameters)");
+  }
+  std::memcpy(base_, src.data(), size_);
+}
+
+std::uint64_t FlatState::hash() const noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (std::size_t i = 0; i < size_; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, base_ + i, 8);
+    h ^= w;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+void FlatState::zero_grads() noexcept { std::memset(grads_, 0, num_params_ * sizeof(float)); }
+
+void FlatState::scale_grads(float factor) noexcept {
+  for (std::size_t i = 0; i < num_params_; ++i) grads_[i] *= factor;
+}
+
+std::int64_t FlatState::step() const noexcept { return read_slot(base_, kStepSlot); }
+void FlatState::set_step(std::int64_t step) noexcept { write_slot(base_, kStepSlot, step); }
+std::int64_t FlatState::data_position() const noexcept { return read_slot(base_, kPositionSlot); }
+void FlatState::set_data_position(std::int64_t position) noexcept {
+  write_slot(base_, kPositionSlot, position);
+}
+
+void FlatState::adam_step(const AdamOptions& o) {
+  torch::NoGradGuard no_grad;
+  auto& s = *impl_;
+  const auto t = static_cast<double>(step() + 1);
+  auto grad = s.grads;
+  if (o.weight_decay != 0.0) grad = grad.add(s.params, o.weight_decay);
+  s.exp_avg.mul_(o.beta1).add_(grad, 1.0 - o.beta1);
+  s.exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1.0 - o.beta2);
+  const double bias1 = 1.0 - std::pow(o.beta1, t);
+  const double bias2 = 1.0 - std::pow(o.beta2, t);
+  auto denom = (s.exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(o.eps);
+  s.params.addcdiv_(s.exp_avg, denom, -o.lr / bias1);
+  set_step(step() + 1);
+}
+
+}  // namespace monarch::ft
