@@ -55,11 +55,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 int64_t now_ns() { return Clock::now().time_since_epoch().count(); }
 
 struct TrainConfig {
-  int64_t steps = 800;
+  int64_t steps = 2000;
   int64_t replicas = 4;
   int64_t ranks = 1;
   uint64_t seed = 1;
@@ -74,9 +73,10 @@ struct TrainConfig {
   int64_t eval_every = 50;        // accuracy on a test subset every this many steps (replica rank 0)
   int64_t eval_samples = 2000;
   int64_t heal_chunk_bytes = 256 << 10;
+  std::string store_namespace = "run";  // each run of the job gets its own keys in the shared store
   template <class A>
   void serialize(A& ar) {
-    ar(steps, replicas, ranks, seed, global_batch, lr, hidden, data_dir, store_host, store_port,
+    ar(store_namespace, steps, replicas, ranks, seed, global_batch, lr, hidden, data_dir, store_host, store_port,
        collective_timeout_ms, step_timeout_ms, eval_every, eval_samples, heal_chunk_bytes);
   }
 };
@@ -120,7 +120,18 @@ struct Trainer : monarch::Actor {
         replica_id_(std::move(replica_id)),
         incarnation_(incarnation) {}
 
-  void init() override { ex::init_torch_worker(1); }
+  /// Loads the data and builds the model before the first message, so that a group counts as
+  /// started only once it can train (the first quorum then has everyone).
+  void init() override {
+    ex::init_torch_worker(1);
+    train_ = ex::load_fashion_mnist(cfg_.data_dir, ex::Split::train);
+    test_ = ex::load_fashion_mnist(cfg_.data_dir, ex::Split::test);
+    test_subset_.size = std::min<int64_t>(cfg_.eval_samples, test_.size);
+    test_subset_.images.assign(test_.images.begin(), test_.images.begin() + test_subset_.size * ex::kImagePixels);
+    test_subset_.labels.assign(test_.labels.begin(), test_.labels.begin() + test_subset_.size);
+    model_ = std::make_unique<ex::Model>(cfg_.seed, static_cast<int>(cfg_.hidden));
+  }
+  /// The process id (for fault injection); answers once init() is done.
   int pid() { return ::getpid(); }
   /// Starts the training thread as rank `rank` of the group. `kill_donor_mid_heal`: fault
   /// injection point "heal.after_first_chunk": ask the controller to kill the donor there.
@@ -153,6 +164,8 @@ struct Trainer : monarch::Actor {
   std::atomic<bool> allreduce_fault_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  ex::Dataset train_, test_, test_subset_;
+  std::unique_ptr<ex::Model> model_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -200,6 +213,7 @@ struct RunResult {
   int64_t survivor_restarts = 0;
   int64_t respawns = 0;
   double max_survivor_stall_s = 0;
+  std::string max_stall_where;
   std::vector<double> recovery_s;
   double committed_samples_per_s = 0;
   double heal_gbps = 0;
@@ -273,6 +287,15 @@ struct Controller : monarch::Actor {
   }
 
   void report(StepReport r);
+  /// Ends the run now with what is known (the run's deadline passed): replicas that did not
+  /// finish count as not equal.
+  void finish_now() {
+    if (finished_) return;
+    result_.error = std::to_string(finals_.size()) + " of " + std::to_string(cfg_.replicas) +
+                    " replica groups finished before the deadline";
+    event(result_.error);
+    finish(/*complete=*/false);
+  }
   /// Fault injection point "heal.after_first_chunk": the healer asks; the donor dies now.
   bool kill_donor(std::string healer, std::string donor);
   void respawn(int64_t r);
@@ -280,7 +303,7 @@ struct Controller : monarch::Actor {
   /// A message to a dead replica (a start or a fault to arm): the group's MeshFailure follows.
   void undeliverable(const monarch::DeliveryFailure& f) override { event(std::string("undeliverable: ") + f.what()); }
 
-  MONARCH_ENDPOINTS(Controller, spawn_all, start_all, done, shutdown, report, kill_donor, respawn)
+  MONARCH_ENDPOINTS(Controller, spawn_all, start_all, done, shutdown, report, finish_now, kill_donor, respawn)
 
  private:
   struct Group {
@@ -295,18 +318,38 @@ struct Controller : monarch::Actor {
   static std::string replica_id(int64_t r) { return "replica" + std::to_string(r); }
   static std::string mesh_name(int64_t r, int64_t inc) { return replica_id(r) + "-" + std::to_string(inc); }
 
+  // Spawns group r's procs, manager and trainers. Initial spawn: waits until every trainer is
+  // ready. Respawn: returns at once; the trainers start once ready (then() runs in this actor),
+  // so the controller keeps handling reports and failures meanwhile.
   void spawn_group(int64_t r, bool respawned) {
     auto& g = groups_[static_cast<size_t>(r)];
     g.incarnation += 1;
     g.up = false;
+    g.pids.clear();
     g.procs = host_.spawn_procs({{"ranks", static_cast<size_t>(cfg_.ranks)}}, {.name = mesh_name(r, g.incarnation)});
     auto managers = g.procs->slice("ranks", 0).spawn<ft::Manager>("manager", lighthouse_, replica_id(r), cfg_.ranks,
                                                                   std::chrono::milliseconds(0));
     g.trainers = g.procs->spawn<Trainer>("trainer", cfg_, self<Controller>(), managers.at(0), replica_id(r),
                                          g.incarnation);
-    g.pids.clear();
-    for (size_t i = 0; i < g.procs->size(); ++i) g.pids.push_back(g.procs->pid(i));
-    if (respawned) ++result_.respawns;
+    // pid() answers after Trainer::init (data loaded, model built): the group is ready to train.
+    auto pids = g.trainers->call(&Trainer::pid);
+    if (!respawned) {
+      auto v = pids.get(monarch::config::global().duration("mesh.spawn_timeout"));
+      for (size_t i = 0; i < v.size(); ++i) g.pids.push_back(v[i]);
+      return;
+    }
+    ++result_.respawns;
+    bool arm = std::exchange(g.arm_kill_donor, false);
+    (void)pids.then([this, r, inc = g.incarnation, arm](auto v) {
+      auto& grp = groups_[static_cast<size_t>(r)];
+      if (grp.incarnation != inc || finished_) return;  // replaced again meanwhile, or the run ended
+      for (size_t i = 0; i < v.size(); ++i) grp.pids.push_back(v[i]);
+      start_group(r, arm);
+      for (auto& f : faults_) {
+        if (f.open() && f.victims.count(replica_id(r)) && !f.respawned) f.respawned = now_ns();
+      }
+      event("respawned " + replica_id(r) + " as mesh " + mesh_name(r, inc) + " (ready)");
+    });
   }
   void start_group(int64_t r, bool arm_kill_donor) {
     auto& g = groups_[static_cast<size_t>(r)];
@@ -317,11 +360,12 @@ struct Controller : monarch::Actor {
   }
 
   void plan_faults() {
-    // Spread the faults over [10%, 70%] of the run; kinds in a fixed rotation (all four kinds
+    // Spread the faults over [10%, 60%] of the run (none after 80%: a group must have time to
+    // heal and rejoin before the end); kinds in a fixed rotation (all four kinds
     // appear once there are four faults), starting at a seeded offset.
     int64_t n = run_.faults;
     if (n <= 0) return;
-    int64_t first = std::max<int64_t>(5, cfg_.steps / 10), last = cfg_.steps * 7 / 10;
+    int64_t first = std::max<int64_t>(5, cfg_.steps / 10), last = cfg_.steps * 6 / 10;
     int offset = static_cast<int>(rng_() % 4);
     for (int64_t i = 0; i < n; ++i) {
       int64_t at = first + (last - first) * i / std::max<int64_t>(1, n);
@@ -356,9 +400,27 @@ struct Controller : monarch::Actor {
     }
     return false;
   }
+  // Survivor stalls: time between two steps of progress (commit, heal, finish) of the same group
+  // incarnation, unless the group was itself hit by a fault in between.
+  void note_progress(const StepReport& r) {
+    std::string key = r.replica_id + "/" + std::to_string(r.incarnation) + "/" + std::to_string(r.rank);
+    if (auto it = last_commit_at_.find(key); it != last_commit_at_.end()) {
+      if (!is_victim_at(r.replica_id, it->second, r.t_ns)) {
+        double gap = static_cast<double>(r.t_ns - it->second) / 1e9;
+        if (gap > result_.max_survivor_stall_s) {
+          result_.max_survivor_stall_s = gap;
+          result_.max_stall_where = r.replica_id + " before step " + std::to_string(r.step);
+        }
+      }
+    }
+    last_commit_at_[key] = r.t_ns;
+  }
   void maybe_inject(int64_t committed_step);
   void inject(FaultKind kind);
-  void finish_if_done();
+  void finish_if_done() {
+    if (!finished_ && static_cast<int64_t>(finals_.size()) >= cfg_.replicas) finish(true);
+  }
+  void finish(bool complete);
   void write_metrics(const json& j) {
     if (metrics_.is_open()) metrics_ << j.dump() << "\n" << std::flush;
   }
@@ -394,7 +456,8 @@ struct Controller : monarch::Actor {
   int64_t last_qid_ = 0;
   int64_t first_commit_ns_ = 0, last_commit_ns_ = 0;
   std::map<std::string, int64_t> last_commit_at_;  // replica/incarnation -> time of its last commit
-  std::map<std::string, std::pair<uint64_t, double>> finals_;  // replica -> (hash, accuracy)
+  std::map<std::string, std::pair<uint64_t, double>> finals_;
+  std::set<std::string> errors_seen_;  // replica -> (hash, accuracy)
   double heal_bytes_ = 0, heal_secs_ = 0;
   RunResult result_;
   bool finished_ = false;
@@ -405,9 +468,14 @@ void Controller::report(StepReport r) {
   auto gi = static_cast<size_t>(std::stoll(r.replica_id.substr(7)));
   if (gi >= groups_.size() || r.incarnation != groups_[gi].incarnation) return;  // from a replaced group
   auto& g = groups_[gi];
-  if (!r.error.empty() && r.rank == 0) {
-    // Not every error is news: a failed step during a recovery is expected. Log the first of each.
+  if (!r.error.empty()) {
+    // A failed step during a recovery is expected; show each replica's first error per quorum.
     if (auto* f = open_fault(); f && !f->detected) f->detected = r.t_ns;
+    auto key = r.replica_id + "/" + std::to_string(r.quorum_id);
+    if (errors_seen_.insert(key).second) {
+      event(r.replica_id + " step " + std::to_string(r.step + 1) + " not committed (quorum " +
+            std::to_string(r.quorum_id) + "): " + r.error);
+    }
   }
   if (r.quorum_id != last_qid_ && r.rank == 0) {
     if (r.quorum_id > last_qid_) {
@@ -431,6 +499,7 @@ void Controller::report(StepReport r) {
       if (f.open() && f.victims.count(r.replica_id) && !f.healed) f.healed = r.t_ns;
     }
   }
+  if (r.final || r.healed) note_progress(r);
   if (r.final) {
     finals_[r.replica_id] = {r.hash, r.accuracy};
     finish_if_done();
@@ -456,16 +525,7 @@ void Controller::report(StepReport r) {
   if (!first_commit_ns_) first_commit_ns_ = r.t_ns;
   last_commit_ns_ = std::max(last_commit_ns_, r.t_ns);
 
-  // Survivor stalls: time between two commits of the same group incarnation, unless the group
-  // was itself hit by a fault in between.
-  std::string key = r.replica_id + "/" + std::to_string(r.incarnation) + "/" + std::to_string(r.rank);
-  if (auto it = last_commit_at_.find(key); it != last_commit_at_.end()) {
-    if (!is_victim_at(r.replica_id, it->second, r.t_ns)) {
-      double gap = static_cast<double>(r.t_ns - it->second) / 1e9;
-      result_.max_survivor_stall_s = std::max(result_.max_survivor_stall_s, gap);
-    }
-  }
-  last_commit_at_[key] = r.t_ns;
+  note_progress(r);
 
   for (auto& f : faults_) {
     if (!f.open()) continue;
@@ -511,6 +571,7 @@ void Controller::report(StepReport r) {
 void Controller::maybe_inject(int64_t committed_step) {
   if (next_fault_ >= plan_.size() || committed_step < plan_[next_fault_].first) return;
   if (open_fault()) return;  // one recovery at a time
+  if (committed_step > cfg_.steps * 8 / 10) return;
   for (auto& g : groups_) {
     if (!g.up) return;
   }
@@ -564,6 +625,7 @@ void Controller::inject(FaultKind kind) {
 bool Controller::kill_donor(std::string healer, std::string donor) {
   auto di = static_cast<size_t>(std::stoll(donor.substr(7)));
   auto& g = groups_.at(di);
+  if (g.pids.empty()) return false;  // not running right now
   int pid = g.pids.at(0);
   ::kill(pid, SIGKILL);
   result_.faults_injected += 1;
@@ -613,17 +675,9 @@ void Controller::respawn(int64_t r) {
           " times without a commit: reallocating (fresh procs, new mesh)");
   }
   spawn_group(r, true);
-  bool arm = g.arm_kill_donor;
-  g.arm_kill_donor = false;
-  start_group(r, arm);
-  for (auto& f : faults_) {
-    if (f.open() && f.victims.count(replica_id(r)) && !f.respawned) f.respawned = now_ns();
-  }
-  event("respawned " + replica_id(r) + " as mesh " + mesh_name(r, g.incarnation));
 }
 
-void Controller::finish_if_done() {
-  if (finished_ || static_cast<int64_t>(finals_.size()) < cfg_.replicas) return;
+void Controller::finish(bool complete) {
   finished_ = true;
   result_.name = run_.name;
   result_.steps = cfg_.steps;
@@ -634,8 +688,8 @@ void Controller::finish_if_done() {
     hashes.insert(hv.first);
     acc = std::min(acc, hv.second);
   }
-  result_.test_accuracy = acc;
-  result_.replicas_bitwise_equal = hashes.size() == 1 && result_.hash_mismatches == 0;
+  result_.test_accuracy = finals_.empty() ? -1 : acc;
+  result_.replicas_bitwise_equal = complete && hashes.size() == 1 && result_.hash_mismatches == 0;
   double span = static_cast<double>(last_commit_ns_ - first_commit_ns_) / 1e9;
   if (span > 0) result_.committed_samples_per_s = static_cast<double>(max_committed_ * cfg_.global_batch) / span;
   if (heal_secs_ > 0) result_.heal_gbps = heal_bytes_ / heal_secs_ / 1e9;
@@ -704,13 +758,10 @@ void Trainer::heal(const ft::QuorumResult& q, ft::FlatState& st, StepReport& rep
 
 void Trainer::loop() {
   try {
-    auto train = ex::load_fashion_mnist(cfg_.data_dir, ex::Split::train);
-    auto test = ex::load_fashion_mnist(cfg_.data_dir, ex::Split::test);
-    ex::Dataset test_subset;
-    test_subset.size = std::min<int64_t>(cfg_.eval_samples, test.size);
-    test_subset.images.assign(test.images.begin(), test.images.begin() + test_subset.size * ex::kImagePixels);
-    test_subset.labels.assign(test.labels.begin(), test.labels.begin() + test_subset.size);
-    ex::Model model(cfg_.seed, static_cast<int>(cfg_.hidden));
+    const ex::Dataset& train = train_;
+    const ex::Dataset& test = test_;
+    const ex::Dataset& test_subset = test_subset_;
+    ex::Model& model = *model_;
     ft::FlatState& st = model.state();
     // Donors are read in place: the state changes only at a commit, and a commit needs the
     // allreduce that every healer joins after its read completed.
@@ -723,29 +774,68 @@ void Trainer::loop() {
     bool commit_failed = false;
     int64_t qid = -1;
 
-    while (!stop_ && st.step() < cfg_.steps) {
+    bool final_sent = false;
+    auto ask_quorum = [&] {
+      return manager_
+          .call(&ft::Manager::quorum, rank_, st.step(), commit_failed, std::optional<rdma::RdmaHandle>(exposed.handle()))
+          .get(step_timeout);
+    };
+    while (!stop_) {
+      if (st.step() >= cfg_.steps) {
+        if (!final_sent) {
+          StepReport fin;
+          fin.final = true;
+          fin.step = st.step();
+          fin.hash = st.hash();
+          fin.accuracy = model.evaluate(test);
+          send(std::move(fin));
+          final_sent = true;
+        }
+        // Hold: keep taking part in quorums without training, so that a group still behind can
+        // heal from this one (whose state no longer changes), until the controller stops the job.
+        try {
+          (void)ask_quorum();
+        } catch (const std::exception&) {
+        }
+        std::this_thread::sleep_for(50ms);  // pacing of the hold loop
+        continue;
+      }
       StepReport rep;
       bool ok = true;
       try {
-        auto q = manager_
-                     .call(&ft::Manager::quorum, rank_, st.step(), commit_failed,
-                           std::optional<rdma::RdmaHandle>(exposed.handle()))
-                     .get(step_timeout);
+        auto q = ask_quorum();
         rep.quorum_id = q.quorum_id;
         rep.participants = q.replica_world_size;
         rep.healing = static_cast<int64_t>(q.healing.size());
-        try {
+        if (q.max_step >= cfg_.steps) {
+          // The others finished and hold: catch up by healing only (they run no allreduce).
           if (q.heal) {
-            heal(q, st, rep);
-            exposed.sync();
+            try {
+              heal(q, st, rep);
+              exposed.sync();
+            } catch (const std::exception& e) {
+              rep.error = e.what();
+            }
           }
+          rep.step = st.step();
+          send(std::move(rep));
+          continue;
+        }
+        try {
           if (q.quorum_id != qid) {
             qid = -1;
-            group.configure(cfg_.store_host, cfg_.store_port, q.store_prefix, static_cast<int>(q.global_rank),
-                            static_cast<int>(q.global_world_size), std::chrono::milliseconds(cfg_.collective_timeout_ms));
+            group.configure(cfg_.store_host, cfg_.store_port, cfg_.store_namespace + "/" + q.store_prefix,
+                            static_cast<int>(q.global_rank), static_cast<int>(q.global_world_size),
+                            std::chrono::milliseconds(cfg_.collective_timeout_ms));
             qid = q.quorum_id;
           } else if (!group.configured()) {
             throw std::runtime_error("allreduce group of quorum " + std::to_string(qid) + " is closed");
+          }
+          // Heal after joining the group: if the heal fails, abort() below makes the peers fail
+          // at once instead of waiting out the collective timeout for a member that never came.
+          if (q.heal) {
+            heal(q, st, rep);
+            exposed.sync();
           }
           // Up-to-date groups share the global batch; healers contribute zeros this step.
           int64_t slot = -1, slots = q.up_to_date_groups * cfg_.ranks;
@@ -797,14 +887,6 @@ void Trainer::loop() {
       rep.step = st.step();
       send(std::move(rep));
     }
-    if (st.step() >= cfg_.steps) {
-      StepReport fin;
-      fin.final = true;
-      fin.step = st.step();
-      fin.hash = st.hash();
-      fin.accuracy = model.evaluate(test);
-      send(std::move(fin));
-    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ft_train: %s rank %lld: fatal: %s\n", replica_id_.c_str(), static_cast<long long>(rank_),
                  e.what());
@@ -819,6 +901,7 @@ void Trainer::loop() {
 RunResult run_job(const mesh::HostMesh& host, TrainConfig cfg, RunOptions run, const ft::StoreServer& store) {
   cfg.store_host = store.host();
   cfg.store_port = store.port();
+  cfg.store_namespace = run.name;
   auto& client = host.client();
   auto lighthouse = client.spawn<ft::Lighthouse>("lighthouse." + run.name, ft::LighthouseOptions{});
   auto controller = client.spawn<Controller>("controller." + run.name, cfg, run, host, lighthouse);
@@ -832,10 +915,13 @@ RunResult run_job(const mesh::HostMesh& host, TrainConfig cfg, RunOptions run, c
   }
   controller.call(&Controller::start_all).get(spawn_timeout);
   auto budget = std::chrono::milliseconds(cfg.step_timeout_ms) * 6 + std::chrono::seconds(cfg.steps) + 120s;
-  RunResult res = controller.call(&Controller::done).get(budget);
-  controller.call(&Controller::shutdown).get(spawn_timeout);
-  controller.stop().get(spawn_timeout);
+  auto done = controller.call(&Controller::done);
+  if (!done.wait_for(budget)) controller.call(&Controller::finish_now).get(spawn_timeout);
+  RunResult res = done.get(spawn_timeout);
+  // The lighthouse first: holders waiting for a quorum get an error at once and see the stop.
   lighthouse.stop().get(spawn_timeout);
+  controller.call(&Controller::shutdown).get(spawn_timeout * 2);
+  controller.stop().get(spawn_timeout);
   return res;
 }
 
@@ -847,6 +933,7 @@ json summary_json(const RunResult& faulty, const RunResult* fault_free, double d
          {"test_accuracy", faulty.test_accuracy},
          {"test_accuracy_fault_free", fault_free ? json(fault_free->test_accuracy) : json(nullptr)},
          {"max_survivor_stall_s", faulty.max_survivor_stall_s},
+         {"max_survivor_stall_at", faulty.max_stall_where},
          {"detection_timeout_s", detection_s},
          {"recovery_p50_s", percentile(faulty.recovery_s, 0.5)},
          {"recovery_p95_s", percentile(faulty.recovery_s, 0.95)},
