@@ -10,7 +10,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <future>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace monarch::ft {
@@ -120,7 +122,23 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local_host));
       opts->threads = 1;
-      impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world_size, opts);
+      // gloo's connect to a peer that published its address and then died retries past the
+      // group timeout (seen: 4-5 s for a 1 s timeout). Build the group on its own thread and
+      // give up at the deadline; a late construction finishes there and is dropped.
+      auto made = std::make_shared<std::promise<c10::intrusive_ptr<c10d::ProcessGroup>>>();
+      auto ready = made->get_future();
+      std::thread([made, prefixed, rank, world_size, opts] {
+        try {
+          made->set_value(c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world_size, opts));
+        } catch (...) {
+          made->set_exception(std::current_exception());
+        }
+      }).detach();
+      if (ready.wait_for(timeout + std::chrono::milliseconds(100)) != std::future_status::ready) {
+        throw AllreduceError(prefix, rank, world_size,
+                             "configure: not every member joined within " + std::to_string(timeout.count()) + " ms");
+      }
+      impl_->pg = ready.get();
       return;
     }
 #ifdef MONARCH_FT_HAVE_NCCL
