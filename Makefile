@@ -27,6 +27,8 @@ demo: deps build
 	$(BUILD)/bin/actors_demo
 	@echo
 	$(BUILD)/bin/getting_started
+	@echo
+	$(BUILD)/bin/ft_train --out $(BUILD)/ft_train --json-summary $(BUILD)/ft_train/summary.json
 
 bench: deps build
 	scripts/run-bench.sh $(BUILD)

@@ -12,4 +12,6 @@ for b in "$BUILD"/bench/bench_*; do
   echo "== $(basename "$b")"
   "$b" > "$BUILD/bench/$(basename "$b").log"
 done
+echo "== bench_ft (fault-tolerant training)"
+python3 "$(dirname "$0")/../bench/ft_bench.py" "$BUILD"
 python3 "$(dirname "$0")/bench-report.py" "$out"

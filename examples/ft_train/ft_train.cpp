@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -101,9 +102,10 @@ struct StepReport {
   std::string error;
   double accuracy = -1;  // on the test subset (or the whole test set when final)
   bool final = false;    // the rank reached --steps and stops
+  uint64_t state_bytes = 0;  // final: size of the committed state
   template <class A>
   void serialize(A& ar) {
-    ar(replica_id, incarnation, rank, step, committed, loss, quorum_id, participants, healing, healed, donor,
+    ar(state_bytes, replica_id, incarnation, rank, step, committed, loss, quorum_id, participants, healing, healed, donor,
        heal_ms, heal_bytes, hash, t_ns, error, accuracy, final);
   }
 };
@@ -217,11 +219,14 @@ struct RunResult {
   std::vector<double> recovery_s;
   double committed_samples_per_s = 0;
   double heal_gbps = 0;
+  uint64_t state_bytes = 0;
+  double step_ms_p50 = 0;  // time between consecutive committed steps
+  double step_ms_p95 = 0;
   std::vector<json> faults;
   std::string error;
   template <class A>
   void serialize(A& ar) {
-    ar(name, steps, wall_s, test_accuracy, replicas_bitwise_equal, hash_mismatches, faults_injected,
+    ar(state_bytes, step_ms_p50, step_ms_p95, max_stall_where, name, steps, wall_s, test_accuracy, replicas_bitwise_equal, hash_mismatches, faults_injected,
        survivor_restarts, respawns, max_survivor_stall_s, recovery_s, committed_samples_per_s, heal_gbps, error);
   }
 };
@@ -502,6 +507,7 @@ void Controller::report(StepReport r) {
   if (r.final || r.healed) note_progress(r);
   if (r.final) {
     finals_[r.replica_id] = {r.hash, r.accuracy};
+    result_.state_bytes = r.state_bytes;
     finish_if_done();
     return;
   }
@@ -693,6 +699,14 @@ void Controller::finish(bool complete) {
   double span = static_cast<double>(last_commit_ns_ - first_commit_ns_) / 1e9;
   if (span > 0) result_.committed_samples_per_s = static_cast<double>(max_committed_ * cfg_.global_batch) / span;
   if (heal_secs_ > 0) result_.heal_gbps = heal_bytes_ / heal_secs_ / 1e9;
+  std::vector<double> gaps;
+  int64_t prev = 0;
+  for (auto& [step, info] : steps_) {
+    if (prev) gaps.push_back(static_cast<double>(info.t_ns - prev) / 1e6);
+    prev = info.t_ns;
+  }
+  result_.step_ms_p50 = percentile(gaps, 0.5);
+  result_.step_ms_p95 = percentile(gaps, 0.95);
   for (auto& f : faults_) result_.faults.push_back(f.to_json(t0_));
   // Flush the remaining metric lines.
   for (auto& [step, info] : steps_) {
@@ -736,15 +750,21 @@ void Trainer::heal(const ft::QuorumResult& q, ft::FlatState& st, StepReport& rep
   std::vector<std::byte> buf(h.length);
   auto t = Clock::now();
   rdma::TransferOptions topts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
-  auto chunk = static_cast<uint64_t>(cfg_.heal_chunk_bytes);
-  for (uint64_t off = 0; off < h.length; off += chunk) {
-    uint64_t n = std::min(chunk, h.length - off);
-    h.read_into(std::span(buf).subspan(off, n), off, topts).get(std::chrono::milliseconds(cfg_.step_timeout_ms));
-    if (off == 0 && kill_donor_mid_heal_) {  // fault injection point "heal.after_first_chunk"
-      kill_donor_mid_heal_ = false;
-      controller_.call(&Controller::kill_donor, replica_id_, q.donor_id).get(10s);
-    }
+  // The first chunk alone (fault injection point "heal.after_first_chunk" follows it), then
+  // the rest as one batch of parallel reads.
+  auto chunk = std::min<uint64_t>(static_cast<uint64_t>(cfg_.heal_chunk_bytes), h.length);
+  auto wait = std::chrono::milliseconds(cfg_.step_timeout_ms);
+  h.read_into(std::span(buf).first(chunk), 0, topts).get(wait);
+  if (kill_donor_mid_heal_) {
+    kill_donor_mid_heal_ = false;
+    controller_.call(&Controller::kill_donor, replica_id_, q.donor_id).get(10s);
   }
+  rdma::RdmaBatch rest;
+  for (uint64_t off = chunk; off < h.length; off += 4 * chunk) {
+    uint64_t n = std::min<uint64_t>(4 * chunk, h.length - off);
+    rest.read_into(h, std::span(buf).subspan(off, n), off);
+  }
+  rest.submit(topts).get(wait);
   st.load_from(buf);
   if (st.step() != q.max_step) {
     throw std::runtime_error("heal: state read from " + q.donor_id + " is at step " + std::to_string(st.step()) +
@@ -787,6 +807,7 @@ void Trainer::loop() {
           fin.final = true;
           fin.step = st.step();
           fin.hash = st.hash();
+          fin.state_bytes = st.bytes().size();
           fin.accuracy = model.evaluate(test);
           send(std::move(fin));
           final_sent = true;
@@ -925,6 +946,20 @@ RunResult run_job(const mesh::HostMesh& host, TrainConfig cfg, RunOptions run, c
   return res;
 }
 
+// memcpy bandwidth of a buffer the size of the training state (the limit for healing), GB/s.
+double memcpy_gbps(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  std::memcpy(b.data(), a.data(), bytes);  // fault the pages in
+  int reps = 50;
+  auto t = Clock::now();
+  for (int i = 0; i < reps; ++i) {
+    a[static_cast<size_t>(i)] = static_cast<char>(i);
+    std::memcpy(b.data(), a.data(), bytes);
+  }
+  double s = std::chrono::duration<double>(Clock::now() - t).count();
+  return b[7] == 7 ? static_cast<double>(bytes) * reps / s / 1e9 : 0;
+}
+
 json summary_json(const RunResult& faulty, const RunResult* fault_free, double detection_s) {
   json j{{"faults_injected", faulty.faults_injected},
          {"survivor_restarts", faulty.survivor_restarts},
@@ -942,6 +977,11 @@ json summary_json(const RunResult& faulty, const RunResult* fault_free, double d
          {"committed_samples_per_s", faulty.committed_samples_per_s},
          {"committed_samples_per_s_fault_free", fault_free ? json(fault_free->committed_samples_per_s) : json(nullptr)},
          {"heal_gbps", faulty.heal_gbps},
+         {"state_bytes", faulty.state_bytes},
+         {"memcpy_gbps", memcpy_gbps(std::max<size_t>(faulty.state_bytes, 4096))},
+         {"step_ms_p50", faulty.step_ms_p50},
+         {"step_ms_p95", faulty.step_ms_p95},
+         {"step_ms_p50_fault_free", fault_free ? json(fault_free->step_ms_p50) : json(nullptr)},
          {"steps", faulty.steps},
          {"wall_s", faulty.wall_s},
          {"faults", faulty.faults}};

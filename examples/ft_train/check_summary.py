@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Checks an ft_train --json-summary against the job's acceptance rules (issue 8).
+
+Usage: check_summary.py SUMMARY.json [--min-faults N] [--min-accuracy A] [--max-accuracy-gap G]
+Exits 1 naming every rule that failed."""
+import argparse
+import json
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("summary")
+    ap.add_argument("--min-faults", type=int, default=6)
+    ap.add_argument("--min-accuracy", type=float, default=0.85)
+    ap.add_argument("--max-accuracy-gap", type=float, default=0.01)
+    a = ap.parse_args()
+    s = json.load(open(a.summary))
+    failed = []
+
+    def rule(ok, text):
+        print(("ok   " if ok else "FAIL ") + text)
+        if not ok:
+            failed.append(text)
+
+    rule(s["faults_injected"] >= a.min_faults, f"faults_injected {s['faults_injected']} >= {a.min_faults}")
+    rule(s["survivor_restarts"] == 0, f"survivor_restarts {s['survivor_restarts']} == 0")
+    rule(s["replicas_bitwise_equal"] is True, f"replicas_bitwise_equal {s['replicas_bitwise_equal']}")
+    rule(s["test_accuracy"] >= a.min_accuracy, f"test_accuracy {s['test_accuracy']:.4f} >= {a.min_accuracy}")
+    ff = s.get("test_accuracy_fault_free")
+    rule(ff is not None and abs(s["test_accuracy"] - ff) <= a.max_accuracy_gap,
+         f"|test_accuracy - fault_free {ff}| <= {a.max_accuracy_gap}")
+    bound = s["detection_timeout_s"] + 0.5
+    rule(s["max_survivor_stall_s"] <= bound,
+         f"max_survivor_stall_s {s['max_survivor_stall_s']:.3f} <= detection timeout + 0.5 = {bound:.2f}"
+         f" (at {s.get('max_survivor_stall_at', '?')})")
+    rule(s["recoveries"] >= 1, f"recoveries {s['recoveries']} >= 1")
+    if failed:
+        print(f"check_summary: {len(failed)} rule(s) failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
