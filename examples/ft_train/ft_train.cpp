@@ -289,6 +289,8 @@ struct Controller : monarch::Actor {
     }
     for (auto& t : thaw_threads_) t.join();
     thaw_threads_.clear();
+    for (auto& t : stop_threads_) t.join();
+    stop_threads_.clear();
   }
 
   void report(StepReport r);
@@ -440,6 +442,7 @@ struct Controller : monarch::Actor {
   size_t next_fault_ = 0;
   std::vector<FaultRecord> faults_;
   std::vector<std::thread> thaw_threads_;
+  std::vector<std::thread> stop_threads_;
   std::ofstream metrics_;
   std::vector<std::string> events_;
   int64_t t0_ = 0, started_ = 0;
@@ -675,7 +678,11 @@ void Controller::respawn(int64_t r) {
   auto& g = groups_.at(static_cast<size_t>(r));
   if (finished_) return;
   g.failures_in_a_row += 1;
-  if (g.procs) g.procs->stop();  // the group's other ranks, if any survived
+  if (g.procs && g.procs->size() > 1) {
+    // The group's other ranks may still be alive, blocked on the dead rank: stop them off this
+    // actor (stop() waits up to mesh.stop_timeout), so reports and failures keep flowing.
+    stop_threads_.emplace_back([old = *g.procs] { old.stop(); });
+  }
   if (g.failures_in_a_row >= 3) {
     event(replica_id(r) + " failed " + std::to_string(g.failures_in_a_row) +
           " times without a commit: reallocating (fresh procs, new mesh)");
