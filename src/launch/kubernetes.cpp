@@ -186,6 +186,15 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return r;
 }
 
+// kubectl's error summary: the last non-empty line of its stderr (earlier lines are klog noise
+// such as "memcache.go:265] couldn't get current server API group list").
+std::string last_line(const std::string& s) {
+  auto t = s;
+  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+  auto nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
 // kubectl's output on one line: trailing newlines dropped, inner ones become "; ".
 std::string one_line(const std::string& s) {
   auto t = s;
@@ -423,7 +432,7 @@ struct KubernetesJob::State {
   std::vector<ParsedPod> list_pods(std::string* err) const {
     auto r = run({"get", "pods", "-n", opts.ns, "-l", label_selector(), "-o", "json"});
     if (r.status != 0) {
-      *err = "kubectl get pods exited with " + std::to_string(r.status) + ": " + one_line(r.err);
+      *err = "kubectl get pods exited with " + std::to_string(r.status) + ": " + last_line(r.err);
       return {};
     }
     return parse_pods_full(r.out);
@@ -580,7 +589,7 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
     s.applied = true;  // even a failed apply may have created some objects
   }
   if (applied.status != 0) {
-    fail("kubectl apply exited with " + std::to_string(applied.status) + ": " + one_line(applied.err));
+    fail("kubectl apply exited with " + std::to_string(applied.status) + ": " + last_line(applied.err));
   }
   spdlog::info("KubernetesJob {}: applied ({}); waiting for {} pod(s)", o.name, one_line(applied.out), o.replicas);
 
@@ -688,7 +697,7 @@ bool KubernetesJob::shutdown() {
   try {
     auto r = s.run({"delete", "-n", o.ns, "service/" + o.name, workload, "--ignore-not-found", "--wait=false"});
     if (r.status == 0) return true;
-    spdlog::error("KubernetesJob {}: kubectl delete exited with {}: {}", o.name, r.status, one_line(r.err));
+    spdlog::error("KubernetesJob {}: kubectl delete exited with {}: {}", o.name, r.status, last_line(r.err));
   } catch (const std::exception& e) {
     spdlog::error("KubernetesJob {}: kubectl delete: {}", o.name, e.what());
   }
