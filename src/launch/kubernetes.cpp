@@ -17,6 +17,7 @@
 #include <mutex>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "monarch/actor/errors.hpp"
@@ -584,6 +585,16 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
   std::vector<std::string> apply{"apply", "-f", "-"};
   if (!o.validate) apply.push_back("--validate=false");
   auto applied = s.run(apply, render(Format::json));
+  // A workload of that name existed before ("job.batch/NAME unchanged" or "configured"): its
+  // pods are not ours to attach to, and not ours to delete.
+  const std::string kind = o.jobset ? "jobset" : "job";
+  std::istringstream lines(applied.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with(kind + ".") || !(line.ends_with(" unchanged") || line.ends_with(" configured"))) continue;
+    throw Error("KubernetesJob " + o.name + ": a " + (o.jobset ? "JobSet" : "Job") + " named " + o.name +
+                " already exists in namespace " + o.ns + " (kubectl apply: " + line + "); delete it (kubectl delete -n " +
+                o.ns + " " + kind + "/" + o.name + ") or choose another name");
+  }
   {
     std::lock_guard lock(s.mu);
     s.applied = true;  // even a failed apply may have created some objects

@@ -354,8 +354,8 @@ TEST(KubernetesLaunch, AttachesToReadyPodsInIndexOrderAndReportsPodFailures) {
   agent1.listening();
   FakeApi api("scenario-attach.json");
 
+  Failures pod_failures;  // before the job: its watcher reports here until the job is gone
   KubernetesJob job(fake_options(api, 2, static_cast<uint16_t>(std::stoi(port))));
-  Failures pod_failures;
   job.on_failure(pod_failures.handler());
   auto hosts = job.launch(fast());
   EXPECT_EQ(hosts.extent().to_string(), "{hosts=2}");
@@ -433,10 +433,10 @@ TEST(KubernetesLaunch, UnhandledPodFailureGoesToTheFaultHook) {
   monarch::testing::Subprocess agent1(MONARCH_CLI, {"agent", "--listen", "tcp://127.0.0.3:" + port});
   agent1.listening();
   FakeApi api("scenario-attach.json");
-  KubernetesJob job(fake_options(api, 2, static_cast<uint16_t>(std::stoi(port))));
-  std::mutex mu;
+  std::mutex mu;  // before the job: its watcher reports here until the job is gone
   std::condition_variable cv;
   std::vector<monarch::ActorSupervisionEvent> events;
+  KubernetesJob job(fake_options(api, 2, static_cast<uint16_t>(std::stoi(port))));
   job.on_failure([](const MeshFailure&) { return false; });  // not handled
   job.set_fault_hook([&](const monarch::ActorSupervisionEvent& ev) {
     std::lock_guard lock(mu);
@@ -486,6 +486,28 @@ TEST(KubernetesLaunch, TimesOutNamingPodsThatAreNotReady) {
     EXPECT_THAT(e.what(), HasSubstr("index 2: no pod"));
   }
   EXPECT_EQ(api.count(api.log(), "DELETE", "/apis/batch/v1/namespaces/monarch-test/jobs/trainers"), 1u);
+}
+
+// A Job of that name left from an earlier run (or someone else's) is neither adopted nor deleted.
+TEST(KubernetesLaunch, RefusesAJobThatAlreadyExists) {
+  REQUIRE_KUBECTL();
+  FakeApi api("scenario-attach.json");
+  KubernetesJob job(fake_options(api, 2, 26600));
+  std::vector<std::string> argv{"kubectl"};
+  for (auto& a : api.kubectl_args()) argv.push_back(a);
+  argv.insert(argv.end(), {"apply", "--validate=false", "-f", "-"});
+  ASSERT_EQ(run_command(argv, job.render(KubernetesJob::Format::json), 30s).status, 0);
+  try {
+    job.launch(fast());
+    ADD_FAILURE() << "launch adopted an existing Job";
+  } catch (const monarch::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("a Job named trainers already exists in namespace monarch-test "
+                                    "(kubectl apply: job.batch/trainers unchanged)"));
+  }
+  job.shutdown();
+  auto log = api.log();
+  for (const auto& e : log) EXPECT_NE(e["method"], "DELETE") << e.dump();
+  EXPECT_EQ(api.count(log, "GET", "/api/v1/namespaces/monarch-test/pods"), 0u);
 }
 
 TEST(KubernetesLaunch, ApplyFailureCarriesKubectlsError) {

@@ -112,7 +112,8 @@ std::string to_yaml(const std::vector<nlohmann::json>& docs);
 
 class KubernetesJob {
  public:
-  /// Receives pod failures; true = handled. Runs on the job's watcher thread.
+  /// Receives pod failures; true = handled. Runs on the job's watcher thread; must not call
+  /// shutdown() or destroy the job (the watcher is joined there).
   using FailureHandler = std::function<bool(const MeshFailure&)>;
   enum class Format { yaml, json };
 
