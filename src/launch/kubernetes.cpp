@@ -584,7 +584,16 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
 
   std::vector<std::string> apply{"apply", "-f", "-"};
   if (!o.validate) apply.push_back("--validate=false");
-  auto applied = s.run(apply, render(Format::json));
+  CommandResult applied;
+  try {
+    applied = s.run(apply, render(Format::json));
+  } catch (const Error& e) {  // kubectl hung or could not start; it may have created objects
+    {
+      std::lock_guard lock(s.mu);
+      s.applied = true;
+    }
+    fail(std::string("kubectl apply: ") + e.what());
+  }
   // A workload of that name existed before ("job.batch/NAME unchanged" or "configured"): its
   // pods are not ours to attach to, and not ours to delete.
   const std::string kind = o.jobset ? "jobset" : "job";
@@ -610,7 +619,11 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
   std::vector<ParsedPod> listed;
   while (true) {
     std::string err;
-    listed = s.list_pods(&err);
+    try {
+      listed = s.list_pods(&err);
+    } catch (const Error& e) {  // kubectl past kubectl_timeout, or bad JSON: try again
+      err = e.what();
+    }
     if (!err.empty()) last_err = err;
     std::vector<std::optional<PodInfo>> by_index(o.replicas);
     for (const auto& p : listed) {
@@ -638,8 +651,12 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
       fail("pods not Ready within " + ms(o.ready_timeout) + ": " + join(missing, "; ") +
            (last_err.empty() ? "" : " (last error: " + last_err + ")"));
     }
-    std::unique_lock lock(s.mu);
-    s.cv.wait_for(lock, o.poll_interval, [&] { return s.stopping; });
+    bool stopped = false;
+    {
+      std::unique_lock lock(s.mu);
+      stopped = s.cv.wait_for(lock, o.poll_interval, [&] { return s.stopping; });
+    }
+    if (stopped) fail("shut down while waiting for the pods");
   }
 
   std::vector<std::string> agents;

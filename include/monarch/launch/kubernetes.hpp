@@ -22,7 +22,8 @@
 //      Running, Ready pod with an IP for every index 0..replicas-1; a pod that Failed, or whose
 //      container cannot start (ErrImagePull, CrashLoopBackOff, ...), fails the launch at once.
 //   3. attach_to_workers({"tcp://IP0:PORT", "tcp://IP1:PORT", ...}) in index order.
-//   4. Keeps polling: a pod that fails, finishes or disappears becomes a MeshFailure
+//   4. Keeps polling: a pod that fails, finishes, turns Unknown, is being deleted or disappears
+//      becomes a MeshFailure
 //      {mesh: NAME, ranks: [index], cause: "pod NAME-1-x7k2p (index 1) Failed: ..."}.
 //
 // Unverified against a live cluster: the manifests are checked with kubectl's client-side dry
