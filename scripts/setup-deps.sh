@@ -15,9 +15,14 @@ PACKAGES=(
   libucx-dev ucx-utils
   # benchmark peer: C++ Actor Framework 0.17
   libcaf-dev
-  # scripts
+  # scripts (python3 also runs scripts/fake-kube-api.py for the Kubernetes launcher's tests)
   python3
 )
+# kubectl for the Kubernetes launcher and its tests. Only when none is on PATH: another kubectl
+# (e.g. google-cloud-cli's) conflicts with Debian's on /usr/bin/kubectl.
+if ! command -v kubectl >/dev/null 2>&1; then
+  PACKAGES+=(kubernetes-client)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
