@@ -15,6 +15,8 @@ PACKAGES=(
   libucx-dev ucx-utils
   # benchmark peer: C++ Actor Framework 0.17
   libcaf-dev
+  # SLURM launcher: slurm-local.sh runs a single-node cluster for its end-to-end test
+  slurm-wlm
   # scripts
   python3
 )
