@@ -307,6 +307,7 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
   bool stopping = false;
   std::atomic<bool> cancelling{false};
   bool cancelled = false;
+  bool start_failed = false;
   std::string ended_state;  // final state seen by the monitor
   std::function<void(const MeshFailure&)> on_end;
   std::thread monitor;
@@ -364,7 +365,10 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
     monitor = std::thread([self = shared_from_this()] { self->monitor_loop(); });
   }
 
+  static constexpr milliseconds kCompletingWait{5000};
+
   void monitor_loop() {
+    std::optional<Clock::time_point> completing_since;
     std::unique_lock lock(mu);
     while (!stopping) {
       cv.wait_for(lock, opt.poll_interval);
@@ -380,6 +384,12 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
       }
       lock.lock();
       if (!ok || stopping || cancelling.load()) continue;
+      // COMPLETING hides the final state (CANCELLED, NODE_FAIL, ...) while steps are killed
+      // (KillWait); report that state when it shows within kCompletingWait, else COMPLETING.
+      if (st.state == "COMPLETING") {
+        if (!completing_since) completing_since = Clock::now();
+        if (Clock::now() - *completing_since < kCompletingWait) continue;
+      }
       if (st.gone || is_final_state(st.state)) {
         ended_state = st.gone ? "gone from squeue" : st.state;
         MeshFailure f;
@@ -446,12 +456,18 @@ SlurmJob::SlurmJob(SlurmOptions options) : impl_(std::make_shared<Impl>()) {
 }
 
 SlurmJob::~SlurmJob() {
+  bool clean = true;
   try {
     cancel();
   } catch (const std::exception& e) {
+    clean = false;
     spdlog::error("~SlurmJob: {}", e.what());
   }
   impl_->stop_monitor();
+  if (clean && !impl_->start_failed && !impl_->opt.keep_work_dir && !impl_->id.empty()) {
+    std::error_code ec;
+    fs::remove_all(impl_->dir, ec);
+  }
 }
 
 std::string SlurmJob::render_sbatch() const {
@@ -614,6 +630,7 @@ std::vector<mesh::HostMesh> SlurmJob::start() {
     im.hosts.clear();
     for (const auto& a : im.agents) im.hosts.push_back(mesh::attach_to_workers(a, ho));
   } catch (...) {
+    im.start_failed = true;
     try {
       cancel();
     } catch (const std::exception& e) {

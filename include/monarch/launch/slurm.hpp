@@ -61,6 +61,9 @@ struct SlurmOptions {
   /// Where the script and the agents' address files go; see the header comment. Empty:
   /// $MONARCH_SLURM_SHARED_DIR, else ./.monarch-slurm under the current directory.
   std::string shared_dir{};
+  /// Keep the work dir (script, agent output, batch output) after the job was cancelled; it is
+  /// always kept when starting or cancelling failed.
+  bool keep_work_dir = false;
   /// How the client attaches (HostOptions::listen empty: tcp://<this host name>:0). Without a
   /// secret in channel.secret, MONARCH_SECRET or MONARCH_SECRET_FILE, a random one is made for
   /// this job and handed to the agents through sbatch's environment (not the script).
@@ -95,7 +98,8 @@ class SlurmJob {
  public:
   /// Validates the options (throws UsageError naming the field); submits nothing.
   explicit SlurmJob(SlurmOptions options);
-  /// scancel()s the job when it was submitted and still runs (errors are logged, not thrown).
+  /// cancel()s the job when it was submitted (errors are logged, not thrown), then removes the
+  /// work dir unless keep_work_dir.
   ~SlurmJob();
   SlurmJob(const SlurmJob&) = delete;
   SlurmJob& operator=(const SlurmJob&) = delete;
@@ -130,8 +134,9 @@ class SlurmJob {
 
   /// Called once (monitor thread) when the job leaves RUNNING while attached: a MeshFailure with
   /// mesh "slurm-<id>", every rank of every group (groups in order), cause "SLURM job 42
-  /// 'monarch' ended: NODE_FAIL (reason ...)". Default: logged as an error. Not called after
-  /// cancel() began.
+  /// 'monarch' ended: NODE_FAIL (reason ...)". While the job shows COMPLETING (its steps being
+  /// killed) the report waits up to 5 s for the final state. Default: logged as an error. Not
+  /// called after cancel() began.
   void on_job_end(std::function<void(const MeshFailure&)> handler);
 
   /// scancel the job and wait (cancel_timeout) until squeue shows it ended. Idempotent. Throws
