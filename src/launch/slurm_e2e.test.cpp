@@ -283,6 +283,63 @@ TEST(SlurmE2E, JobCancelledFromOutsideIsASupervisionEvent) {
   expect_job_gone(id, o.shared_dir);
 }
 
+// The same life cycle read through `squeue -h -o` (clusters without --json).
+TEST(SlurmE2E, TextSqueueSeesTheSameLifeCycle) {
+  if (auto why = why_skip(); !why.empty()) GTEST_SKIP() << why;
+  auto o = options("monarch-e2e-text");
+  o.squeue_json = false;
+  std::string id;
+  {
+    SlurmJob job(o);
+    auto hosts = job.start();
+    id = job.job_id();
+    EXPECT_EQ(hosts.at(0).extent().to_string(), "{hosts=2}");
+    auto st = job.query();
+    EXPECT_EQ(st.state, "RUNNING");
+    EXPECT_EQ(st.nodelists, std::vector<std::string>{"localhost"});
+    job.cancel();
+    st = job.query();
+    EXPECT_TRUE(st.gone || st.state == "CANCELLED") << st.state;
+  }
+  expect_job_gone(id, o.shared_dir);
+}
+
+// Errors name the job and the cause: a request the cluster cannot satisfy (pending past the deadline),
+// and agents that cannot start (the job ends before they listen; their stderr is quoted).
+TEST(SlurmE2E, FailedStartsNameTheCause) {
+  if (auto why = why_skip(); !why.empty()) GTEST_SKIP() << why;
+  auto o = options("monarch-e2e-bad");
+  o.groups[0].nodes = 3;  // the cluster has one node: pending forever
+  o.start_timeout = 2s;
+  try {
+    SlurmJob job(o);
+    job.start();
+    ADD_FAILURE() << "a 3-node job started on a 1-node cluster";
+  } catch (const monarch::launch::SlurmError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'monarch-e2e-bad' not RUNNING within 2000 ms: PENDING (reason PartitionConfig)"));
+  }
+  o = options("monarch-e2e-noagent");
+  o.agent_program = "/nonexistent/monarch";
+  std::string id;
+  try {
+    SlurmJob job(o);
+    job.start();
+    ADD_FAILURE() << "agents that cannot exist listened";
+  } catch (const monarch::launch::SlurmError& e) {
+    std::string what = e.what();
+    auto at = what.find("SLURM job ");
+    ASSERT_NE(at, std::string::npos) << what;
+    id = what.substr(at + 10, what.find(' ', at + 10) - at - 10);
+    EXPECT_THAT(what, HasSubstr("before 2 agent(s) listened"));
+    EXPECT_THAT(what, HasSubstr("/nonexistent/monarch"));  // the agent's stderr
+  }
+  std::string q = run("squeue -h -o %i");
+  EXPECT_EQ(q.find(id + "\n"), std::string::npos) << q;
+  auto left = processes_of_job(id);
+  EXPECT_TRUE(all_dead(left, 10s));
+  fs::remove_all(o.shared_dir);  // a failed start keeps its work dir for diagnosis
+}
+
 int main(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv, worker_setup);  // a worker never returns from here
   ::testing::InitGoogleTest(&argc, argv);
