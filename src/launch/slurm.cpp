@@ -448,6 +448,9 @@ SlurmJob::SlurmJob(SlurmOptions options) : impl_(std::make_shared<Impl>()) {
     o.shared_dir = d != nullptr && *d != '\0' ? std::string(d) : (fs::current_path() / ".monarch-slurm").string();
   }
   o.shared_dir = fs::absolute(o.shared_dir).string();
+  if (o.shared_dir.find_first_of(" \t\n'\"") != std::string::npos) {
+    throw UsageError("SlurmOptions::shared_dir '" + o.shared_dir + "' must not contain spaces or quotes (it goes into #SBATCH lines)");
+  }
   if (o.squeue_json.has_value()) impl_->json_mode.store(*o.squeue_json ? 1 : 0);
   impl_->opt = std::move(o);
   impl_->tag = std::to_string(::getpid()) + "-" + random_hex(4);
@@ -503,8 +506,10 @@ std::string SlurmJob::render_sbatch() const {
       << " --output=" << detail::shell_quote(stem + "-%t.out") << " --error=" << detail::shell_quote(stem + "-%t.err")
       << " \\\n  /bin/sh -c 'exec \"$0\" agent --listen \"tcp://" << o.agent_host << ":0\"' "
       << detail::shell_quote(o.agent_program) << " &\n";
+    s << "pids=\"${pids:-} $!\"\n";
   }
-  s << "wait\n";
+  s << "# The job fails (rather than completes) when an agent's step failed.\n";
+  s << "rc=0\nfor p in $pids; do wait \"$p\" || rc=$?; done\nexit $rc\n";
   return s.str();
 }
 

@@ -332,6 +332,7 @@ TEST(SlurmE2E, FailedStartsNameTheCause) {
     id = what.substr(at + 10, what.find(' ', at + 10) - at - 10);
     EXPECT_THAT(what, HasSubstr("before 2 agent(s) listened"));
     EXPECT_THAT(what, HasSubstr("/nonexistent/monarch"));  // the agent's stderr
+    std::printf("error: %s\n", what.c_str());
   }
   std::string q = run("squeue -h -o %i");
   EXPECT_EQ(q.find(id + "\n"), std::string::npos) << q;
