@@ -31,11 +31,16 @@ need_root() {
   done
 }
 
+running() {  # pid -> 0 while it exists and is not a zombie
+  [ -d "/proc/$1" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
+
 pid_alive() {  # pidfile name -> 0 when that daemon runs
   local f=$DIR/$1.pid
   [ -s "$f" ] || return 1
   local p; p=$(cat "$f")
-  [ -d "/proc/$p" ] && grep -q "$1" "/proc/$p/comm" 2>/dev/null
+  # Not a zombie: daemons reparented to an init that does not reap stay as zombies.
+  grep -q "$1" "/proc/$p/comm" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$p/status" 2>/dev/null
 }
 
 write_conf() {
@@ -135,17 +140,22 @@ stop_daemons() {  # [quiet]: stop whatever runs, wait until gone
       any=1
       p=$(cat "$DIR/$d.pid")
       kill -TERM "$p" 2>/dev/null || true
-      for _ in $(seq 1 100); do [ -d "/proc/$p" ] || break; sleep 0.1; done
-      if [ -d "/proc/$p" ]; then kill -KILL "$p" 2>/dev/null || true; fi
-      for _ in $(seq 1 50); do [ -d "/proc/$p" ] || break; sleep 0.1; done
-      [ -d "/proc/$p" ] && die "$d (pid $p) did not exit"
+      for _ in $(seq 1 30); do running "$p" || break; sleep 0.1; done  # 3 s, then SIGKILL
+      if running "$p"; then kill -KILL "$p" 2>/dev/null || true; fi
+      for _ in $(seq 1 50); do running "$p" || break; sleep 0.1; done
+      if running "$p"; then die "$d (pid $p) did not exit"; fi
     fi
     rm -f "$DIR/$d.pid"
   done
-  # Job steps of this cluster (slurmstepd) outlive slurmd by design; end those under our spool.
-  for p in $(pgrep -x slurmstepd 2>/dev/null || true); do
-    if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "" && \
-       grep -qs "$DIR" "/proc/$p/environ" 2>/dev/null; then
+  # Job steps (slurmstepd) outlive slurmd by design; end those of this cluster (they inherit
+  # slurmd's SLURM_CONF=$CONF) with their processes.
+  # Same for the jobs' processes (SLURM_JOB_ID set; the config exported by sbatch or slurmd).
+  local env
+  for p in $(pgrep -x slurmstepd 2>/dev/null || true) $(ls /proc | grep -E '^[0-9]+$'); do
+    [ "$p" != "$$" ] || continue
+    env=$( { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null) || continue
+    grep -qxF "SLURM_CONF=$CONF" <<<"$env" || continue
+    if [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmstepd ] || grep -q '^SLURM_JOB_ID=' <<<"$env"; then
       kill -KILL "$p" 2>/dev/null || true
       any=1
     fi
