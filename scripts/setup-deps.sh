@@ -9,14 +9,14 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  # SLURM launcher: slurm-local.sh runs a single-node cluster for its end-to-end test
+  slurm-wlm
   # runtime libraries (DESIGN.md section 5)
   libspdlog-dev libfmt-dev libasio-dev libcereal-dev libcli11-dev nlohmann-json3-dev libssl-dev
   # data plane (monarch_rdma ucx backend) and its benchmark peer ucx_perftest
   libucx-dev ucx-utils
   # benchmark peer: C++ Actor Framework 0.17
   libcaf-dev
-  # SLURM launcher: slurm-local.sh runs a single-node cluster for its end-to-end test
-  slurm-wlm
   # scripts
   python3
 )
