@@ -227,12 +227,20 @@ TEST(SlurmE2E, TwoTasksCastKillOneAndShutDown) {
     EXPECT_TRUE(all_dead({agent1, pids[1]}, 5s));
     EXPECT_EQ(echo.slice("hosts", 0).call(&Echo::twice, 1).get(10s)[0], 2);  // rank 0 still works
 
+    auto ms_since = [](std::chrono::steady_clock::time_point t) {
+      return static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t).count());
+    };
+    auto t_stop = std::chrono::steady_clock::now();
     EXPECT_TRUE(procs.stop());
+    long long stop_ms = ms_since(t_stop);
+    auto t_cancel = std::chrono::steady_clock::now();
     job.cancel();
+    long long cancel_ms = ms_since(t_cancel);
     EXPECT_TRUE(all_dead({pids[0]}, 5s));
-    std::printf("job %s: start %lld ms, total %lld ms\n", id.c_str(),
+    std::printf("job %s: start %lld ms, procs.stop %lld ms, cancel %lld ms, total %lld ms\n", id.c_str(),
                 static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(started - t0).count()),
-                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()));
+                stop_ms, cancel_ms, ms_since(t0));
   }
   expect_job_gone(id, o.shared_dir);
 }
