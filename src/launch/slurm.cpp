@@ -116,7 +116,11 @@ SlurmJobState parse_squeue_text(const std::string& text, const std::string& job_
     std::string id = f[0];
     uint64_t off = 0;
     if (auto plus = id.find('+'); plus != std::string::npos) {
-      off = std::stoull(id.substr(plus + 1));
+      std::string o = id.substr(plus + 1);
+      if (o.empty() || o.find_first_not_of("0123456789") != std::string::npos) {
+        throw SlurmError("squeue for SLURM job " + job_id + ": bad het job id in line '" + line + "'");
+      }
+      off = std::stoull(o);
       id = id.substr(0, plus);
     }
     if (id != job_id) continue;

@@ -135,6 +135,7 @@ TEST(SqueueParse, TextFallback) {
   EXPECT_EQ(failed.reason, "NodeDown");
   EXPECT_TRUE(parse_squeue_text("", "12").gone);
   EXPECT_THROW(parse_squeue_text("garbage\n", "12"), SlurmError);
+  EXPECT_THROW(parse_squeue_text("12+x|RUNNING|g1|None\n", "12"), SlurmError);
   EXPECT_TRUE(monarch::launch::is_final_state("PREEMPTED"));
   EXPECT_FALSE(monarch::launch::is_final_state("RUNNING"));
 }
