@@ -15,7 +15,7 @@ add_test(NAME slurm_cluster_start COMMAND sh -c "if [ $(id -u) -ne 0 ] || ! comm
 add_test(NAME slurm_cluster_stop COMMAND sh -c "if [ $(id -u) -ne 0 ] || ! command -v slurmctld >/dev/null; then exit 0; fi; exec ${_slurm_script} stop")
 set_tests_properties(slurm_cluster_start PROPERTIES FIXTURES_SETUP slurm_cluster ENVIRONMENT "${_slurm_env}" TIMEOUT 60)
 set_tests_properties(slurm_cluster_stop PROPERTIES FIXTURES_CLEANUP slurm_cluster ENVIRONMENT "${_slurm_env}" TIMEOUT 60)
-monarch_add_test(slurm_e2e_test SOURCES slurm_e2e.test.cpp LIBS monarch_launch TIMEOUT 120)
+monarch_add_test(slurm_e2e_test SOURCES slurm_e2e.test.cpp LIBS monarch_launch LABELS concurrency TIMEOUT 120)
 target_compile_definitions(slurm_e2e_test PRIVATE MONARCH_CLI="$<TARGET_FILE:monarch>")
 add_dependencies(slurm_e2e_test monarch)
 set_tests_properties(slurm_e2e_test PROPERTIES FIXTURES_REQUIRED slurm_cluster ENVIRONMENT "${_slurm_env}")
