@@ -9,6 +9,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  # SLURM launcher: slurm-local.sh runs a single-node cluster for its end-to-end test
+  slurm-wlm
   # runtime libraries (DESIGN.md section 5)
   libspdlog-dev libfmt-dev libasio-dev libcereal-dev libcli11-dev nlohmann-json3-dev libssl-dev
   # data plane (monarch_rdma ucx backend) and its benchmark peer ucx_perftest
