@@ -1,0 +1,26 @@
+// The ft_train chart: loss and test accuracy against step, fault-free and faulty runs on one PNG
+// (gnuplot). Torch-free.
+#pragma once
+
+#include <string>
+
+namespace monarch::ft::example {
+
+/// Reads two JSONL metrics files and renders `png_path` (1000x800, two panels: loss on top,
+/// accuracy below; fault-free solid, faulty dashed) with gnuplot.
+///
+/// Metrics lines (one JSON object per line; other lines and fields are ignored):
+///   {"step": <int>, "loss": <number>}            -> a loss point (loss: mean training loss of
+///                                                   the committed step)
+///   {"step": <int>, "accuracy": <number 0..1>}   -> an accuracy point (drawn in percent)
+///   both fields may share one line.
+///   {"step": <int>, "fault": "<kind>"}           -> in the faulty file: a dashed vertical line at
+///                                                   that step labelled with the kind
+/// Writes <png_path>.gnuplot and the extracted columns (<png_path>.fault_free.dat,
+/// <png_path>.faulty.dat) next to the PNG and keeps them (rerun `gnuplot <png_path>.gnuplot`).
+/// Throws std::runtime_error if a file cannot be read, a line is not JSON, or gnuplot fails
+/// (the message says `apt-get install gnuplot-nox` when gnuplot is missing).
+void plot_loss_accuracy(const std::string& fault_free_jsonl, const std::string& faulty_jsonl,
+                        const std::string& png_path, const std::string& title = "ft_train");
+
+}  // namespace monarch::ft::example
