@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <csignal>
 #include <mutex>
 #include <vector>
 
@@ -74,7 +75,13 @@ struct AllreduceGroup::Impl {
   std::chrono::milliseconds timeout{0};
 };
 
-AllreduceGroup::AllreduceGroup() : impl_(std::make_unique<Impl>()) {}
+AllreduceGroup::AllreduceGroup() : impl_(std::make_unique<Impl>()) {
+  // gloo writes to its pair sockets without MSG_NOSIGNAL: a member that writes after its peers
+  // closed the group (a SIGSTOPped replica that wakes up) would die of SIGPIPE instead of getting
+  // an AllreduceError. EPIPE is handled as an error instead.
+  static std::once_flag once;
+  std::call_once(once, [] { std::signal(SIGPIPE, SIG_IGN); });
+}
 
 AllreduceGroup::~AllreduceGroup() { abort(); }
 
