@@ -1,7 +1,8 @@
 // FlatState (include/monarch/ft/torch/flat_state.hpp).
 #include "monarch/ft/torch/flat_state.hpp"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
 
 #include <cmath>
 #include <cstring>
