@@ -24,6 +24,12 @@ TEST(Model, SameSeedSameStateDifferentSeedDifferent) {
   EXPECT_EQ(a.state().num_params(), 784u * 256 + 256 + 256 * 10 + 10);
   EXPECT_EQ(a.state().hash(), b.state().hash());
   EXPECT_NE(a.state().hash(), c.state().hash());
+  auto start = std::chrono::steady_clock::now();
+  std::uint64_t h = 0;
+  for (int i = 0; i < 20; ++i) h = a.state().hash();
+  auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 20;
+  std::printf("FlatState::hash over %zu bytes: %.0f us (%llx)\n", a.state().bytes().size(), us,
+              static_cast<unsigned long long>(h));
 }
 
 class Training : public ::testing::Test {
