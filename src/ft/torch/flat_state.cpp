@@ -96,6 +96,14 @@ void FlatState::load_from(std::span<const std::byte> src) {
   std::memcpy(base_, src.data(), size_);
 }
 
+void FlatState::check_header() const {
+  if (static_cast<std::uint64_t>(read_slot(base_, kMagicSlot)) != kMagic ||
+      read_slot(base_, kCountSlot) != static_cast<std::int64_t>(num_params_)) {
+    throw std::invalid_argument("FlatState: header after a raw read is not a FlatState of a "
+                                "model with " + std::to_string(num_params_) + " parameters");
+  }
+}
+
 std::uint64_t FlatState::hash() const noexcept {
   std::uint64_t h = 0xcbf29ce484222325ULL;
   for (std::size_t i = 0; i < size_; i += 8) {

@@ -126,6 +126,11 @@ TEST(FlatState, LoadFromRejectsForeignBytesAndKeepsState) {
   other_count[8] ^= std::byte{1};  // P
   EXPECT_THROW(s.load_from(other_count), std::invalid_argument);
   EXPECT_EQ(s.hash(), h);
+
+  // A raw write straight into bytes() (what an RdmaBuffer read does) is checked afterwards.
+  s.check_header();
+  std::memcpy(s.bytes().data(), bad.data(), s.bytes().size());
+  EXPECT_THROW(s.check_header(), std::invalid_argument);
 }
 
 TEST(FlatState, AdamMatchesTorchOptimAdam) {
