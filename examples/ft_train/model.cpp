@@ -1,7 +1,10 @@
 // The ft_train MLP (model.hpp).
 #include "model.hpp"
 
-#include <torch/torch.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 
 #include <cmath>
 #include <stdexcept>

@@ -4,12 +4,13 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #ifdef MONARCH_FT_HAVE_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <csignal>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -76,7 +77,13 @@ struct AllreduceGroup::Impl {
   std::chrono::milliseconds timeout{0};
 };
 
-AllreduceGroup::AllreduceGroup() : impl_(std::make_unique<Impl>()) {}
+AllreduceGroup::AllreduceGroup() : impl_(std::make_unique<Impl>()) {
+  // gloo writes to its pair sockets without MSG_NOSIGNAL: a member that writes after its peers
+  // closed the group (a SIGSTOPped replica that wakes up) would die of SIGPIPE instead of getting
+  // an AllreduceError. EPIPE is handled as an error instead.
+  static std::once_flag once;
+  std::call_once(once, [] { std::signal(SIGPIPE, SIG_IGN); });
+}
 
 AllreduceGroup::~AllreduceGroup() { abort(); }
 
@@ -164,12 +171,12 @@ void AllreduceGroup::allreduce_sum(std::span<float> data) {
   }
   if (world_size_ == 1 || data.empty()) return;
   try {
-    auto cpu = torch::from_blob(data.data(), {static_cast<int64_t>(data.size())},
-                                torch::TensorOptions().dtype(torch::kFloat32));
+    auto cpu = at::from_blob(data.data(), {static_cast<int64_t>(data.size())},
+                                at::TensorOptions().dtype(at::kFloat));
     std::vector<at::Tensor> tensors;
 #ifdef MONARCH_FT_HAVE_NCCL
     bool on_gpu = impl_->backend == AllreduceBackend::nccl;
-    tensors.push_back(on_gpu ? cpu.to(torch::kCUDA) : cpu);
+    tensors.push_back(on_gpu ? cpu.to(at::kCUDA) : cpu);
 #else
     tensors.push_back(cpu);
 #endif

@@ -1,7 +1,8 @@
 // FlatState (include/monarch/ft/torch/flat_state.hpp).
 #include "monarch/ft/torch/flat_state.hpp"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
 
 #include <cmath>
 #include <cstring>
@@ -93,6 +94,14 @@ void FlatState::load_from(std::span<const std::byte> src) {
                                 "model with " + std::to_string(num_params_) + " parameters)");
   }
   std::memcpy(base_, src.data(), size_);
+}
+
+void FlatState::check_header() const {
+  if (static_cast<std::uint64_t>(read_slot(base_, kMagicSlot)) != kMagic ||
+      read_slot(base_, kCountSlot) != static_cast<std::int64_t>(num_params_)) {
+    throw std::invalid_argument("FlatState: header after a raw read is not a FlatState of a "
+                                "model with " + std::to_string(num_params_) + " parameters");
+  }
 }
 
 std::uint64_t FlatState::hash() const noexcept {

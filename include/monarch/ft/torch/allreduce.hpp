@@ -65,7 +65,9 @@ enum class AllreduceBackend {
 
 /// One member of a reconfigurable allreduce group. Not thread-safe: one thread (the replica's
 /// training loop) calls configure/allreduce_sum/abort in turn. The group owns one gloo worker
-/// thread that runs the collective.
+/// thread that runs the collective. Constructing the first AllreduceGroup sets SIGPIPE to
+/// SIG_IGN for the whole process: gloo writes to sockets without MSG_NOSIGNAL, and a member
+/// whose peers closed the group must get an AllreduceError, not die.
 class AllreduceGroup {
  public:
   AllreduceGroup();
