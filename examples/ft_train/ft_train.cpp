@@ -3,6 +3,7 @@
 //   build/bin/ft_train                       # fault-free run, then the same seed with 6 faults
 //   build/bin/ft_train --steps 300 --faults 8 --seed 3 --json-summary out.json
 //   build/bin/ft_train --no-faults           # only the fault-free run
+//   build/bin/ft_train --sync-every 8        # DiLoCo mode: 8 local steps between state averages
 //
 // N replica groups (--replicas, default 4) of M ranks (--ranks, default 1) train one MLP each on
 // disjoint shares of every global batch. Every step each rank asks its group's Manager for the
@@ -74,10 +75,11 @@ struct TrainConfig {
   int64_t eval_every = 50;        // accuracy on a test subset every this many steps (replica rank 0)
   int64_t eval_samples = 2000;
   int64_t heal_chunk_bytes = 256 << 10;
+  int64_t sync_every = 1;  // > 1: DiLoCo mode, K local steps between state averages
   std::string store_namespace = "run";  // each run of the job gets its own keys in the shared store
   template <class A>
   void serialize(A& ar) {
-    ar(store_namespace, steps, replicas, ranks, seed, global_batch, lr, hidden, data_dir, store_host, store_port,
+    ar(sync_every, store_namespace, steps, replicas, ranks, seed, global_batch, lr, hidden, data_dir, store_host, store_port,
        collective_timeout_ms, step_timeout_ms, eval_every, eval_samples, heal_chunk_bytes);
   }
 };
@@ -461,6 +463,7 @@ struct Controller : monarch::Actor {
   };
   std::map<int64_t, StepInfo> steps_;
   int64_t max_committed_ = 0;
+  int64_t prev_progress_ = 0;
   int64_t last_qid_ = 0;
   int64_t first_commit_ns_ = 0, last_commit_ns_ = 0;
   std::map<std::string, int64_t> last_commit_at_;  // replica/incarnation -> time of its last commit
@@ -565,7 +568,8 @@ void Controller::report(StepReport r) {
       write_metrics(j);
       info.written = true;
     }
-    if (run_.progress && (r.step % 10 == 0 || r.step == cfg_.steps)) {
+    if (run_.progress && (r.step / 10 != prev_progress_ / 10 || r.step == cfg_.steps)) {
+      prev_progress_ = r.step;
       double loss = s.loss_n ? s.loss_sum / static_cast<double>(s.loss_n) : r.loss;
       std::printf("\r%s %s: step %5lld/%lld  loss %.4f  participants %lld/%lld  quorum %lld  faults %zu   ",
                   fmt_time(r.t_ns).c_str(), run_.name.c_str(), static_cast<long long>(r.step),
@@ -790,9 +794,17 @@ void Trainer::loop() {
     const ex::Dataset& test_subset = test_subset_;
     ex::Model& model = *model_;
     ft::FlatState& st = model.state();
-    // Donors are read in place: the state changes only at a commit, and a commit needs the
-    // allreduce that every healer joins after its read completed.
-    rdma::RdmaBuffer exposed(st.bytes(), replica_id_ + ".r" + std::to_string(rank_) + ".state");
+    // Per step (sync_every 1), donors are read in place: the state changes only at a commit,
+    // and a commit needs the allreduce that every healer joins after its read completed. In
+    // DiLoCo mode (sync_every K > 1) the state changes during the K local steps, so healers read
+    // a copy of the committed state instead, rewritten only at a commit (same argument).
+    const bool local_steps = cfg_.sync_every > 1;
+    std::vector<std::byte> committed;
+    if (local_steps) committed.assign(st.bytes().begin(), st.bytes().end());
+    rdma::RdmaBuffer exposed(local_steps ? std::span<std::byte>(committed) : st.bytes(),
+                             replica_id_ + ".r" + std::to_string(rank_) + ".state");
+    // DiLoCo: everything after the 64-byte header is float state (parameters, Adam moments).
+    std::span<float> state_floats(reinterpret_cast<float*>(st.bytes().data() + 64), (st.bytes().size() - 64) / 4);
     ft::AllreduceGroup group;
     ex::Sampler sampler(train.size, cfg_.seed);
     ft::AdamOptions adam;
@@ -830,6 +842,7 @@ void Trainer::loop() {
       }
       StepReport rep;
       bool ok = true;
+      int64_t step0 = -1, position0 = st.data_position(), round = 1;
       try {
         auto q = ask_quorum();
         rep.quorum_id = q.quorum_id;
@@ -840,6 +853,7 @@ void Trainer::loop() {
           if (q.heal) {
             try {
               heal(q, st, rep);
+              if (local_steps) std::copy(st.bytes().begin(), st.bytes().end(), committed.begin());
               exposed.sync();
             } catch (const std::exception& e) {
               rep.error = e.what();
@@ -863,6 +877,7 @@ void Trainer::loop() {
           // at once instead of waiting out the collective timeout for a member that never came.
           if (q.heal) {
             heal(q, st, rep);
+            if (local_steps) std::copy(st.bytes().begin(), st.bytes().end(), committed.begin());
             exposed.sync();
           }
           // Up-to-date groups share the global batch; healers contribute zeros this step.
@@ -875,31 +890,64 @@ void Trainer::loop() {
               ++i;
             }
           }
-          if (slot >= 0) {
-            auto idx = sampler.shard(st.data_position(), cfg_.global_batch, static_cast<int>(slot), static_cast<int>(slots));
-            rep.loss = model.forward_backward(train, idx);
-          } else {
-            st.zero_grads();
+          step0 = st.step();
+          position0 = st.data_position();
+          round = std::min(cfg_.sync_every, cfg_.steps - step0);
+          if (!local_steps) {
+            if (slot >= 0) {
+              auto idx = sampler.shard(position0, cfg_.global_batch, static_cast<int>(slot), static_cast<int>(slots));
+              rep.loss = model.forward_backward(train, idx);
+            } else {
+              st.zero_grads();
+            }
+          } else if (slot >= 0) {
+            // DiLoCo round: `round` local Adam steps on this group's shares, no communication.
+            double loss = 0;
+            for (int64_t k = 0; k < round; ++k) {
+              auto idx = sampler.shard(position0 + k * cfg_.global_batch, cfg_.global_batch, static_cast<int>(slot),
+                                       static_cast<int>(slots));
+              loss += model.forward_backward(train, idx);
+              st.adam_step(adam);
+            }
+            rep.loss = loss / static_cast<double>(round);
           }
           if (allreduce_fault_.exchange(false)) {  // fault injection point "allreduce.enter"
             throw std::runtime_error("injected exception inside the allreduce");
           }
-          group.allreduce_sum(st.grads());
-          st.scale_grads(1.0f / static_cast<float>(slots));
+          if (!local_steps) {
+            group.allreduce_sum(st.grads());
+            st.scale_grads(1.0f / static_cast<float>(slots));
+          } else {
+            // Average the whole float state (parameters and moments) over the groups that trained;
+            // healers contribute zeros and take the average.
+            if (slot < 0) std::fill(state_floats.begin(), state_floats.end(), 0.0f);
+            group.allreduce_sum(state_floats);
+            const float inv = 1.0f / static_cast<float>(slots);
+            for (float& x : state_floats) x *= inv;
+          }
         } catch (const std::exception& e) {
           ok = false;
           rep.error = e.what();
           group.abort();  // peers blocked on this group fail now, not at their timeout
           qid = -1;
         }
-        bool commit = manager_.call(&ft::Manager::should_commit, rank_, st.step(), ok).get(step_timeout);
-        if (commit) {
+        bool commit = manager_.call(&ft::Manager::should_commit, rank_, step0 >= 0 ? step0 : st.step(), ok).get(step_timeout);
+        if (commit && !local_steps) {
           st.adam_step(adam);
-          st.set_data_position(st.data_position() + cfg_.global_batch);
+          st.set_data_position(position0 + cfg_.global_batch);
+        } else if (commit) {
+          st.set_step(step0 + round);
+          st.set_data_position(position0 + round * cfg_.global_batch);
+          std::copy(st.bytes().begin(), st.bytes().end(), committed.begin());  // healers read this
+        } else if (local_steps && step0 >= 0) {
+          st.load_from(committed);  // undo the round's local steps
+        }
+        if (commit) {
           exposed.sync();
           rep.committed = true;
           rep.hash = st.hash();
-          if (q.replica_rank == 0 && rank_ == 0 && cfg_.eval_every > 0 && st.step() % cfg_.eval_every == 0) {
+          if (q.replica_rank == 0 && rank_ == 0 && cfg_.eval_every > 0 &&
+              st.step() / cfg_.eval_every != (st.step() - 1 - (local_steps ? round - 1 : 0)) / cfg_.eval_every) {
             rep.accuracy = model.evaluate(test_subset);
           }
         } else if (rep.error.empty()) {
@@ -1035,6 +1083,10 @@ int main(int argc, char** argv) {
   app.add_option("--faults", run.faults, "faults to inject in the faulty run")->check(CLI::Range(0, 1000));
   app.add_option("--seed", cfg.seed, "seed of the model, the data order and the fault injector");
   app.add_flag("--no-faults", no_faults, "run only the fault-free run");
+  app.add_option("--sync-every", cfg.sync_every,
+                 "DiLoCo mode: K local Adam steps per group between averages of the whole state (1: "
+                 "gradient allreduce every step)")
+      ->check(CLI::Range(1, 10000));
   app.add_option("--batch", cfg.global_batch, "global batch (samples per step, all groups)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--lr", cfg.lr, "Adam learning rate")->check(CLI::PositiveNumber);
   app.add_option("--data", cfg.data_dir, "Fashion-MNIST directory (Debian dataset-fashion-mnist)");
