@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "testing/mesh_failures.hpp"
 #include "monarch/launch/kubernetes.hpp"
 #include "testing/subprocess.hpp"
 
@@ -30,6 +31,8 @@ using nlohmann::json;
 using ::testing::HasSubstr;
 
 namespace {
+
+using Failures = monarch::testing::FailureLog;
 
 struct Worker : monarch::Actor {
   explicit Worker(size_t rank) : rank_(rank) {}
@@ -322,27 +325,6 @@ KubernetesOptions fake_options(const FakeApi& api, size_t replicas, uint16_t por
   return o;
 }
 
-struct Failures {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<MeshFailure> got;
-  std::function<bool(const MeshFailure&)> handler() {
-    return [this](const MeshFailure& f) {
-      std::lock_guard lock(mu);
-      got.push_back(f);
-      cv.notify_all();
-      return true;
-    };
-  }
-  bool wait(size_t n, std::chrono::milliseconds deadline = 15s) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, deadline, [&] { return got.size() >= n; });
-  }
-  std::vector<MeshFailure> snapshot() {
-    std::lock_guard lock(mu);
-    return got;
-  }
-};
 
 TEST(KubernetesLaunch, AttachesToReadyPodsInIndexOrderAndReportsPodFailures) {
   REQUIRE_KUBECTL();

@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 
+#include "testing/mesh_failures.hpp"
 #include "monarch/launch/slurm.hpp"
 #include "monarch/mesh/process.hpp"
 
@@ -34,6 +35,9 @@ using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 namespace {
+
+using Failures = monarch::testing::FailureLog;
+using monarch::testing::all_dead;
 
 struct Echo : monarch::Actor {
   explicit Echo(size_t rank) : rank_(rank) {}
@@ -104,35 +108,7 @@ int parent_of(int pid) {
   return ppid;
 }
 
-// Waits until every pid has exited (pidfds), up to `deadline`.
-bool all_dead(const std::vector<int>& pids, std::chrono::milliseconds deadline) {
-  auto end = std::chrono::steady_clock::now() + deadline;
-  for (int p : pids) {
-    int fd = static_cast<int>(::syscall(SYS_pidfd_open, p, 0));
-    if (fd < 0) continue;  // gone already
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
-    pollfd pfd{fd, POLLIN, 0};
-    int n = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-    ::close(fd);
-    if (n != 1) return false;
-  }
-  return true;
-}
 
-struct Failures {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<MeshFailure> got;
-  void add(const MeshFailure& f) {
-    std::lock_guard lock(mu);
-    got.push_back(f);
-    cv.notify_all();
-  }
-  bool wait_for(size_t n, std::chrono::milliseconds deadline) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, deadline, [&] { return got.size() >= n; });
-  }
-};
 
 // Root and a cluster, or the reason to skip.
 std::string why_skip() {
@@ -215,7 +191,7 @@ TEST(SlurmE2E, TwoTasksCastKillOneAndShutDown) {
     int agent1 = parent_of(pids[1]);
     ASSERT_GT(agent1, 1);
     ASSERT_EQ(::kill(agent1, SIGKILL), 0);
-    ASSERT_TRUE(failures.wait_for(1, 10s)) << "no MeshFailure after killing task 1's agent";
+    ASSERT_TRUE(failures.wait(1, 10s)) << "no MeshFailure after killing task 1's agent";
     {
       std::lock_guard lock(failures.mu);
       std::set<size_t> failed;
@@ -265,7 +241,7 @@ TEST(SlurmE2E, JobCancelledFromOutsideIsASupervisionEvent) {
     EXPECT_EQ(procs.lookup<Echo>("echo").call(&Echo::rank).get(10s)[1], 1u);
 
     ASSERT_EQ(std::system(("scancel " + id).c_str()), 0);  // the scheduler ends the job, not us
-    ASSERT_TRUE(ended.wait_for(1, 10s)) << "no job-end event";
+    ASSERT_TRUE(ended.wait(1, 10s)) << "no job-end event";
     {
       std::lock_guard lock(ended.mu);
       EXPECT_EQ(ended.got.size(), 1u);
@@ -276,7 +252,7 @@ TEST(SlurmE2E, JobCancelledFromOutsideIsASupervisionEvent) {
       std::printf("job end: %s\n", ended.got[0].to_string().c_str());
     }
     // The agents went with the job: both ranks fail, each naming the job.
-    ASSERT_TRUE(failures.wait_for(2, 10s)) << "the job ended but its ranks did not fail";
+    ASSERT_TRUE(failures.wait(2, 10s)) << "the job ended but its ranks did not fail";
     {
       std::lock_guard lock(failures.mu);
       std::set<size_t> failed;

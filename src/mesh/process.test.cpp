@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 
+#include "testing/mesh_failures.hpp"
 #include "monarch/mesh/process.hpp"
 #include "testing/subprocess.hpp"
 
@@ -32,6 +33,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 namespace {
+
+using Failures = monarch::testing::FailureLog;
+using monarch::testing::all_dead;
 
 struct Worker : monarch::Actor {
   explicit Worker(size_t rank) : rank_(rank) {}
@@ -86,53 +90,8 @@ HostOptions fast() {
   return o;
 }
 
-bool alive(int pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return false;
-  auto close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' &&
-         line[close + 2] != 'X';
-}
 
-// Waits on a pidfd per process (readable once it has exited, child of ours or not).
-bool all_dead(const std::vector<int>& pids, std::chrono::milliseconds deadline) {
-  auto end = std::chrono::steady_clock::now() + deadline;
-  for (int p : pids) {
-    int fd = static_cast<int>(::syscall(SYS_pidfd_open, p, 0));
-    if (fd < 0) {
-      if (errno == ESRCH) continue;  // already gone
-      return !alive(p);
-    }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
-    pollfd pfd{fd, POLLIN, 0};
-    int n = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-    ::close(fd);
-    if (n != 1) return false;
-  }
-  return true;
-}
 
-struct Failures {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<MeshFailure> got;
-  ProcMesh::FailureHandler handler() {
-    return [this](const MeshFailure& f) {
-      std::lock_guard lock(mu);
-      got.push_back(f);
-      cv.notify_all();
-      return true;
-    };
-  }
-  MeshFailure wait_one(std::chrono::milliseconds deadline = 10s) {
-    std::unique_lock lock(mu);
-    if (!cv.wait_for(lock, deadline, [&] { return !got.empty(); })) {
-      throw std::runtime_error("no MeshFailure within deadline");
-    }
-    return got.front();
-  }
-};
 
 std::vector<int> pids_of(const ProcMesh& m) {
   std::vector<int> out;
@@ -447,7 +406,7 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {
     if (l->starts_with("PID ")) pids.push_back(std::stoi(l->substr(4)));
   }
   ASSERT_EQ(pids.size(), 3u);
-  for (int p : pids) EXPECT_TRUE(alive(p));
+  for (int p : pids) EXPECT_TRUE(monarch::testing::process_alive(p));
   if (GetParam().ends_with("sigkill")) {
     client.kill(SIGKILL);
   } else {
