@@ -15,7 +15,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -43,15 +42,24 @@ const std::set<std::string> kFatalWaiting = {"ErrImagePull",         "ImagePullB
 
 std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
 
+bool lower_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+
+// A DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit; a
+// DNS-1035 label (`letter_first`) starts with a letter. (Hand-written: gcc 12's std::regex trips
+// -Wmaybe-uninitialized under the sanitizer build.)
+bool dns_label(const std::string& s, bool letter_first) {
+  if (s.empty() || !lower_alnum(s.front()) || !lower_alnum(s.back())) return false;
+  if (letter_first && !(s.front() >= 'a' && s.front() <= 'z')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return lower_alnum(c) || c == '-'; });
+}
+
 void validate(const KubernetesOptions& o) {
-  static const std::regex dns1035("[a-z]([-a-z0-9]*[a-z0-9])?");
-  static const std::regex dns1123("[a-z0-9]([-a-z0-9]*[a-z0-9])?");
-  if (o.name.empty() || o.name.size() > 52 || !std::regex_match(o.name, dns1035)) {
+  if (o.name.empty() || o.name.size() > 52 || !dns_label(o.name, true)) {
     throw UsageError("KubernetesJob: name '" + o.name +
                      "' must be a DNS-1035 label (lowercase letters, digits, '-'; starts with a letter) "
                      "of at most 52 characters");
   }
-  if (o.ns.empty() || o.ns.size() > 63 || !std::regex_match(o.ns, dns1123)) {
+  if (o.ns.empty() || o.ns.size() > 63 || !dns_label(o.ns, false)) {
     throw UsageError("KubernetesJob " + o.name + ": namespace '" + o.ns + "' is not a DNS-1123 label");
   }
   if (o.image.empty()) throw UsageError("KubernetesJob " + o.name + ": image is empty");
@@ -136,9 +144,13 @@ json labels(const KubernetesOptions& o) {
   return {{kJobLabel, o.name}, {"app.kubernetes.io/managed-by", "monarch"}};
 }
 
+// A key YAML can take unquoted: [A-Za-z_][A-Za-z0-9_./-]*; anything else is JSON-quoted.
 std::string yaml_key(const std::string& k) {
-  static const std::regex plain("[A-Za-z_][A-Za-z0-9_./-]*");
-  return std::regex_match(k, plain) ? k : json(k).dump();
+  auto word = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
+  bool plain = !k.empty() && word(k.front()) && std::all_of(k.begin(), k.end(), [&](char c) {
+    return word(c) || (c >= '0' && c <= '9') || c == '.' || c == '/' || c == '-';
+  });
+  return plain ? k : json(k).dump();
 }
 
 void emit_yaml(const json& v, size_t indent, std::string& out);
