@@ -135,7 +135,7 @@ struct Proc::Remote {
     auto target = channel::ChannelAddr::parse(addr);
     auto s = channel::Sender::connect(
         *io, target, opts,
-        [this](channel::Message&& m, const std::string& why) { on_returned(std::move(m), why); });
+        [this, addr](channel::Message&& m, const std::string& why) { on_returned(std::move(m), addr, why); });
     s->on_close([this, addr](const std::string& why) { on_link_closed(addr, why); });
     senders[addr] = s;
     return s;
@@ -248,7 +248,7 @@ struct Proc::Remote {
   }
 
   // A message this Proc sent could not be delivered (channel failure: CH-3, CH-4).
-  void on_returned(channel::Message&& m, const std::string& why) {
+  void on_returned(channel::Message&& m, const std::string& to, const std::string& why) {
     {
       std::lock_guard lock(mu);
       if (closed) {  // this Proc is shutting down: its actors are gone; pending calls already failed
@@ -295,7 +295,16 @@ struct Proc::Remote {
         }
         return owner_unreachable(h.dest, ev, why);
       }
-      default: spdlog::warn("monarch: {} (a reply or report was lost)", f.what());
+      default:
+        // A reply (or an undeliverable report) to a caller's proc. If the mesh layer declared that
+        // proc failed, its callers are gone and it was reported already (REM-5).
+        if (is_failed(to)) {
+          spdlog::debug("monarch: {} to failed proc {} dropped: {}", h.kind == RemoteKind::Reply ? "reply" : "report",
+                        to, why);
+        } else {
+          spdlog::warn("monarch: {} (request {}) to proc {} lost: {}", h.kind == RemoteKind::Reply ? "reply" : "report",
+                       h.request_id, to, why);
+        }
     }
   }
 
