@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -192,7 +193,6 @@ struct FaultRecord {
   int64_t quorum_id = 0;   // quorum id when injected
   std::set<std::string> victims;  // replica ids hit (the donor joins for kill_donor_mid_heal)
   std::set<std::string> pending_rejoin;
-  int events = 1;          // signals sent / exceptions armed
   std::string note;
   int64_t injected = 0, detected = 0, new_quorum = 0, survivors_resumed = 0, respawned = 0, healed = 0, rejoined = 0;
   bool open() const { return !pending_rejoin.empty(); }
@@ -382,14 +382,12 @@ struct Controller : monarch::Actor {
     }
   }
 
-  int64_t rel_ms(int64_t t) const { return (t - t0_) / 1000000; }
   void event(const std::string& what) {
     std::string line = fmt_time(now_ns()) + " " + run_.name + ": " + what;
     if (run_.progress) {
       std::printf("\r%-110s\n", line.c_str());
       std::fflush(stdout);
     }
-    events_.push_back(line);
   }
   std::string fmt_time(int64_t t) const {
     char b[32];
@@ -430,6 +428,19 @@ struct Controller : monarch::Actor {
     if (!finished_ && static_cast<int64_t>(finals_.size()) >= cfg_.replicas) finish(true);
   }
   void finish(bool complete);
+  // Writes one metrics line per committed step below `before` not written yet, in step order.
+  void write_step_lines(int64_t before) {
+    for (auto it = steps_.upper_bound(written_upto_); it != steps_.end() && it->first < before; ++it) {
+      const StepInfo& info = it->second;
+      json j{{"run", run_.name}, {"step", it->first}, {"participants", info.participants},
+             {"healing", info.healing}, {"quorum_id", info.quorum_id},
+             {"t_s", static_cast<double>(info.t_ns - t0_) / 1e9}};
+      if (info.loss_n) j["loss"] = info.loss_sum / static_cast<double>(info.loss_n);
+      if (info.accuracy >= 0) j["accuracy"] = info.accuracy;
+      write_metrics(j);
+      written_upto_ = it->first;
+    }
+  }
   void write_metrics(const json& j) {
     if (metrics_.is_open()) metrics_ << j.dump() << "\n" << std::flush;
   }
@@ -446,7 +457,6 @@ struct Controller : monarch::Actor {
   std::vector<std::thread> thaw_threads_;
   std::vector<std::thread> stop_threads_;
   std::ofstream metrics_;
-  std::vector<std::string> events_;
   int64_t t0_ = 0, started_ = 0;
   // step bookkeeping
   struct StepInfo {
@@ -459,10 +469,10 @@ struct Controller : monarch::Actor {
     int64_t quorum_id = 0;
     int64_t t_ns = 0;
     double accuracy = -1;
-    bool written = false;
   };
   std::map<int64_t, StepInfo> steps_;
   int64_t max_committed_ = 0;
+  int64_t written_upto_ = -1;  // metrics lines are written for steps up to this one
   int64_t prev_progress_ = 0;
   int64_t last_qid_ = 0;
   int64_t first_commit_ns_ = 0, last_commit_ns_ = 0;
@@ -558,16 +568,7 @@ void Controller::report(StepReport r) {
   // One metrics line per step, once the next step has started arriving.
   if (r.step > max_committed_) {
     max_committed_ = r.step;
-    for (auto& [step, info] : steps_) {
-      if (step >= max_committed_ - 1 || info.written) continue;
-      json j{{"run", run_.name}, {"step", step}, {"participants", info.participants},
-             {"healing", info.healing}, {"quorum_id", info.quorum_id},
-             {"t_s", static_cast<double>(info.t_ns - t0_) / 1e9}};
-      if (info.loss_n) j["loss"] = info.loss_sum / static_cast<double>(info.loss_n);
-      if (info.accuracy >= 0) j["accuracy"] = info.accuracy;
-      write_metrics(j);
-      info.written = true;
-    }
+    write_step_lines(max_committed_ - 1);
     if (run_.progress && (r.step / 10 != prev_progress_ / 10 || r.step == cfg_.steps)) {
       prev_progress_ = r.step;
       double loss = s.loss_n ? s.loss_sum / static_cast<double>(s.loss_n) : r.loss;
@@ -646,7 +647,6 @@ bool Controller::kill_donor(std::string healer, std::string donor) {
     if (f.open() && f.kind == FaultKind::kill_donor_mid_heal) {
       f.victims.insert(donor);
       f.pending_rejoin.insert(donor);
-      f.events += 1;
     }
   }
   event("FAULT kill_donor_mid_heal: SIGKILL to donor " + donor + " while " + healer + " reads its state");
@@ -719,17 +719,8 @@ void Controller::finish(bool complete) {
   result_.step_ms_p50 = percentile(gaps, 0.5);
   result_.step_ms_p95 = percentile(gaps, 0.95);
   for (auto& f : faults_) result_.faults.push_back(f.to_json(t0_));
-  // Flush the remaining metric lines.
-  for (auto& [step, info] : steps_) {
-    if (info.written) continue;
-    json j{{"run", run_.name}, {"step", step}, {"participants", info.participants}, {"quorum_id", info.quorum_id},
-           {"t_s", static_cast<double>(info.t_ns - t0_) / 1e9}};
-    if (info.loss_n) j["loss"] = info.loss_sum / static_cast<double>(info.loss_n);
-    if (info.accuracy >= 0) j["accuracy"] = info.accuracy;
-    if (step == cfg_.steps) j["accuracy"] = acc;
-    write_metrics(j);
-    info.written = true;
-  }
+  if (steps_.count(cfg_.steps)) steps_[cfg_.steps].accuracy = acc;  // the final, whole test set
+  write_step_lines(std::numeric_limits<int64_t>::max());  // the remaining metric lines
   for (auto& f : faults_) {
     if (f.open()) write_metrics(f.to_json(t0_));
   }

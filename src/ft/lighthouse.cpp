@@ -1,8 +1,5 @@
 #include "monarch/ft/lighthouse.hpp"
 
-#include <condition_variable>
-#include <mutex>
-
 #include <fmt/format.h>
 
 #include "monarch/config/config.hpp"
@@ -20,33 +17,39 @@ QuorumRules rules_from(const LighthouseOptions& o) {
   return r;
 }
 
-// Runs `fn` every `period` on its own thread until `stop` is set (checked every period).
-template <class F>
-std::thread start_periodic(std::atomic<bool>& stop, std::chrono::milliseconds period, F fn) {
-  return std::thread([&stop, period, fn = std::move(fn)]() mutable {
-    std::mutex mu;
-    std::condition_variable cv;
-    while (!stop.load()) {
+}  // namespace
+
+void detail::Periodic::start(std::chrono::milliseconds period, std::function<void()> fn) {
+  thread_ = std::thread([this, period, fn = std::move(fn)] {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      lock.unlock();
       fn();
-      std::unique_lock lock(mu);
-      cv.wait_for(lock, period, [&] { return stop.load(); });
+      lock.lock();
+      cv_.wait_for(lock, period, [&] { return stopping_; });
     }
   });
 }
 
-}  // namespace
+void detail::Periodic::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
 
 Lighthouse::Lighthouse(LighthouseOptions options) : state_(rules_from(options)) {}
 
 void Lighthouse::init() {
   auto period = std::max(std::chrono::milliseconds(10), state_.rules().join_timeout / 5);
   // call(), not send(): a tick that reaches a stopped lighthouse just fails its (dropped) future.
-  ticker_ = start_periodic(stopping_, period, [self = self<Lighthouse>()] { (void)self.call(&Lighthouse::tick); });
+  ticker_.start(period, [self = self<Lighthouse>()] { (void)self.call(&Lighthouse::tick); });
 }
 
 void Lighthouse::cleanup(const std::optional<ActorSupervisionEvent>&) {
-  stopping_ = true;
-  if (ticker_.joinable()) ticker_.join();
+  ticker_.stop();
   for (auto& [id, p] : waiting_) p.set_error(QuorumError("lighthouse stopped before a quorum formed for " + id));
   waiting_.clear();
 }
@@ -142,15 +145,12 @@ Manager::Manager(ActorRef<Lighthouse> lighthouse, std::string replica_id, int64_
 }
 
 void Manager::init() {
-  heartbeat_ = start_periodic(stopping_, heartbeat_interval_, [lh = lighthouse_, id = replica_id_] {
+  heartbeat_.start(heartbeat_interval_, [lh = lighthouse_, id = replica_id_] {
     (void)lh.call(&Lighthouse::heartbeat, id);
   });
 }
 
-void Manager::cleanup(const std::optional<ActorSupervisionEvent>&) {
-  stopping_ = true;
-  if (heartbeat_.joinable()) heartbeat_.join();
-}
+void Manager::cleanup(const std::optional<ActorSupervisionEvent>&) { heartbeat_.stop(); }
 
 void Manager::check_rank(int64_t rank, const char* what) const {
   if (rank < 0 || rank >= world_size_) {
@@ -176,21 +176,21 @@ Future<QuorumResult> Manager::quorum(int64_t rank, int64_t step, bool commit_fai
   m.replica_id = replica_id_;
   m.world_size = world_size_;
   m.step = asks_.begin()->second.step;
+  int64_t max_step = m.step;
   bool complete_state = true;
   for (auto& [r, a] : asks_) {
     m.step = std::min(m.step, a.step);
+    max_step = std::max(max_step, a.step);
     m.commit_failed = m.commit_failed || a.commit_failed;
     complete_state = complete_state && a.state.has_value();
   }
-  bool uniform = true;
-  for (auto& [r, a] : asks_) uniform = uniform && a.step == m.step;
-  if (complete_state && uniform) {
+  if (complete_state && max_step == m.step) {  // a donor only when every rank is at the same step
     for (auto& [r, a] : asks_) m.state.push_back(*a.state);
   }
   auto asks = std::make_shared<std::map<int64_t, QuorumAsk>>(std::move(asks_));
   asks_.clear();
   lighthouse_.call(&Lighthouse::quorum, std::move(m))
-      .on_complete([asks, id = replica_id_](detail::State<Quorum>& s) {
+      .on_complete([asks, id = replica_id_](monarch::detail::State<Quorum>& s) {
         for (auto& [r, a] : *asks) {
           if (s.error) {
             a.reply.set_error(s.error);

@@ -20,10 +20,12 @@
 // should_commit gathers one vote per rank and answers true only if every rank voted ok.
 #pragma once
 
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -34,6 +36,26 @@
 #include "monarch/ft/quorum.hpp"
 
 namespace monarch::ft {
+
+namespace detail {
+/// Runs a function every period on its own thread until stop() (which returns at once, without
+/// waiting out the period). Used for the lighthouse's ticker and the managers' heartbeats.
+class Periodic {
+ public:
+  Periodic() = default;
+  Periodic(const Periodic&) = delete;
+  Periodic& operator=(const Periodic&) = delete;
+  ~Periodic() { stop(); }
+  void start(std::chrono::milliseconds period, std::function<void()> fn);
+  void stop();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+}  // namespace detail
 
 /// Defaults come from the ft.* config keys (docs/config.md).
 struct LighthouseOptions {
@@ -83,8 +105,7 @@ class Lighthouse : public Actor {
 
   QuorumState state_;
   std::map<std::string, Promise<Quorum>> waiting_;
-  std::atomic<bool> stopping_{false};
-  std::thread ticker_;
+  detail::Periodic ticker_;
 };
 
 /// What one rank of a replica group learns from Manager::quorum.
@@ -153,8 +174,7 @@ class Manager : public Actor {
   std::chrono::milliseconds heartbeat_interval_;
   std::map<int64_t, QuorumAsk> asks_;
   std::map<int64_t, Vote> votes_;
-  std::atomic<bool> stopping_{false};
-  std::thread heartbeat_;
+  detail::Periodic heartbeat_;
 };
 
 /// Per-rank view of `q` for rank `rank` of group `replica_id` (what Manager::quorum returns).
