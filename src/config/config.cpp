@@ -69,6 +69,8 @@ const std::vector<KeyInfo> kKeys = {
      "channel address the data plane serves on (empty: a private abstract unix socket)"},
     {"rdma.ucx_tls", Kind::String, "",
      "ucx backend: transports UCX may use, as UCX_TLS (empty: UCX_TLS or UCX's choice)"},
+    {"rdma.local_routes", Kind::Bool, "true",
+     "same-host owners: shm (allocate()d buffers) and cma (reads) routes instead of the backend's"},
 };
 
 struct Order {

@@ -115,6 +115,8 @@ struct Engine::Impl {
   std::unique_ptr<channel::Listener> listener;
   std::string addr;
   uint64_t incarnation = channel::process_incarnation();
+  StatusTable status{size_t{1} << 16};  // before ucx, which registers it
+  LocalRoutes local{incarnation};
   size_t chunk = 4 << 20;
   uint32_t streams = 4;
   std::unique_ptr<UcxPlane> ucx;
@@ -398,7 +400,7 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {
 
   std::string want = cfg.string("rdma.backend");
   if (want != "channel") {
-    impl_->ucx = make_ucx_plane(impl_->ucx_why);
+    impl_->ucx = make_ucx_plane(impl_->status, impl_->ucx_why);
     if (!impl_->ucx) {
 #ifdef MONARCH_HAVE_UCX
       constexpr bool built_with_ucx = true;
@@ -418,6 +420,18 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {
   // destructors run (they log through spdlog, whose registry is a static). Registered after the
   // IoRuntime created spdlog's registry, so this runs before the registry is destroyed.
   std::atexit([] { Engine::get().shutdown_at_exit(); });
+}
+
+std::string Engine::route_for(const RdmaHandle& h, bool write) {
+  std::shared_lock life(life_mu_);
+  if (!impl_) return "none (the process is exiting)";
+  if (h.owner == impl_->addr) return "in-process";
+  if (config::global().flag("rdma.local_routes")) {
+    std::string r = impl_->local.route(!write, h);
+    if (!r.empty()) return r;
+  }
+  if (h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty()) return "ucx";
+  return "channel";
 }
 
 Backend Engine::backend() const {
@@ -451,16 +465,54 @@ std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memor
     std::lock_guard lock(impl_->reg_mu);
     reg->id = impl_->next_reg++;
   }
+  return add(std::move(reg), h);
+}
+
+std::shared_ptr<Registration> Engine::allocate(size_t bytes, const std::string& name,
+                                               RdmaHandle& h) {
+  std::shared_lock life(life_mu_);
+  if (!impl_) {
+    throw RdmaError(RdmaErrc::BackendUnavailable,
+                    "rdma: cannot allocate buffer '" + name + "': the process is exiting");
+  }
+  if (bytes == 0) {
+    throw RdmaError(RdmaErrc::InvalidArgument,
+                    "rdma: cannot allocate buffer '" + name + "': zero length");
+  }
+  auto reg = std::make_shared<Registration>();
+  reg->name = name;
+  {
+    std::lock_guard lock(impl_->reg_mu);
+    reg->id = impl_->next_reg++;
+  }
+  reg->shm = std::make_shared<ShmSegment>(bytes, reg->id, impl_->incarnation, name);
+  reg->base = reg->shm->data();
+  reg->length = bytes;
+  return add(std::move(reg), h);
+}
+
+// life_mu_ held (shared) by the caller, impl_ set.
+std::shared_ptr<Registration> Engine::add(std::shared_ptr<Registration> reg, RdmaHandle& h) {
   h = RdmaHandle{};
-  h.name = name;
+  h.name = reg->name;
   h.owner = impl_->addr;
   h.owner_incarnation = impl_->incarnation;
   h.reg_id = reg->id;
-  h.address = reinterpret_cast<uintptr_t>(memory.data());
-  h.length = memory.size();
+  h.address = reinterpret_cast<uintptr_t>(reg->base);
+  h.length = reg->length;
   h.backend = Backend::Channel;
+  reg->status = impl_->status.claim(reg->id, reg->length, impl_->incarnation, reg->name);
+  h.status_address = reinterpret_cast<uintptr_t>(reg->status);
+  h.local.host = host_identity();
+  h.local.pid = static_cast<int32_t>(::getpid());
+  h.local.shm_fd = reg->shm ? reg->shm->fd() : -1;
   if (impl_->ucx) {
-    impl_->ucx->register_memory(*reg, h);
+    try {
+      impl_->ucx->register_memory(*reg, h);
+    } catch (...) {
+      impl_->status.release(reg->status);
+      throw;
+    }
     h.backend = Backend::Ucx;
   }
   std::lock_guard lock(impl_->reg_mu);
@@ -473,12 +525,16 @@ void Engine::drop(Registration& reg) {
   if (!impl_) {  // after shutdown_at_exit: nothing serves the memory any more
     std::unique_lock lock(reg.mu);
     reg.dropped = true;
+    if (reg.shm) reg.shm->revoke(std::chrono::milliseconds(100), reg.name);
     return;
   }
   {
     std::unique_lock lock(reg.mu);  // waits for transfers touching the memory (RD-3)
     if (reg.dropped) return;
     reg.dropped = true;
+    impl_->status.release(reg.status);  // ucx and cma readers see the drop
+    reg.status = nullptr;
+    if (reg.shm) reg.shm->revoke(timeout_, reg.name);  // waits for same-host copies
     if (impl_->ucx) impl_->ucx->deregister(reg);
   }
   std::lock_guard lock(impl_->reg_mu);
@@ -529,6 +585,12 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
       }
     }
     return done(nullptr);
+  }
+
+  // Same host: shm or cma, on this thread (local.hpp).
+  if (config::global().flag("rdma.local_routes") &&
+      impl_->local.run(read, h, local, size, offset, what, done) == LocalRoutes::Outcome::Done) {
+    return;
   }
 
   if (h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty()) {
@@ -610,9 +672,22 @@ RdmaBuffer::RdmaBuffer(std::span<std::byte> memory, std::string name) : memory_(
   reg_ = detail::Engine::get().register_memory(memory, name, handle_);
 }
 
+RdmaBuffer RdmaBuffer::allocate(size_t bytes, std::string name) {
+  RdmaBuffer b;
+  auto reg = detail::Engine::get().allocate(bytes, name, b.handle_);
+  b.memory_ = std::span<std::byte>(reg->base, reg->length);
+  b.storage_ = reg->shm;
+  b.reg_ = std::move(reg);
+  return b;
+}
+
 RdmaBuffer::RdmaBuffer(RdmaBuffer&& o) noexcept
-    : memory_(o.memory_), reg_(std::move(o.reg_)), handle_(std::move(o.handle_)) {
+    : memory_(o.memory_),
+      reg_(std::move(o.reg_)),
+      storage_(std::move(o.storage_)),
+      handle_(std::move(o.handle_)) {
   o.reg_ = nullptr;
+  o.memory_ = {};
 }
 
 RdmaBuffer& RdmaBuffer::operator=(RdmaBuffer&& o) noexcept {
@@ -620,8 +695,10 @@ RdmaBuffer& RdmaBuffer::operator=(RdmaBuffer&& o) noexcept {
     drop();
     memory_ = o.memory_;
     reg_ = std::move(o.reg_);
+    storage_ = std::move(o.storage_);
     handle_ = std::move(o.handle_);
     o.reg_ = nullptr;
+    o.memory_ = {};
   }
   return *this;
 }
@@ -696,5 +773,8 @@ Future<void> RdmaBatch::submit(TransferOptions opts) {
 
 std::string active_backend() { return backend_name(detail::Engine::get().backend()); }
 std::string active_transport() { return detail::Engine::get().transport(); }
+std::string route_for(const RdmaHandle& h, bool write) {
+  return detail::Engine::get().route_for(h, write);
+}
 
 }  // namespace monarch::rdma

@@ -15,6 +15,7 @@
 #include <shared_mutex>
 #include <string>
 
+#include "local.hpp"
 #include "monarch/rdma/rdma.hpp"
 
 namespace monarch::rdma::detail {
@@ -31,7 +32,8 @@ struct Registration {
   std::shared_mutex mu;
   bool dropped = false;  // guarded by mu
   void* ucx_memh[2] = {nullptr, nullptr};  // ucp_mem_h per UCX plane (shm, net)
-  size_t ucx_slot = 0;       // index in the UCX status table
+  uint64_t* status = nullptr;              // its entry in the status table (ucx, cma)
+  std::shared_ptr<ShmSegment> shm;         // allocate()d buffers: the memfd
 };
 
 /// The UCX side (ucx.cpp); absent when built without UCX or when it failed to start.
@@ -51,7 +53,8 @@ class UcxPlane {
 };
 
 /// Starts the UCX plane, or returns nullptr with `why` set. Defined in ucx.cpp or ucx_stub.cpp.
-std::unique_ptr<UcxPlane> make_ucx_plane(std::string& why);
+/// The plane registers `status` (the engine's status table, alive for the process) with UCX.
+std::unique_ptr<UcxPlane> make_ucx_plane(StatusTable& status, std::string& why);
 
 class Engine {
  public:
@@ -59,11 +62,16 @@ class Engine {
 
   std::shared_ptr<Registration> register_memory(std::span<std::byte> memory, const std::string& name,
                                                 RdmaHandle& out);
+  /// A memfd-backed buffer of `bytes` (RdmaBuffer::allocate), registered; reg->shm owns it.
+  std::shared_ptr<Registration> allocate(size_t bytes, const std::string& name, RdmaHandle& out);
   void drop(Registration& reg);
 
   /// Starts one transfer; `done` runs exactly once (maybe on this thread, for early errors).
   void start(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,
              std::chrono::milliseconds timeout, Done done);
+
+  /// See rdma::route_for.
+  std::string route_for(const RdmaHandle& h, bool write);
 
   std::chrono::milliseconds default_timeout() const { return timeout_; }
   Backend backend() const;
@@ -75,6 +83,7 @@ class Engine {
 
  private:
   Engine();
+  std::shared_ptr<Registration> add(std::shared_ptr<Registration> reg, RdmaHandle& h);
   /// Shared by every call, exclusive in shutdown_at_exit (which resets impl_).
   mutable std::shared_mutex life_mu_;
   std::unique_ptr<Impl> impl_;

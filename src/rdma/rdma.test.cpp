@@ -154,3 +154,36 @@ TEST(Rdma, ConfigRejectsAnUnknownBackend) {
   EXPECT_NO_THROW(c.set("rdma.backend", "channel"));
   EXPECT_THROW(c.set("rdma.streams", "0"), monarch::config::ConfigError);
 }
+
+TEST(Rdma, AllocateOwnsZeroedSharedMemory) {
+  expect_rdma_error([] { (void)RdmaBuffer::allocate(0, "nothing"); }, RdmaErrc::InvalidArgument);
+  RdmaBuffer buf = RdmaBuffer::allocate(10000, "owned");
+  ASSERT_EQ(buf.memory().size(), 10000u);
+  EXPECT_TRUE(std::all_of(buf.memory().begin(), buf.memory().end(),
+                          [](std::byte b) { return b == std::byte{0}; }));
+  RdmaHandle h = buf.handle();
+  EXPECT_GE(h.local.shm_fd, 0);
+  EXPECT_GT(h.local.pid, 0);
+  EXPECT_FALSE(h.local.host.empty());
+  EXPECT_EQ(route_for(h), "in-process");
+  pat::fill(buf.memory(), 8);
+  std::vector<std::byte> got(10000);
+  h.read_into(got).get(5s);
+  EXPECT_EQ(pat::checksum(got), pat::pattern_checksum(10000, 8));
+  RdmaHandle back = pat::from_hex(pat::to_hex(h));
+  EXPECT_EQ(back.local.host, h.local.host);
+  EXPECT_EQ(back.local.pid, h.local.pid);
+  EXPECT_EQ(back.local.shm_fd, h.local.shm_fd);
+  RdmaBuffer moved = std::move(buf);
+  moved.drop();  // ends remote access; the memory stays the buffer's until it is destroyed
+  expect_rdma_error([&] { h.read_into(got).get(5s); }, RdmaErrc::Dropped);
+  EXPECT_EQ(pat::checksum(moved.memory()), pat::pattern_checksum(10000, 8));
+}
+
+TEST(Rdma, RouteForAPlainBufferOfOursIsInProcess) {
+  auto mem = pattern(64, 9);
+  RdmaBuffer buf(mem, "ours");
+  EXPECT_EQ(route_for(buf.handle()), "in-process");
+  EXPECT_EQ(route_for(buf.handle(), true), "in-process");
+  EXPECT_EQ(buf.handle().local.shm_fd, -1);
+}

@@ -12,7 +12,8 @@
 // today), ready for a shared-memory route once UCX uses cma for RMA.
 //
 // Drop and bounds (RD-3, RD-4): the owner keeps a status entry per registration in a registered
-// table: {reg_id, length} while registered, {0, 0} after drop. Shared-memory transports do not
+// table (the engine's StatusTable, local.hpp, shared with the cma route): {reg_id, length, ...}
+// while registered, {0, 0, ...} after drop. Shared-memory transports do not
 // check bounds or revoke access themselves, so every transfer first gets the entry and checks the
 // registration and the range against it; a read gets the entry again after its data and fails
 // with Dropped if it changed. (A write that races drop() on another thread can still land: on
@@ -42,7 +43,6 @@
 namespace monarch::rdma::detail {
 namespace {
 
-constexpr size_t kSlots = 1 << 16;
 constexpr uint8_t kNet = 2;
 
 std::exception_ptr make_error(RdmaErrc c, const std::string& what) {
@@ -184,7 +184,7 @@ class Ucx final : public UcxPlane {
     if (thread_.joinable()) thread_.join();
   }
 
-  bool init(std::string& why) {
+  bool init(StatusTable& status, std::string& why) {
     std::string tls = config::global().string("rdma.ucx_tls");
     if (tls.empty() && std::getenv("UCX_TLS") != nullptr) tls = std::getenv("UCX_TLS");
     auto net = std::make_unique<Plane>();
@@ -195,11 +195,9 @@ class Ucx final : public UcxPlane {
     net->efd = std::make_unique<asio::posix::stream_descriptor>(io_, ::dup(fd));
     planes_.push_back(std::move(net));
 
-    // The status table (see the file comment), registered on every plane.
-    slots_.assign(2 * kSlots, 0);
-    for (size_t i = kSlots; i-- > 1;) free_slots_.push_back(i);
+    // The engine's status table (see the file comment), registered on every plane.
     for (auto& pl : planes_) {
-      if (!pl->map(slots_.data(), slots_.size() * sizeof(uint64_t), pl->status_memh, pl->status_rkey, why)) {
+      if (!pl->map(status.base(), status.bytes(), pl->status_memh, pl->status_rkey, why)) {
         return false;
       }
     }
@@ -229,30 +227,11 @@ class Ucx final : public UcxPlane {
       r.status_rkey = pl.status_rkey;
       h.ucx_routes.push_back(std::move(r));
     }
-    {
-      std::lock_guard lock(slot_mu_);
-      if (free_slots_.empty()) {
-        unmap(reg);
-        throw RdmaError(RdmaErrc::BackendUnavailable,
-                        "rdma: cannot register buffer '" + reg.name + "': more than " +
-                            std::to_string(kSlots - 1) + " registrations live");
-      }
-      reg.ucx_slot = free_slots_.back();
-      free_slots_.pop_back();
-    }
-    std::atomic_ref<uint64_t>(slots_[2 * reg.ucx_slot + 1]).store(reg.length, std::memory_order_relaxed);
-    std::atomic_ref<uint64_t>(slots_[2 * reg.ucx_slot]).store(reg.id, std::memory_order_release);
-    h.status_address = reinterpret_cast<uintptr_t>(&slots_[2 * reg.ucx_slot]);
+    // h.status_address: the engine's entry for reg, published before this call.
   }
 
-  void deregister(Registration& reg) override {  // reg.mu held exclusively
-    if (reg.ucx_slot == 0) return;
-    std::atomic_ref<uint64_t>(slots_[2 * reg.ucx_slot]).store(0, std::memory_order_release);
-    std::atomic_ref<uint64_t>(slots_[2 * reg.ucx_slot + 1]).store(0, std::memory_order_relaxed);
+  void deregister(Registration& reg) override {  // reg.mu held exclusively, status cleared
     unmap(reg);
-    std::lock_guard lock(slot_mu_);
-    free_slots_.push_back(reg.ucx_slot);
-    reg.ucx_slot = 0;
   }
 
   void start(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,
@@ -547,18 +526,14 @@ class Ucx final : public UcxPlane {
   std::thread thread_;
   std::vector<std::unique_ptr<Plane>> planes_;  // fixed after init; index = Registration::ucx_memh
 
-  std::vector<uint64_t> slots_;
-  std::mutex slot_mu_;
-  std::vector<size_t> free_slots_;
-
   mutable std::mutex info_mu_;
 };
 
 }  // namespace
 
-std::unique_ptr<UcxPlane> make_ucx_plane(std::string& why) {
+std::unique_ptr<UcxPlane> make_ucx_plane(StatusTable& status, std::string& why) {
   auto u = std::make_unique<Ucx>();
-  if (!u->init(why)) return nullptr;
+  if (!u->init(status, why)) return nullptr;
   return u;
 }
 

@@ -3,7 +3,7 @@
 
 namespace monarch::rdma::detail {
 
-std::unique_ptr<UcxPlane> make_ucx_plane(std::string& why) {
+std::unique_ptr<UcxPlane> make_ucx_plane(StatusTable&, std::string& why) {
   why = "monarch-cpp was built without UCX (libucx-dev not found at configure time)";
   return nullptr;
 }

@@ -15,6 +15,10 @@
 // links; always available). The setting rdma.backend picks one ("auto": ucx if it works, else
 // channel, with a warning). A handle names the backend that registered it; a reader uses the same
 // backend (a ucx handle also carries the channel route, so a reader without UCX falls back).
+// Same host: a requester on the owner's host (same boot id and pid namespace) skips the backend:
+// `shm` (a mapping of an RdmaBuffer::allocate()d buffer: reads and writes are memcpys) or `cma`
+// (process_vm_readv: reads of any buffer). These copy on the calling thread; the Future is ready
+// when read_into/write_from returns. rdma.local_routes=false turns them off; route_for() tells.
 //
 // Guarantees (numbered; tests cite them):
 //  RD-1 A transfer's Future completes once, with success only after every byte is in place
@@ -94,6 +98,21 @@ struct UcxRoute {
   }
 };
 
+/// How a requester on the owner's host reaches the buffer without the backend (docs/data-plane.md,
+/// "Local routes"): `shm` for buffers made by RdmaBuffer::allocate, `cma` (process_vm_readv) for
+/// reads of any buffer.
+struct LocalRoute {
+  /// The owner's host identity: /proc/sys/kernel/random/boot_id and its pid namespace. A
+  /// requester with another identity (another host or container) uses the backend's route.
+  std::string host{};
+  int32_t pid = 0;      ///< the owner's process id in that pid namespace (0: no local route)
+  int32_t shm_fd = -1;  ///< allocate()d buffers: the memfd's fd number in the owner; else -1
+  template <class A>
+  void serialize(A& ar) {
+    ar(host, pid, shm_fd);
+  }
+};
+
 /// Where a registered buffer lives and how to reach it. Plain data, cereal-serialisable; send it
 /// inside actor messages. Copies are cheap (a few hundred bytes).
 struct RdmaHandle {
@@ -106,10 +125,13 @@ struct RdmaHandle {
   Backend backend = Backend::Channel;
   /// ucx: how to reach the owner's UCP workers, best first (shared memory, then network).
   std::vector<UcxRoute> ucx_routes{};
-  /// ucx: where the owner publishes this registration's status {reg_id, length} ({0, 0} once
-  /// dropped), in a table registered on every route. Readers check it so that a dropped buffer
-  /// or an out-of-range access fails with RdmaError on the ucx route too (RD-3, RD-4).
+  /// ucx, cma: where the owner publishes this registration's status {reg_id, length, owner
+  /// incarnation} (reg_id = length = 0 once dropped), in a table registered on every route.
+  /// Readers check it so that a dropped buffer or an out-of-range access fails with RdmaError on
+  /// these routes too (RD-3, RD-4).
   uint64_t status_address = 0;
+  /// Same-host routes (shm, cma); empty host: none.
+  LocalRoute local{};
 
   /// Copies bytes [offset, offset + dst.size()) of the remote buffer into dst.
   /// Errors (through the Future): RdmaError, see RdmaErrc and RD-2/RD-4.
@@ -124,14 +146,23 @@ struct RdmaHandle {
 
   template <class A>
   void serialize(A& ar) {
-    ar(name, owner, owner_incarnation, reg_id, address, length, backend, ucx_routes, status_address);
+    ar(name, owner, owner_incarnation, reg_id, address, length, backend, ucx_routes, status_address,
+       local);
   }
 };
 
-/// Registered memory. Does not own or copy the memory: the caller keeps it alive until drop()
-/// or destruction. Move-only.
+/// Registered memory. The constructor registers the caller's memory (no copy; the caller keeps
+/// it alive until drop() or destruction); allocate() makes memory the buffer owns. Move-only.
 class RdmaBuffer {
  public:
+  /// A new buffer of `bytes` zeroed bytes in shared memory (a memfd mapping owned by the
+  /// RdmaBuffer), registered under `name`. Same-host peers reach it by the shm route: a mapping
+  /// of it, so their reads and writes are memcpys (docs/data-plane.md). memory() stays valid until
+  /// the RdmaBuffer is destroyed or assigned to (drop() only ends remote access). Throws
+  /// RdmaError(InvalidArgument) for 0 bytes, RdmaError(BackendUnavailable) if the kernel refuses
+  /// the memory or the data plane cannot start.
+  static RdmaBuffer allocate(size_t bytes, std::string name = "buffer");
+
   /// Registers `memory` under `name` (used in error messages). Throws RdmaError(InvalidArgument)
   /// for an empty span, RdmaError(BackendUnavailable) if the data plane cannot start (e.g. its
   /// listen address cannot be bound).
@@ -166,8 +197,10 @@ class RdmaBuffer {
   }
 
  private:
+  RdmaBuffer() = default;
   std::span<std::byte> memory_;
-  std::shared_ptr<void> reg_;  // the engine's registration record
+  std::shared_ptr<void> reg_;      // the engine's registration record
+  std::shared_ptr<void> storage_;  // allocate(): the memory (outlives drop(), not the buffer)
   RdmaHandle handle_;
 };
 
@@ -197,5 +230,10 @@ std::string active_backend();
 /// Transport detail: for ucx the transports UCX selected (e.g. "sm/cma,tcp"), for channel the
 /// listen address and stream count.
 std::string active_transport();
+/// The route a read (or, with write = true, a write) of `h` from this process takes now:
+/// "in-process" (h is ours), "shm", "cma" (reads only), "ucx" or "channel". It may open and map
+/// the owner's memfd or read its status entry to tell (the transfer then reuses them). Local
+/// routes are chosen when the owner runs on this host and rdma.local_routes is true.
+std::string route_for(const RdmaHandle& h, bool write = false);
 
 }  // namespace monarch::rdma

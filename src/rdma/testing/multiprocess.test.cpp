@@ -11,65 +11,15 @@
 
 #include "monarch/rdma/rdma.hpp"
 #include "rdma/testing/pattern.hpp"
-#include "testing/subprocess.hpp"
+#include "rdma/testing/peers.hpp"
 
 using namespace monarch::rdma;
 namespace pat = monarch::rdma::testing;
 using namespace std::chrono_literals;
-using monarch::testing::Subprocess;
-
-namespace {
-
-const bool kIgnoreSigpipe = [] {  // writing to a killed peer's stdin must not kill the test
-  ::signal(SIGPIPE, SIG_IGN);
-  return true;
-}();
-
-struct Owner {
-  Subprocess proc;
-  RdmaHandle handle;
-  Owner(size_t size, uint64_t seed)
-      : proc(MONARCH_RDMA_PEER, {"owner", std::to_string(size), std::to_string(seed)}) {
-    auto l = proc.line(20s);
-    while (l && !l->starts_with("HANDLE ")) l = proc.line(20s);  // skip log lines (spdlog: stdout)
-    if (!l) throw std::runtime_error("owner peer did not start");
-    handle = pat::from_hex(l->substr(7));
-  }
-  std::string ask(const std::string& cmd) {
-    proc.write_line(cmd);
-    return proc.line(20s).value_or("<no answer>");
-  }
-  uint64_t sum(size_t off, size_t len) {
-    auto l = ask("sum " + std::to_string(off) + " " + std::to_string(len));
-    return std::stoull(l.substr(4));
-  }
-};
-
-std::string peer_line(const std::vector<std::string>& args) {
-  Subprocess p(MONARCH_RDMA_PEER, args);
-  return p.line(60s).value_or("<no output>");
-}
-
-std::string sum_line(uint64_t v) { return "SUM " + std::to_string(v); }
-
-/// Sets an environment variable (inherited by peers started meanwhile); restores it on exit.
-struct EnvFor {
-  std::string name;
-  std::optional<std::string> old;
-  EnvFor(std::string n, const std::string& v) : name(std::move(n)) {
-    if (const char* o = std::getenv(name.c_str())) old = o;
-    ::setenv(name.c_str(), v.c_str(), 1);
-  }
-  ~EnvFor() {
-    if (old) {
-      ::setenv(name.c_str(), old->c_str(), 1);
-    } else {
-      ::unsetenv(name.c_str());
-    }
-  }
-};
-
-}  // namespace
+using monarch::rdma::testing::EnvFor;
+using monarch::rdma::testing::Owner;
+using monarch::rdma::testing::peer_line;
+using monarch::rdma::testing::sum_line;
 
 TEST(RdmaProcesses, ReadFromAnotherProcessOfManySizes) {  // RD-1
   for (size_t size : {size_t{1}, size_t{4099}, size_t{(5u << 20) + 7}}) {
@@ -165,16 +115,20 @@ TEST(RdmaProcesses, RemoteDropAndBoundsAreReportedByTheOwner) {  // RD-3, RD-4
 TEST(RdmaProcesses, OwnerFrozenThenKilledMidTransferFailsByTheTimeout) {  // RD-2
   const size_t size = 64u << 20;
   Owner owner(size, 16);
+  // The backend's route: same-host routes read a frozen owner's memory without its help
+  // (local_routes.test.cpp covers an owner killed during those).
+  RdmaHandle h = owner.handle;
+  h.local = {};
   std::vector<std::byte> warm(16);
-  owner.handle.read_into(warm).get(10s);  // links are up: the transfer below is really mid-way
+  h.read_into(warm).get(10s);  // links are up: the transfer below is really mid-way
   ::kill(owner.proc.pid(), SIGSTOP);
   std::vector<std::byte> dst(size);
   TransferOptions o;
   o.timeout = 1500ms;
   auto t0 = std::chrono::steady_clock::now();
-  auto f = owner.handle.read_into(dst, 0, o);
+  auto f = h.read_into(dst, 0, o);
   std::vector<std::byte> small(1 << 20);
-  auto w = owner.handle.write_from(small, 0, o);
+  auto w = h.write_from(small, 0, o);
   EXPECT_FALSE(f.wait_for(300ms));  // the frozen owner cannot have answered
   owner.proc.kill(SIGKILL);
   for (auto* fut : {&f, &w}) {
@@ -190,7 +144,8 @@ TEST(RdmaProcesses, OwnerFrozenThenKilledMidTransferFailsByTheTimeout) {  // RD-
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);  // by the timeout, not the link's 30 s
   // A new transfer to the dead owner fails too, within its timeout.
   o.timeout = 500ms;
-  EXPECT_THROW(owner.handle.read_into(warm, 0, o).get(5s), RdmaError);
+  EXPECT_THROW(h.read_into(warm, 0, o).get(5s), RdmaError);
+  EXPECT_THROW(owner.handle.read_into(warm, 0, o).get(5s), RdmaError);  // and on a local route
 }
 
 TEST(RdmaProcesses, UcxThatCannotStartFallsBackToChannel) {

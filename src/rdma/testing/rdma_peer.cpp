@@ -1,11 +1,20 @@
 // Helper process for the rdma tests: owns a registered buffer, or reads/writes someone else's.
 //
-//   rdma_peer owner SIZE SEED            prints "HANDLE <hex>", then serves stdin commands:
+//   rdma_peer owner SIZE SEED [FLAGS]    prints "HANDLE <hex>", then serves stdin commands:
 //                                          sum OFFSET LEN  -> "SUM <checksum>"
 //                                          drop            -> "DROPPED"
-//                                        and exits at EOF on stdin.
+//                                        and exits at EOF on stdin. FLAGS (comma-separated):
+//                                        alloc = RdmaBuffer::allocate (shm route), nodump =
+//                                        prctl(PR_SET_DUMPABLE, 0) (refuses ptrace-like access).
+//   rdma_peer read-route HANDLE OFFSET SIZE [noptrace]  reads; "SUM <checksum> ROUTE <route_for
+//                                        after the read>"; noptrace first drops CAP_SYS_PTRACE.
 //   rdma_peer read HANDLE OFFSET SIZE    prints "SUM <checksum>" or "ERROR <code> <message>"
 //   rdma_peer write HANDLE OFFSET SIZE SEED  writes the pattern (base OFFSET); "OK" or "ERROR ..."
+#include <linux/capability.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -24,17 +33,35 @@ int report_error(const RdmaError& e) {
   return 0;
 }
 
+/// Drops CAP_SYS_PTRACE from the effective set (a root requester then gets EPERM from
+/// process_vm_readv and /proc/<pid>/fd of a non-dumpable owner, like an unprivileged one).
+bool drop_ptrace_capability() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (::syscall(SYS_capget, &hdr, data) != 0) return false;
+  data[CAP_TO_INDEX(CAP_SYS_PTRACE)].effective &= ~CAP_TO_MASK(CAP_SYS_PTRACE);
+  return ::syscall(SYS_capset, &hdr, data) == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) return 2;
   std::string mode = argv[1];
   try {
-    if (mode == "owner" && argc == 4) {
+    if (mode == "owner" && (argc == 4 || argc == 5)) {
       size_t size = std::stoull(argv[2]);
-      std::vector<std::byte> mem(size);
+      std::string flags = argc == 5 ? argv[4] : "";
+      if (flags.find("nodump") != std::string::npos) ::prctl(PR_SET_DUMPABLE, 0);
+      std::vector<std::byte> vec;
+      RdmaBuffer buf = [&] {
+        if (flags.find("alloc") != std::string::npos) return RdmaBuffer::allocate(size, "peer-buffer");
+        vec.resize(size);
+        return RdmaBuffer(vec, "peer-buffer");
+      }();
+      std::span<std::byte> mem = buf.memory();
       testing::fill(mem, std::stoull(argv[3]));
-      RdmaBuffer buf(mem, "peer-buffer");
+      buf.sync();
       std::printf("HANDLE %s\n", testing::to_hex(buf.handle()).c_str());
       std::fflush(stdout);
       std::string cmd;
@@ -58,6 +85,18 @@ int main(int argc, char** argv) {
       std::vector<std::byte> dst(std::stoull(argv[4]));
       h.read_into(dst, std::stoull(argv[3])).get();
       std::printf("SUM %llu\n", static_cast<unsigned long long>(testing::checksum(dst)));
+      return 0;
+    }
+    if (mode == "read-route" && (argc == 5 || argc == 6)) {
+      if (argc == 6 && !drop_ptrace_capability()) {
+        std::printf("SKIP cannot drop CAP_SYS_PTRACE\n");
+        return 0;
+      }
+      RdmaHandle h = testing::from_hex(argv[2]);
+      std::vector<std::byte> dst(std::stoull(argv[4]));
+      h.read_into(dst, std::stoull(argv[3])).get();
+      std::printf("SUM %llu ROUTE %s\n", static_cast<unsigned long long>(testing::checksum(dst)),
+                  route_for(h).c_str());
       return 0;
     }
     if (mode == "write" && argc == 6) {
