@@ -1,14 +1,23 @@
 // bench_rdma: data-plane bandwidth, 4 KiB .. 256 MiB, per backend, against the local limits.
 //
 //   rdma_read_<backend> / rdma_write_<backend>   GB/s of RdmaHandle::read_into / write_from from
-//       another process (one transfer at a time, waited on), impl "monarch";
+//       another process (one transfer at a time, waited on), impl "monarch", same-host routes
+//       off (rdma.local_routes=false) so that the backend's own route is measured;
 //     peers in the same run: "memcpy" (same sizes, this process); for ucx "ucx_perftest"
 //       (ucp_get / ucp_put over the transport our ucx route uses) and "ucx_perftest_shm" (UCX's
 //       default choice, shared memory on UCX-allocated buffers); for channel "raw_socket" (one
 //       unix stream socket between two processes, blocking read/write of the same sizes).
+//   rdma_read_shm / rdma_write_shm / rdma_read_cma   the same-host routes (docs/data-plane.md):
+//       shm on an RdmaBuffer::allocate()d owner buffer, cma (reads) on a plain vector; writes to a
+//       plain vector take the backend's route (rows above). Peer "memcpy" is measured in the same
+//       client process, interleaved with them size by size: the same sizes, the same destination
+//       (reads) / source (writes) buffer as the transfers, the other side page-aligned like
+//       the shm data, every page warm for both; each value is the best of 3 interleaved rounds. The ratio to memcpy is printed on stderr and by
+//       scripts/bench-report.py.
 //
 // Roles (this binary re-executed): no arguments = driver; `--client BACKEND` measures one backend
-// (MONARCH_RDMA_BACKEND is set for it); `--owner SIZE` registers SIZE bytes and prints its handle.
+// (MONARCH_RDMA_BACKEND is set for it); `--client local` the same-host routes; `--owner SIZE
+// [alloc]` registers SIZE bytes (alloc: RdmaBuffer::allocate) and prints its handle.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -19,6 +28,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,10 +75,15 @@ nlohmann::json params(size_t size, const std::string& extra_key = "", const std:
   return p;
 }
 
-int role_owner(size_t size) {
-  std::vector<std::byte> mem(size);
-  rdma::testing::fill(mem, 1);
-  rdma::RdmaBuffer buf(mem, "bench");
+int role_owner(size_t size, bool alloc) {
+  std::vector<std::byte> vec;
+  rdma::RdmaBuffer buf = [&] {
+    if (alloc) return rdma::RdmaBuffer::allocate(size, "bench-shm");
+    vec.resize(size);
+    return rdma::RdmaBuffer(vec, "bench");
+  }();
+  rdma::testing::fill(buf.memory(), 1);
+  buf.sync();
   std::printf("HANDLE %s\n", rdma::testing::to_hex(buf.handle()).c_str());
   std::fflush(stdout);
   std::string line;
@@ -76,14 +92,71 @@ int role_owner(size_t size) {
   return 0;
 }
 
-int role_client(const std::string& backend) {
-  testing::Subprocess owner(self_path(), {"--owner", std::to_string(kMax)});
-  auto l = owner.line(std::chrono::seconds(30));
-  if (!l || !l->starts_with("HANDLE ")) {
+/// Starts an owner of kMax bytes; its handle, or nullopt (reported on stderr).
+std::optional<rdma::RdmaHandle> start_owner(std::unique_ptr<testing::Subprocess>& owner, bool alloc) {
+  std::vector<std::string> args = {"--owner", std::to_string(kMax)};
+  if (alloc) args.push_back("alloc");
+  owner = std::make_unique<testing::Subprocess>(self_path(), args);
+  auto l = owner->line(std::chrono::seconds(30));
+  while (l && !l->starts_with("HANDLE ")) l = owner->line(std::chrono::seconds(30));
+  if (!l) {
     std::fprintf(stderr, "bench_rdma: owner did not start\n");
-    return 1;
+    return std::nullopt;
   }
-  rdma::RdmaHandle h = rdma::testing::from_hex(l->substr(7));
+  return rdma::testing::from_hex(l->substr(7));
+}
+
+/// The same-host routes against memcpy, size by size (see the file comment).
+int role_local_client() {
+  std::unique_ptr<testing::Subprocess> shm_owner, cma_owner;
+  auto shm = start_owner(shm_owner, true);
+  auto cma = start_owner(cma_owner, false);
+  if (!shm || !cma) return 1;
+  std::fprintf(stderr, "bench_rdma: routes: shm buffer read %s write %s; plain buffer read %s\n",
+               rdma::route_for(*shm).c_str(), rdma::route_for(*shm, true).c_str(),
+               rdma::route_for(*cma).c_str());
+  // `other` is page-aligned like the owner's shm data, so memcpy(local, other) copies between
+  // buffers aligned like the shm route's (the alignment of source against destination matters).
+  std::vector<std::byte> local(kMax);
+  std::unique_ptr<std::byte, decltype(&std::free)> other_mem(
+      static_cast<std::byte*>(std::aligned_alloc(4096, kMax)), &std::free);
+  std::span<std::byte> other(other_mem.get(), kMax);
+  rdma::testing::fill(local, 2);
+  rdma::testing::fill(other, 3);
+  for (size_t size : kSizes) {
+    std::span<std::byte> buf(local.data(), size);
+    // Rounds interleave the five measurements so that a noisy moment hits them alike; each keeps
+    // its best round. memcpy peer: reads land in `local` (like the transfers'), writes come from it.
+    double copy_in = 0, copy_out = 0, shm_r = 0, shm_w = 0, cma_r = 0;
+    for (int round = 0; round < 3; ++round) {
+      copy_in = std::max(copy_in, measure(size, [&] { std::memcpy(local.data(), other.data(), size); }));
+      copy_out = std::max(copy_out, measure(size, [&] { std::memcpy(other.data(), local.data(), size); }));
+      shm_r = std::max(shm_r, measure(size, [&] { shm->read_into(buf).get(); }));
+      shm_w = std::max(shm_w, measure(size, [&] { shm->write_from(buf).get(); }));
+      cma_r = std::max(cma_r, measure(size, [&] { cma->read_into(buf).get(); }));
+    }
+    struct Row {
+      const char* bench;
+      double value;
+      double memcpy;
+    };
+    for (const Row& r : {Row{"rdma_read_shm", shm_r, copy_in}, Row{"rdma_write_shm", shm_w, copy_out},
+                         Row{"rdma_read_cma", cma_r, copy_in}}) {
+      bench::report(r.bench, "monarch", "bandwidth", r.value, "GB/s", "higher", params(size));
+      bench::report(r.bench, "memcpy", "bandwidth", r.memcpy, "GB/s", "higher", params(size));
+      std::fprintf(stderr, "bench_rdma: %-15s %9zu B  %7.2f GB/s  memcpy %7.2f GB/s  ratio %.2f\n",
+                   r.bench, size, r.value, r.memcpy, r.value / r.memcpy);
+    }
+  }
+  return 0;
+}
+
+int role_client(const std::string& backend) {
+  if (backend == "local") return role_local_client();
+  std::unique_ptr<testing::Subprocess> owner;
+  auto handle = start_owner(owner, false);
+  if (!handle) return 1;
+  rdma::RdmaHandle h = *handle;
   std::vector<std::byte> local(kMax);
   rdma::testing::fill(local, 2);
   std::string active = rdma::active_backend();
@@ -231,7 +304,13 @@ void perftest_peer() {
 }
 
 int run_client(const std::string& backend) {
-  ::setenv("MONARCH_RDMA_BACKEND", backend.c_str(), 1);
+  if (backend == "local") {
+    ::setenv("MONARCH_RDMA_BACKEND", "channel", 1);
+    ::setenv("MONARCH_RDMA_LOCAL_ROUTES", "true", 1);
+  } else {
+    ::setenv("MONARCH_RDMA_BACKEND", backend.c_str(), 1);
+    ::setenv("MONARCH_RDMA_LOCAL_ROUTES", "false", 1);  // the backend's own route
+  }
   testing::Subprocess client(self_path(), {"--client", backend});
   while (auto l = client.line(std::chrono::minutes(5))) std::printf("%s\n", l->c_str());
   return 0;
@@ -242,13 +321,16 @@ int run_client(const std::string& backend) {
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   std::string role = argc > 1 ? argv[1] : "";
-  if (role == "--owner" && argc == 3) return role_owner(std::stoull(argv[2]));
+  if (role == "--owner" && (argc == 3 || argc == 4)) {
+    return role_owner(std::stoull(argv[2]), argc == 4 && std::string(argv[3]) == "alloc");
+  }
   if (role == "--client" && argc == 3) return role_client(argv[2]);
 #ifdef MONARCH_HAVE_UCX
   run_client("ucx");
   perftest_peer();
 #endif
   run_client("channel");
+  run_client("local");
   memcpy_peer();
   raw_socket_peer();
   return 0;

@@ -549,18 +549,17 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
     return done(make_error(RdmaErrc::BackendUnavailable,
                            "rdma: transfer of " + h.describe() + " started while the process exits"));
   }
-  std::string what = std::string("rdma ") + (read ? "read_into" : "write_from") + " of " +
-                     h.describe() + " [offset " + std::to_string(offset) + ", " +
-                     std::to_string(size) + " B]";
+  // Built only where needed: formatting it costs as much as a small same-host copy.
+  auto what = [&] { return transfer_text(read, h, offset, size); };
   if (size == 0 || local == nullptr) {
-    return done(make_error(RdmaErrc::InvalidArgument, what + ": zero length"));
+    return done(make_error(RdmaErrc::InvalidArgument, what() + ": zero length"));
   }
   if (h.length == 0 || h.owner.empty()) {
-    return done(make_error(RdmaErrc::UnknownBuffer, what + ": empty handle"));
+    return done(make_error(RdmaErrc::UnknownBuffer, what() + ": empty handle"));
   }
   if (size > h.length || offset > h.length - size) {
     return done(make_error(RdmaErrc::OutOfBounds,
-                           what + ": past the end of the " + std::to_string(h.length) + " B buffer"));
+                           what() + ": past the end of the " + std::to_string(h.length) + " B buffer"));
   }
   if (timeout.count() <= 0) timeout = timeout_;
 
@@ -569,14 +568,14 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
     RdmaErrc code{};
     std::string why;
     auto reg = impl_->lookup(h.reg_id, h.owner_incarnation, code, why);
-    if (!reg) return done(make_error(code, what + ": " + why));
+    if (!reg) return done(make_error(code, what() + ": " + why));
     {
       std::shared_lock lock(reg->mu);
       if (reg->dropped) {
-        return done(make_error(RdmaErrc::Dropped, what + ": buffer was dropped by its owner"));
+        return done(make_error(RdmaErrc::Dropped, what() + ": buffer was dropped by its owner"));
       }
       if (size > reg->length || offset > reg->length - size) {
-        return done(make_error(RdmaErrc::OutOfBounds, what + ": past the end of the buffer"));
+        return done(make_error(RdmaErrc::OutOfBounds, what() + ": past the end of the buffer"));
       }
       if (read) {
         std::memmove(local, reg->base + offset, size);
@@ -589,12 +588,12 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
 
   // Same host: shm or cma, on this thread (local.hpp).
   if (config::global().flag("rdma.local_routes") &&
-      impl_->local.run(read, h, local, size, offset, what, done) == LocalRoutes::Outcome::Done) {
+      impl_->local.run(read, h, local, size, offset, done) == LocalRoutes::Outcome::Done) {
     return;
   }
 
   if (h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty()) {
-    return impl_->ucx->start(read, h, local, size, offset, timeout, std::move(what), std::move(done));
+    return impl_->ucx->start(read, h, local, size, offset, timeout, what(), std::move(done));
   }
 
   auto op = std::make_shared<Op>();
@@ -605,7 +604,7 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
   op->offset = offset;
   op->chunk = impl_->chunk;
   op->nchunks = (size + op->chunk - 1) / op->chunk;
-  op->what = std::move(what);
+  op->what = what();
   op->done = std::move(done);
   op->timer = std::make_unique<asio::steady_timer>(impl_->ctx, timeout);
   std::vector<std::pair<uint32_t, Message>> out;

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
@@ -65,11 +66,31 @@ int vm_read(pid_t pid, void* dst, uint64_t addr, size_t n) {
   return 0;
 }
 
+/// getpid() without a system call per transfer (refreshed in forked children).
+std::atomic<pid_t> g_pid{0};
+pid_t self_pid() {
+  pid_t p = g_pid.load(std::memory_order_relaxed);
+  if (p != 0) return p;
+  static const bool hooked = [] {
+    ::pthread_atfork(nullptr, nullptr, [] { g_pid.store(0, std::memory_order_relaxed); });
+    return true;
+  }();
+  (void)hooked;
+  p = ::getpid();
+  g_pid.store(p, std::memory_order_relaxed);
+  return p;
+}
+
 std::exception_ptr make_error(RdmaErrc c, const std::string& what) {
   return std::make_exception_ptr(RdmaError(c, what));
 }
 
 }  // namespace
+
+std::string transfer_text(bool read, const RdmaHandle& h, uint64_t offset, size_t size) {
+  return std::string("rdma ") + (read ? "read_into" : "write_from") + " of " + h.describe() +
+         " [offset " + std::to_string(offset) + ", " + std::to_string(size) + " B]";
+}
 
 const std::string& host_identity() {
   static const std::string id = [] {
@@ -203,7 +224,7 @@ struct LocalRoutes::Mapping {
   pid_t slot_pid = 0;             // the process that claimed `slot` (a forked child re-claims)
 
   ~Mapping() {
-    if (slot != nullptr && slot_pid == ::getpid() && at(slot->active).load() == 0) {
+    if (slot != nullptr && slot_pid == self_pid() && at(slot->active).load() == 0) {
       at(slot->pid).store(0, std::memory_order_seq_cst);
     }
     if (base != nullptr) ::munmap(base, len);
@@ -222,7 +243,7 @@ struct LocalRoutes::Mapping {
   /// This process's slot in the status page, claimed once; nullptr when every slot is taken.
   ShmPage::Slot* claim_slot() {
     std::lock_guard lock(slot_mu);
-    pid_t me = ::getpid();
+    pid_t me = self_pid();
     if (slot != nullptr && slot_pid == me) return slot;
     for (int pass = 0; pass < 2; ++pass) {
       for (auto& s : page->slots) {
@@ -405,22 +426,23 @@ LocalRoutes::Try LocalRoutes::cma(const RdmaHandle& h, std::byte* local, size_t 
 }
 
 LocalRoutes::Outcome LocalRoutes::run(bool read, const RdmaHandle& h, std::byte* local,
-                                      size_t size, uint64_t offset, const std::string& what,
+                                      size_t size, uint64_t offset,
                                       const std::function<void(std::exception_ptr)>& done) {
   if (h.local.pid <= 0 || h.local.host.empty() || h.local.host != host_identity()) {
     return Outcome::Fallback;
   }
   Failure f;
-  if (::kill(h.local.pid, 0) != 0 && errno == ESRCH) {
-    done(make_error(RdmaErrc::OwnerUnreachable,
-                    what + ": owner process " + std::to_string(h.local.pid) +
-                        " on this host has exited"));
-    return Outcome::Done;
-  }
   Try t = shm(read, h, local, size, offset, f, false);
   if (t == Try::Fallback && read) t = cma(h, local, size, offset, f, false);
+  if (t == Try::Fallback && ::kill(h.local.pid, 0) != 0 && errno == ESRCH) {
+    // Fail fast instead of waiting for the backend's timeout.
+    f = {RdmaErrc::OwnerUnreachable,
+         "owner process " + std::to_string(h.local.pid) + " on this host has exited"};
+    t = Try::Failed;
+  }
   if (t == Try::Fallback) return Outcome::Fallback;
-  done(t == Try::Ok ? nullptr : make_error(f.code, what + ": " + f.why));
+  done(t == Try::Ok ? nullptr
+                    : make_error(f.code, transfer_text(read, h, offset, size) + ": " + f.why));
   return Outcome::Done;
 }
 

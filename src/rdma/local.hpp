@@ -37,6 +37,10 @@ namespace monarch::rdma::detail {
 /// the same identity see the same pids and the same memory. "" if /proc cannot tell (no routes).
 const std::string& host_identity();
 
+/// "rdma read_into of 'w' (reg 3, 1048576 B at unix://@x, channel) [offset 0, 4096 B]": how
+/// errors name a transfer.
+std::string transfer_text(bool read, const RdmaHandle& h, uint64_t offset, size_t size);
+
 /// Words per status-table entry: {reg_id, length, owner incarnation, 0}. The ucx route reads the
 /// first two words; cma reads all of them. A dropped registration keeps its incarnation word and
 /// has reg_id = length = 0.
@@ -123,7 +127,7 @@ class LocalRoutes {
   };
   /// Runs the transfer on the calling thread if the owner is on this host and a route applies.
   Outcome run(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,
-              const std::string& what, const std::function<void(std::exception_ptr)>& done);
+              const std::function<void(std::exception_ptr)>& done);
   /// "shm", "cma" or "" (the backend's route): what run() would use for h now (it may open and
   /// map the owner's memfd, or read its status entry, to tell).
   std::string route(bool read, const RdmaHandle& h);
