@@ -181,7 +181,8 @@ class RdmaBuffer {
   /// thread). Call it after your own writes before telling peers to read or write, and before
   /// reading what peers wrote once a message told you their writes completed. The bytes are right
   /// either way on x86; this makes it well-defined in the C++ memory model and visible to
-  /// ThreadSanitizer. (ucx-route writes are applied by UCX or the kernel, outside the model.)
+  /// ThreadSanitizer. (ucx-, shm- and cma-route accesses are made by UCX, the kernel or another
+  /// process, outside the model.)
   void sync() const;
   /// Ends remote access (RD-3). Idempotent. Waits for transfers touching the memory right now.
   void drop();
