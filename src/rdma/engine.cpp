@@ -18,6 +18,7 @@
 #include <asio.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -362,8 +363,9 @@ void Engine::shutdown_at_exit() {
   }
   if (!dying) return;
   // Order matters: the ucx thread first; then no more incoming messages (the listener, closed on
-  // its live I/O thread); then our links (outside tx_mu: their close callbacks take it); then
-  // pending transfers (their Futures fail "promise dropped"), and last the I/O thread, joined.
+  // its live I/O thread); then our links (outside tx_mu: their close callbacks take it); then the
+  // I/O loop stops; then pending transfers (their Futures fail "promise dropped"), and last the
+  // I/O thread, joined.
   if (dying->ucx) dying->ucx->shutdown();
   dying->ucx.reset();
   dying->listener.reset();
@@ -373,6 +375,15 @@ void Engine::shutdown_at_exit() {
     links.swap(dying->senders);
   }
   links.clear();
+  // Destroying the links returns their undelivered messages on the I/O thread (on_returned ->
+  // fail, which uses `ops`): stop the thread's loop before Impl's members go. The stop runs as a
+  // handler, so once it ran no other handler runs (the thread is joined with `io`, last).
+  auto stopped = std::make_shared<std::promise<void>>();
+  asio::post(dying->ctx, [ctx = &dying->ctx, stopped] {
+    ctx->stop();
+    stopped->set_value();
+  });
+  stopped->get_future().wait_for(std::chrono::seconds(2));
   dying.reset();
 }
 

@@ -70,8 +70,9 @@ int main(int argc, char** argv) {
           size_t off = 0, len = 0;
           std::cin >> off >> len;
           buf.sync();  // the test told us (over stdin) that its writes completed
-          std::printf("SUM %llu\n", static_cast<unsigned long long>(testing::checksum(
-                                        std::span<const std::byte>(mem).subspan(off, len))));
+          uint64_t sum = testing::checksum(std::span<const std::byte>(mem).subspan(off, len));
+          buf.sync();  // our reads come before the writes the test makes after our answer
+          std::printf("SUM %llu\n", static_cast<unsigned long long>(sum));
         } else if (cmd == "drop") {
           buf.drop();
           std::printf("DROPPED\n");
