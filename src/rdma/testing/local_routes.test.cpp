@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
+#include <sstream>
 #include <thread>
 
 #include "monarch/config/config.hpp"
@@ -135,6 +137,48 @@ TEST_F(LocalRoutes, DropThenReadOrWriteFailsWithDroppedOnEachRoute) {  // RD-3
     EXPECT_TRUE(peer_line({"read-route", pat::to_hex(owner.handle), "0", "10"}).starts_with(
         "ERROR " + std::to_string(static_cast<int>(RdmaErrc::Dropped))));
   }
+}
+
+TEST_F(LocalRoutes, ShmWritesRacingDropAreWholeAndNeverLandAfterIt) {  // RD-3 on shm
+  // Whole-buffer writes of two patterns loop while the owner drops. drop() waits for the copy
+  // in flight, so the owner then holds one whole pattern (never a torn mix), and nothing changes
+  // it afterwards: the writer's next write fails with Dropped.
+  const size_t size = 4u << 20;  // a copy takes long enough for drop() to land in one
+  Owner owner(size, 30, "alloc");
+  std::vector<std::byte> a(size), b(size);
+  pat::fill(a, 101);
+  for (size_t i = 0; i < size; ++i) b[i] = ~a[i];  // differs from a in every byte
+  std::atomic<int> writes{0};
+  std::optional<RdmaError> error;  // set by the writer, read after join
+  std::thread writer([&] {
+    for (int i = 0; i < 1'000'000; ++i) {
+      try {
+        owner.handle.write_from(i % 2 == 0 ? a : b).get(10s);
+      } catch (const RdmaError& e) {
+        error = e;
+        return;
+      }
+      ++writes;
+    }
+  });
+  while (writes.load() < 3) std::this_thread::yield();
+  // The owner reads its last word, its first word and its checksum as soon as drop() returns.
+  std::istringstream in(owner.ask("drop-sum"));
+  std::string word;
+  uint64_t at_drop = 0, first = 0, last = 0;
+  in >> word >> at_drop >> first >> last;
+  ASSERT_EQ(word, "DROPPED");
+  writer.join();
+  ASSERT_TRUE(error.has_value());
+  EXPECT_EQ(error->code(), RdmaErrc::Dropped) << error->what();
+  EXPECT_EQ(owner.sum(0, size), at_drop);
+  const auto& whole = at_drop == pat::checksum(a) ? a : b;
+  EXPECT_EQ(at_drop, pat::checksum(whole)) << "torn: a write was still landing after drop()";
+  uint64_t want_first = 0, want_last = 0;
+  std::memcpy(&want_first, whole.data(), 8);
+  std::memcpy(&want_last, whole.data() + size - 8, 8);
+  EXPECT_EQ(first, want_first);
+  EXPECT_EQ(last, want_last);
 }
 
 TEST_F(LocalRoutes, OutOfBoundsIsCheckedAgainstTheOwnersLength) {  // RD-4

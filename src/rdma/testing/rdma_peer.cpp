@@ -3,6 +3,8 @@
 //   rdma_peer owner SIZE SEED [FLAGS]    prints "HANDLE <hex>", then serves stdin commands:
 //                                          sum OFFSET LEN  -> "SUM <checksum>"
 //                                          drop            -> "DROPPED"
+//                                          drop-sum        -> "DROPPED <checksum> <first 8 B>
+//                                                             <last 8 B>", read at once after drop
 //                                        and exits at EOF on stdin. FLAGS (comma-separated):
 //                                        alloc = RdmaBuffer::allocate (shm route), nodump =
 //                                        prctl(PR_SET_DUMPABLE, 0) (refuses ptrace-like access).
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -76,6 +79,17 @@ int main(int argc, char** argv) {
         } else if (cmd == "drop") {
           buf.drop();
           std::printf("DROPPED\n");
+        } else if (cmd == "drop-sum") {
+          buf.drop();
+          buf.sync();
+          // At once: the last word, then the first (a copy still running forward would show
+          // different patterns there), then the checksum of everything.
+          uint64_t last = 0, first = 0;
+          std::memcpy(&last, mem.data() + mem.size() - 8, 8);
+          std::memcpy(&first, mem.data(), 8);
+          std::printf("DROPPED %llu %llu %llu\n",
+                      static_cast<unsigned long long>(testing::checksum(mem)),
+                      static_cast<unsigned long long>(first), static_cast<unsigned long long>(last));
         }
         std::fflush(stdout);
       }
