@@ -12,6 +12,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -205,6 +206,72 @@ void ShmSegment::revoke(std::chrono::milliseconds wait, const std::string& name)
   }
   ::close(fd_);
   fd_ = -1;
+}
+
+// ---- CopyPool ----
+
+struct CopyPool::Job {
+  const std::function<void(size_t)>* fn;  // the caller's; used only while indices are left
+  size_t n = 0;
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t done = 0;  // guarded by mu
+};
+
+CopyPool::CopyPool(size_t workers) {
+  for (size_t i = 0; i < workers; ++i) {
+    threads_.emplace_back([this] {
+      std::unique_lock lock(mu_);
+      while (true) {
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        std::shared_ptr<Job> j = queue_.front();
+        if (j->next.load() >= j->n) {  // every piece taken: the job leaves the queue
+          queue_.pop_front();
+          continue;
+        }
+        lock.unlock();
+        work(*j);
+        lock.lock();
+      }
+    });
+  }
+}
+
+CopyPool::~CopyPool() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void CopyPool::work(Job& j) {
+  size_t mine = 0;
+  for (size_t i = j.next.fetch_add(1); i < j.n; i = j.next.fetch_add(1)) {
+    (*j.fn)(i);
+    ++mine;
+  }
+  if (mine == 0) return;
+  std::lock_guard lock(j.mu);
+  j.done += mine;
+  if (j.done == j.n) j.cv.notify_all();
+}
+
+void CopyPool::run(size_t n, const std::function<void(size_t)>& fn) {
+  auto j = std::make_shared<Job>();
+  j->fn = &fn;
+  j->n = n;
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(j);
+  }
+  cv_.notify_all();
+  work(*j);
+  std::unique_lock lock(j->mu);
+  j->cv.wait(lock, [&] { return j->done == j->n; });
 }
 
 // ---- LocalRoutes (requester) ----
@@ -407,7 +474,7 @@ LocalRoutes::Try LocalRoutes::cma(const RdmaHandle& h, std::byte* local, size_t 
   };
   Try t = check(vm_read(pid, st, h.status_address, sizeof st));
   if (t != Try::Ok || probe) return t;
-  int e = vm_read(pid, local, h.address + offset, size);
+  int e = read_data(pid, local, h.address + offset, size);
   if (e == EPERM || e == EACCES || e == ESRCH) return check(e);
   // After the data: a drop (or exit) meanwhile fails the read (its bytes may be anything).
   Try after = check(vm_read(pid, st, h.status_address, sizeof st));
@@ -423,6 +490,30 @@ LocalRoutes::Try LocalRoutes::cma(const RdmaHandle& h, std::byte* local, size_t 
     return Try::Failed;
   }
   return Try::Ok;
+}
+
+int LocalRoutes::read_data(pid_t pid, std::byte* dst, uint64_t addr, size_t size) {
+  // Big reads in pieces over a few threads: the kernel pins the owner's pages 64 KiB at a time
+  // on the calling core, so one call runs at one core's speed.
+  constexpr size_t kPiece = 4u << 20;
+  if (size < 2 * kPiece) return vm_read(pid, dst, addr, size);
+  std::call_once(pool_once_, [this] {
+    size_t cores = std::max(1u, std::thread::hardware_concurrency());
+    pool_ = std::make_unique<CopyPool>(std::min<size_t>(3, cores - 1));
+  });
+  if (pool_->workers() == 0) return vm_read(pid, dst, addr, size);
+  size_t parts = std::min(pool_->workers() + 1, size / kPiece);
+  size_t piece = (size / parts + 4095) / 4096 * 4096;
+  std::vector<int> errors(parts, 0);
+  pool_->run(parts, [&](size_t i) {
+    size_t off = i * piece;
+    if (off >= size) return;
+    errors[i] = vm_read(pid, dst + off, addr + off, std::min(piece, size - off));
+  });
+  for (int e : errors) {
+    if (e != 0) return e;
+  }
+  return 0;
 }
 
 LocalRoutes::Outcome LocalRoutes::run(bool read, const RdmaHandle& h, std::byte* local,

@@ -18,6 +18,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -26,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -115,6 +118,29 @@ class ShmSegment {
   std::byte* data_ = nullptr;
 };
 
+/// A few threads that run the pieces of a big cma read next to the calling thread (one
+/// process_vm_readv runs at the speed of one core pinning pages). Thread-safe; the destructor
+/// joins the threads.
+class CopyPool {
+ public:
+  explicit CopyPool(size_t workers);
+  ~CopyPool();
+  CopyPool(const CopyPool&) = delete;
+  CopyPool& operator=(const CopyPool&) = delete;
+  size_t workers() const { return threads_.size(); }
+  /// Runs fn(0) .. fn(n - 1) on the workers and the calling thread; returns when all returned.
+  void run(size_t n, const std::function<void(size_t)>& fn);
+
+ private:
+  struct Job;
+  void work(Job& j);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
 /// Requester side: tries the local routes for a transfer.
 class LocalRoutes {
  public:
@@ -148,6 +174,9 @@ class LocalRoutes {
   /// not h's registration (dropped, closed, pid reused): the next route decides.
   std::shared_ptr<Mapping> mapping(const RdmaHandle& h);
   void forget(const std::shared_ptr<Mapping>& m);
+  /// process_vm_readv of [addr, addr + size) in pid into dst (big reads in parallel pieces):
+  /// 0 or the first errno.
+  int read_data(pid_t pid, std::byte* dst, uint64_t addr, size_t size);
   /// Removes mappings whose owner died or whose buffer was dropped (mu_ held).
   void sweep();
 
@@ -156,6 +185,8 @@ class LocalRoutes {
   std::map<std::tuple<int, uint64_t, uint64_t>, std::shared_ptr<Mapping>> maps_;
   std::atomic<bool> shm_off_{false};
   std::atomic<bool> cma_off_{false};
+  std::once_flag pool_once_;
+  std::unique_ptr<CopyPool> pool_;  // big cma reads; made on first use
 };
 
 }  // namespace monarch::rdma::detail
