@@ -7,14 +7,19 @@
 //
 //   cast_gather_procs  call() (cast down the comm-actor tree, replies gathered in it) to 16 worker
 //                processes x {1, 64, 256} actors each, us p50/p99; reduce_procs the same with Sum.
+//                Peer "caf" (caf_procs_bench.cpp): CAF 0.17 io, 16 worker processes x the same
+//                number of remote actors, one ping to each and every reply gathered.
 //
-// This binary is also the worker (bootstrap at the top of main) and the posix_spawn peer
-// (`--role ready`).
+// This binary is also the worker (bootstrap at the top of main), the posix_spawn peer
+// (`--role ready`) and the CAF worker (`--role caf_worker PARENT_PID`). PROCS_BENCH_ONLY=caf runs
+// only the CAF rows.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +27,13 @@
 #include "monarch/mesh/process.hpp"
 
 extern char** environ;
+
+namespace procs_bench {
+// caf_procs_bench.cpp
+int caf_worker_role(const char* parent_pid);
+void caf_cast_gather_procs(size_t procs, const std::vector<size_t>& ks, int warmup,
+                           const std::function<int(size_t)>& iters);
+}  // namespace procs_bench
 
 namespace {
 
@@ -32,6 +44,10 @@ struct Probe : monarch::Actor {
 
 constexpr size_t kProcs = 16;
 constexpr int kRuns = 10;
+constexpr int kWarmup = 10;  // cast_gather_procs iterations not timed, per mesh size
+const std::vector<size_t> kActorsPerProc = {1, 64, 256};
+
+int gather_iters(size_t actors_per_proc) { return actors_per_proc >= 256 ? 100 : 300; }
 
 std::string self_exe() {
   char buf[4096];
@@ -76,8 +92,15 @@ int main(int argc, char** argv) {
     monarch::mesh::register_cast<Probe>(&Probe::ping);
     proc.register_name("probe", proc.spawn<Probe>("probe"));
   });
-  if (argc == 3 && std::strcmp(argv[1], "--role") == 0) {
+  if (argc >= 3 && std::strcmp(argv[1], "--role") == 0) {
+    if (argc == 4 && std::strcmp(argv[2], "caf_worker") == 0) return procs_bench::caf_worker_role(argv[3]);
     std::printf("ready\n");
+    return 0;
+  }
+  // PROCS_BENCH_ONLY=caf runs only the CAF peer of cast_gather_procs.
+  const char* only = std::getenv("PROCS_BENCH_ONLY");
+  if (only != nullptr && std::strcmp(only, "caf") == 0) {
+    procs_bench::caf_cast_gather_procs(kProcs, kActorsPerProc, kWarmup, gather_iters);
     return 0;
   }
   auto host = monarch::mesh::this_host();
@@ -102,18 +125,18 @@ int main(int argc, char** argv) {
 
   // Cast + gather / reduce over worker processes (issue 5 target: 4096 actors on 16 procs <= 2 ms p50).
   auto procs = host.spawn_procs({{"procs", kProcs}});
-  for (size_t k : {size_t{1}, size_t{64}, size_t{256}}) {
+  for (size_t k : kActorsPerProc) {
     auto mesh = procs.spawn<Probe>("probe" + std::to_string(k), {{"actors", k}});
-    const int iters = k >= 256 ? 100 : 300;
+    const int iters = gather_iters(k);
     std::vector<double> gather_us, reduce_us;
-    for (int i = 0; i < iters + 10; ++i) {
+    for (int i = 0; i < iters + kWarmup; ++i) {
       auto t0 = monarch::bench::Clock::now();
       auto all = mesh.call(&Probe::ping).get(std::chrono::seconds(30));
-      if (i >= 10) gather_us.push_back(monarch::bench::us_since(t0));
+      if (i >= kWarmup) gather_us.push_back(monarch::bench::us_since(t0));
       if (all.size() != kProcs * k) std::abort();
       t0 = monarch::bench::Clock::now();
       int sum = mesh.reduce(monarch::mesh::Sum{}, &Probe::ping).get(std::chrono::seconds(30));
-      if (i >= 10) reduce_us.push_back(monarch::bench::us_since(t0));
+      if (i >= kWarmup) reduce_us.push_back(monarch::bench::us_since(t0));
       if (sum != static_cast<int>(kProcs * k)) std::abort();
     }
     nlohmann::json q = {{"procs", kProcs}, {"actors_per_proc", k}, {"actors", kProcs * k}};
@@ -122,5 +145,8 @@ int main(int argc, char** argv) {
     report("reduce_procs", "monarch", "p50", percentile(reduce_us, 0.5), "us", "lower", q);
   }
   procs.stop();
+
+  // CAF peer of cast_gather_procs, after monarch's workers are gone (same counts).
+  procs_bench::caf_cast_gather_procs(kProcs, kActorsPerProc, kWarmup, gather_iters);
   return 0;
 }

@@ -26,6 +26,8 @@ const std::vector<KeyInfo> kKeys = {
     // channel
     {"channel.max_frame_bytes", Kind::Bytes, "64MiB",
      "largest message, bytes (sum of parts); larger sends throw at the sender"},
+    {"channel.unix_socket_buffer", Kind::Bytes, "1MiB",
+     "SO_SNDBUF/SO_RCVBUF of unix-socket connections (0: system default; capped by net.core.*mem_max)"},
     {"channel.ack_every", Kind::Int, "256", "the receiver acknowledges after this many messages"},
     {"channel.ack_interval", Kind::Duration, "5ms", "... or after this long, whichever first"},
     {"channel.reconnect_initial", Kind::Duration, "1ms", "first reconnect backoff; doubles"},

@@ -230,6 +230,32 @@ TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {
   EXPECT_TRUE(procs.stop());
 }
 
+// CAST-11: a cast right after ProcMesh::spawn travels through comm actors, not on the link that
+// carried the Spawns; it must still reach every new actor (before the fence, ~1 run in 3 of
+// bench_procs failed with "unknown actor"). Also CAST-10's member runs: a strided slice breaks
+// them into single members, and every message rank must still land in its slot.
+TEST(ProcessMesh, ACastRightAfterSpawnReachesEveryNewActor) {
+  auto host = monarch::mesh::this_host(fast());
+  Failures failures;
+  SpawnOptions so;
+  so.name = "fresh";
+  so.on_failure = failures.handler();
+  auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+  for (size_t round = 0; round < 16; ++round) {
+    auto workers = procs.spawn<Worker>("fresh" + std::to_string(round), Extent{{"actors", 64}}, round);
+    auto ranks = workers.call(&Worker::rank).get(10s);  // no wait between spawn and cast
+    ASSERT_EQ(ranks.size(), 4u * 64u);
+    for (size_t i = 0; i < ranks.size(); ++i) ASSERT_EQ(ranks[i], round) << "member " << i;
+    auto strided = workers.slice("actors", Range(1, 64, 3));  // 21 members per proc, no two consecutive
+    auto where = strided.call(&Worker::where).get(10s);
+    ASSERT_EQ(where.size(), 4u * 21u);
+    for (size_t i = 0; i < where.size(); ++i) ASSERT_EQ(where[i], i);
+    EXPECT_EQ(strided.reduce(monarch::mesh::Sum{}, &Worker::where).get(10s), (84u * 83u) / 2);
+  }
+  EXPECT_TRUE(failures.snapshot().empty());
+  EXPECT_TRUE(procs.stop());
+}
+
 TEST(ProcessMesh, UnhandledFailureGoesToTheClientFaultHook) {
   auto host = monarch::mesh::this_host(fast());
   std::promise<std::string> report;

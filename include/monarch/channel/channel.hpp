@@ -82,6 +82,9 @@ struct ChannelOptions {
   std::chrono::milliseconds reconnect_max = config::global().duration("channel.reconnect_max");
   /// Handshake (hello/auth/accept) must finish within this, else the connection is dropped.
   std::chrono::milliseconds handshake_timeout = config::global().duration("channel.handshake_timeout");
+  /// SO_SNDBUF and SO_RCVBUF of unix-socket connections, bytes (0: the system default). The
+  /// kernel caps it at net.core.wmem_max / rmem_max. TCP connections keep autotuning.
+  size_t unix_socket_buffer = config::global().bytes("channel.unix_socket_buffer");
   /// Shared secret for TCP (CH-5). Empty: taken from $MONARCH_SECRET, else from the file named by
   /// $MONARCH_SECRET_FILE. A TCP Listener without any secret refuses to start.
   std::string secret{};

@@ -173,7 +173,10 @@ class ActorMesh {
         detail::throw_not_castable("broadcast", "the endpoint's arguments are");
       } else {
         auto plan = detail::CastPlan::make(view_, per_proc_);
-        topo_->comm[0].send(&CommActor::cast_send, RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...));
+        topo_->when_ready([comm = topo_->comm[0],
+                           w = RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...)]() mutable {
+          comm.send(&CommActor::cast_send, std::move(w));
+        });
         return;
       }
     }
@@ -195,14 +198,17 @@ class ActorMesh {
   /// A mesh of actors in other processes, for a process allocator: `members` by global rank of
   /// the actor base space (`per_proc` consecutive ranks per base proc), `comm` the comm actor of
   /// each base proc (detail::install_comm), `view` over the actor base space.
+  /// `fence`: casts wait for it (CAST-11; set by ProcMesh::spawn).
   static ActorMesh from_ids(Proc& client, const std::vector<ActorId>& members, ndslice::Shape view,
-                            const std::vector<ActorId>& comm, size_t fanout, size_t per_proc) {
+                            const std::vector<ActorId>& comm, size_t fanout, size_t per_proc,
+                            std::shared_ptr<detail::CastFence> fence = nullptr) {
     auto refs = std::make_shared<std::vector<ActorRef<A>>>();
     refs->reserve(members.size());
     for (const auto& id : members) refs->emplace_back(&client, id, true);
     auto topo = std::make_shared<detail::CastTopology>();
     topo->fanout = fanout;
     topo->remote = true;
+    topo->fence = std::move(fence);
     for (const auto& id : comm) topo->comm.emplace_back(&client, id, true);
     return ActorMesh(std::move(refs), std::move(view), std::move(topo), per_proc);
   }
@@ -222,9 +228,7 @@ class ActorMesh {
       auto plan = detail::CastPlan::make(view_, per_proc_);
       Promise<ndslice::ValueMesh<Out>> p;
       auto f = p.get_future();
-      topo_->comm[0]
-          .call(&CommActor::cast, RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...))
-          .on_complete([p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
+      auto on_reply = [p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
             if (s.error) return p.set_error(s.error);
             try {
               auto parts = detail::decode_string<typename RC::Partial>(*s.value);
@@ -246,7 +250,8 @@ class ActorMesh {
             } catch (...) {
               p.set_error(std::current_exception());
             }
-          });
+          };
+      send_cast(RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...), std::move(on_reply));
       return f;
     }
   }
@@ -262,9 +267,7 @@ class ActorMesh {
       auto plan = detail::CastPlan::make(view_, per_proc_);
       Promise<R> p;
       auto f = p.get_future();
-      topo_->comm[0]
-          .call(&CommActor::cast, RC::root(*members_, *topo_, plan, method, reducer, args...))
-          .on_complete([p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
+      auto on_reply = [p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
             if (s.error) return p.set_error(s.error);
             try {
               auto v = detail::decode_string<typename RC::Partial>(*s.value);
@@ -273,9 +276,18 @@ class ActorMesh {
             } catch (...) {
               p.set_error(std::current_exception());
             }
-          });
+          };
+      send_cast(RC::root(*members_, *topo_, plan, method, reducer, args...), std::move(on_reply));
       return f;
     }
+  }
+
+  // The root hop of a remote call/reduce; on_reply gets the root's reply (CAST-10, CAST-11).
+  template <class OnReply>
+  void send_cast(CastWire w, OnReply on_reply) const {
+    topo_->when_ready([comm = topo_->comm[0], w = std::move(w), on_reply = std::move(on_reply)]() mutable {
+      comm.call(&CommActor::cast, std::move(w)).on_complete(std::move(on_reply));
+    });
   }
 
   template <detail::CastMode Mode, class M, class Reducer, class... Args>

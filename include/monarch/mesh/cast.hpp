@@ -42,8 +42,24 @@ struct CastOptions {
   size_t fanout = 16;
 };
 
+/// Consecutive members of one destination proc: `count` actors named names[name] with uids
+/// uid, uid+1, ... and message ranks rank, rank+1, ... (their proc is the destination proc's).
+struct MemberRun {
+  uint32_t name = 0;
+  uint32_t count = 0;
+  uint64_t uid = 0;
+  uint32_t rank = 0;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(name, count, uid, rank);
+  }
+};
+
 /// One hop of a cast to comm actors in other processes (CAST-10): everything the subtree of procs
 /// [lo, hi) needs, serialised with cereal. Payloads are wire::encode output held in strings.
+/// Members travel as runs without their proc address (a member lives on the proc of the comm
+/// actor it is delivered by), so a cast to 256 consecutive actors per proc costs a few bytes per
+/// proc rather than an ActorId per member.
 struct CastWire {
   std::string handler;               // registry key of the typed handler (detail::RemoteCast)
   std::string args;                  // the endpoint's argument tuple
@@ -52,12 +68,12 @@ struct CastWire {
   uint64_t fanout = 16;
   std::vector<ActorId> comm;         // comm actors of procs lo .. hi-1
   std::vector<uint32_t> procs;       // destination procs in the subtree, ascending
-  std::vector<uint32_t> starts;      // procs[i]'s members: members[starts[i] .. starts[i+1])
-  std::vector<ActorId> members;      // destination members, grouped by proc
-  std::vector<uint32_t> ranks;       // their message ranks
+  std::vector<uint32_t> starts;      // procs[i]'s members: runs[starts[i] .. starts[i+1])
+  std::vector<std::string> names;    // distinct member actor names
+  std::vector<MemberRun> runs;       // destination members, grouped by proc
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(handler, args, reducer, lo, hi, fanout, comm, procs, starts, members, ranks);
+    ar(handler, args, reducer, lo, hi, fanout, comm, procs, starts, names, runs);
   }
 };
 
@@ -161,12 +177,54 @@ using monarch::detail::UniqueFunction;
 /// calls this in each freshly started worker Proc). Throws UsageError if one is already there.
 ActorRef<CommActor> install_comm(Proc& proc);
 
+/// Holds back the casts to a freshly spawned process mesh until every proc of it has read its
+/// Spawn messages (CAST-11). A Spawn travels on the caster's own link to each proc, a cast through
+/// comm actors: without the fence a cast could reach a proc before the actors it names exist.
+/// Opened by one arrival per proc (the reply to a request sent after the Spawns on that link,
+/// successful or not). Thread-safe.
+class CastFence {
+ public:
+  explicit CastFence(size_t arrivals) : left_(arrivals) {}
+  void arrive() {
+    std::vector<UniqueFunction<void()>> run;
+    {
+      std::lock_guard lock(mu_);
+      if (left_ == 0 || --left_ != 0) return;
+      run.swap(waiting_);
+    }
+    for (auto& f : run) f();
+  }
+  /// Runs `f` now when open, else on the thread of the last arrival (a channel I/O thread).
+  void then(UniqueFunction<void()> f) {
+    {
+      std::lock_guard lock(mu_);
+      if (left_ != 0) {
+        waiting_.push_back(std::move(f));
+        return;
+      }
+    }
+    f();
+  }
+
+ private:
+  std::mutex mu_;
+  size_t left_;
+  std::vector<UniqueFunction<void()>> waiting_;
+};
+
 /// The comm actors of a ProcMesh by base proc rank, and the tree's fan-out. Shared, immutable.
 struct CastTopology {
   std::vector<ActorRef<CommActor>> comm;
   size_t fanout = 16;
   /// The comm actors are in other processes (remote refs, from `client`): casts go as CastWire.
   bool remote = false;
+  /// Remote casts wait for it when set (a mesh made by ProcMesh::spawn, CAST-11).
+  std::shared_ptr<CastFence> fence;
+  /// Runs `send` once casts may go (at once without a fence).
+  void when_ready(UniqueFunction<void()> send) const {
+    if (fence) return fence->then(std::move(send));
+    send();
+  }
 };
 
 /// Which members one cast reaches: (global rank in the actor base space, message rank) sorted
@@ -562,14 +620,24 @@ struct RemoteCast {
     return k;
   }
 
+  using Ret = typename method_traits<M>::ret;
+  /// Plain-value handlers reply by folding straight into the node (no Future per member).
+  static constexpr bool kDirectReply = Mode != CastMode::Broadcast && !monarch::detail::is_task<Ret>::value &&
+                                       !monarch::detail::is_future<Ret>::value;
+
+  /// The accumulator of one node: the members on this proc and the partials of its children.
   struct NodeState {
     explicit NodeState(Reducer r) : reducer(std::move(r)) {}
     std::mutex mu;
-    Partial acc{};
-    size_t pending = 0;
-    bool failed = false;
+    Partial acc{};                  // guarded by mu
+    bool failed = false;            // guarded by mu; also set once the result is out
+    std::atomic<size_t> pending{0};
     Promise<std::string> promise;
     Reducer reducer;
+    // Collect: the local members' message ranks and replies, by local index; each slot is written
+    // once, by its member, before that member counts down.
+    std::vector<uint32_t> local_ranks;
+    std::vector<std::optional<WireOut>> local_slots;
 
     void fail(std::exception_ptr e) {
       std::unique_lock lock(mu);
@@ -578,9 +646,31 @@ struct RemoteCast {
       lock.unlock();
       promise.set_error(std::move(e));
     }
+    /// A child's partial result.
     void add(Partial p) {
-      std::unique_lock lock(mu);
-      if (failed) return;
+      {
+        std::unique_lock lock(mu);
+        if (failed) return;
+        if (!fold(p, lock)) return;
+      }
+      count_down();
+    }
+    /// Local member `slot` replied `v`.
+    void member_done(uint32_t slot, WireOut v) {
+      if constexpr (Mode == CastMode::Reduce) {
+        Partial p{std::move(v)};
+        std::unique_lock lock(mu);
+        if (failed) return;
+        if (!fold(p, lock)) return;
+      } else {
+        local_slots[slot].emplace(std::move(v));
+      }
+      count_down();
+    }
+
+   private:
+    // Folds p into acc under `lock`; false (lock released, cast failed) if the reducer threw.
+    bool fold(Partial& p, std::unique_lock<std::mutex>& lock) {
       try {
         if constexpr (Mode == CastMode::Reduce) {
           if (p) acc = acc ? std::optional<WireOut>(std::as_const(reducer)(std::move(*acc), *p)) : std::move(p);
@@ -590,12 +680,24 @@ struct RemoteCast {
       } catch (...) {
         failed = true;
         lock.unlock();
-        return promise.set_error(std::current_exception());
+        promise.set_error(std::current_exception());
+        return false;
       }
-      if (--pending != 0) return;
+      return true;
+    }
+    void count_down() {
+      if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+      std::unique_lock lock(mu);
+      if (failed) return;
       failed = true;  // done: nothing more may land
       std::string out;
       try {
+        if constexpr (Mode != CastMode::Reduce) {
+          acc.reserve(acc.size() + local_slots.size());
+          for (size_t i = 0; i < local_slots.size(); ++i) {
+            if (local_slots[i]) acc.emplace_back(local_ranks[i], std::move(*local_slots[i]));
+          }
+        }
         out = to_string_bytes(wire::encode(acc));
       } catch (...) {
         lock.unlock();
@@ -606,15 +708,52 @@ struct RemoteCast {
     }
   };
 
+  // One local member's request, for plain-value handlers: the reply goes straight into the node.
+  struct MemberCall final : monarch::detail::Envelope {
+    MemberCall(std::shared_ptr<NodeState> s, std::shared_ptr<const Stored> a, M m, uint32_t i)
+        : st(std::move(s)), args(std::move(a)), method(m), slot(i) {}
+    std::shared_ptr<NodeState> st;
+    std::shared_ptr<const Stored> args;
+    M method;
+    uint32_t slot;
+    void invoke(Cell& c) override {
+      A& self = static_cast<A&>(*c.actor());
+      Stored a = *args;  // the handler may move from its own copy
+      try {
+        if constexpr (std::is_void_v<R>) {
+          monarch::detail::apply_method(self, method, a);
+          st->member_done(slot, true);
+        } else {
+          st->member_done(slot, monarch::detail::apply_method(self, method, a));
+        }
+      } catch (...) {
+        st->fail(std::make_exception_ptr(
+            ActorError(c.id(), monarch::detail::endpoint_label(c.type_name(), monarch::detail::endpoint_name<A>(method)),
+                       monarch::detail::describe_exception(std::current_exception()))));
+      }
+    }
+    void bounce(const DeliveryFailure& f) noexcept override { st->fail(std::make_exception_ptr(f)); }
+    std::string_view endpoint() const noexcept override {
+      const char* n = monarch::detail::endpoint_name<A>(method);
+      return n != nullptr ? n : "<endpoint>";
+    }
+  };
+
   /// Runs one hop on the comm actor of `proc` (its thread): forwards to the child subtrees that
   /// hold destinations, delivers to the members on this proc, and folds their replies.
   static Future<std::string> run(Proc& proc, M method, CastWire&& w) {
-    auto args = std::make_shared<Stored>(decode_string<Stored>(w.args));
+    if (w.starts.size() != w.procs.size() + 1 || w.comm.size() != size_t{w.hi} - w.lo ||
+        (w.starts.empty() ? false : w.starts.back() != w.runs.size())) {
+      return Future<std::string>::ready_error(std::make_exception_ptr(UsageError(
+          "comm actor of " + proc.name() + ": malformed cast hop [" + std::to_string(w.lo) + ", " +
+          std::to_string(w.hi) + ")")));
+    }
+    auto args = std::make_shared<const Stored>(decode_string<Stored>(w.args));
     auto st = std::make_shared<NodeState>(decode_reducer(w.reducer));
     auto result = st->promise.get_future();
     const uint32_t de = static_cast<uint32_t>(w.procs.size());
     uint32_t db = 0;
-    uint32_t lb = 0, le = 0;
+    uint32_t lb = 0, le = 0;  // this proc's runs
     if (db < de && w.procs[0] == w.lo) {
       lb = w.starts[0];
       le = w.starts[1];
@@ -638,16 +777,25 @@ struct RemoteCast {
           sub.comm.assign(w.comm.begin() + (clo - w.lo), w.comm.begin() + (chi - w.lo));
           sub.procs.assign(w.procs.begin() + db, w.procs.begin() + x);
           for (uint32_t i = db; i <= x; ++i) sub.starts.push_back(w.starts[i] - w.starts[db]);
-          sub.members.assign(w.members.begin() + w.starts[db], w.members.begin() + w.starts[x]);
-          sub.ranks.assign(w.ranks.begin() + w.starts[db], w.ranks.begin() + w.starts[x]);
+          sub.names = w.names;
+          sub.runs.assign(w.runs.begin() + w.starts[db], w.runs.begin() + w.starts[x]);
           kids.emplace_back(w.comm[clo - w.lo], std::move(sub));
         }
         db = x;
       }
     }
+    size_t local = 0;
+    for (uint32_t i = lb; i < le; ++i) local += w.runs[i].count;
+    if constexpr (Mode != CastMode::Reduce && Mode != CastMode::Broadcast) {
+      st->local_ranks.reserve(local);
+      for (uint32_t i = lb; i < le; ++i) {
+        for (uint32_t k = 0; k < w.runs[i].count; ++k) st->local_ranks.push_back(w.runs[i].rank + k);
+      }
+      st->local_slots.resize(local);
+    }
     // Set before anything is sent: replies may land (on other threads) while we still send.
-    const size_t pending = (le - lb) + kids.size();
-    st->pending = pending;
+    const size_t pending = local + kids.size();
+    st->pending.store(pending, std::memory_order_relaxed);
     for (auto& [id, sub] : kids) {
       ActorRef<CommActor> child(&proc, id, true);
       if constexpr (Mode == CastMode::Broadcast) {
@@ -663,25 +811,44 @@ struct RemoteCast {
         });
       }
     }
+    ActorId id{proc.name(), {}, 0};  // reused: no allocation per member
+    uint32_t slot = 0;
     for (uint32_t i = lb; i < le; ++i) {
-      ActorRef<A> ref = proc.resolve<A>(w.members[i]);
-      const uint32_t rank = w.ranks[i];
-      if constexpr (Mode == CastMode::Broadcast) {
-        std::apply([&](const auto&... a) { ref.send_ranked(rank, method, a...); }, *args);
-      } else {
-        auto f = std::apply([&](const auto&... a) { return ref.call_ranked(rank, method, a...); }, *args);
-        f.on_complete([st, rank](State<R>& s) {
-          if (s.error) return st->fail(s.error);
-          Partial p{};
-          if constexpr (Mode == CastMode::Reduce) {
-            p.emplace(std::move(*s.value));
-          } else if constexpr (std::is_void_v<R>) {
-            p.emplace_back(rank, true);
+      const MemberRun& run = w.runs[i];
+      if (run.name >= w.names.size()) {
+        st->fail(std::make_exception_ptr(UsageError("comm actor of " + proc.name() + ": malformed cast hop (name index)")));
+        break;
+      }
+      id.name = w.names[run.name];
+      for (uint32_t k = 0; k < run.count; ++k, ++slot) {
+        id.uid = run.uid + k;
+        const uint32_t rank = run.rank + k;
+        if constexpr (kDirectReply) {
+          auto* e = new MemberCall(st, args, method, slot);
+          e->message_rank = rank;
+          ActorRef<A> ref = proc.resolve<A>(id);
+          if (Cell* c = ref.cell()) {
+            c->post(e);
           } else {
-            p.emplace_back(rank, std::move(*s.value));
+            std::unique_ptr<monarch::detail::Envelope> owned(e);
+            e->bounce(DeliveryFailure(id, std::string(e->endpoint()), "unknown actor"));
           }
-          st->add(std::move(p));
-        });
+          continue;
+        }
+        ActorRef<A> ref = proc.resolve<A>(id);
+        if constexpr (Mode == CastMode::Broadcast) {
+          std::apply([&](const auto&... a) { ref.send_ranked(rank, method, a...); }, *args);
+        } else {
+          auto f = std::apply([&](const auto&... a) { return ref.call_ranked(rank, method, a...); }, *args);
+          f.on_complete([st, slot](State<R>& s) {
+            if (s.error) return st->fail(s.error);
+            if constexpr (std::is_void_v<R>) {
+              st->member_done(slot, true);
+            } else {
+              st->member_done(slot, std::move(*s.value));
+            }
+          });
+        }
       }
     }
     if (pending == 0 || Mode == CastMode::Broadcast) {
@@ -691,6 +858,7 @@ struct RemoteCast {
   }
 
   /// The root hop, from the caster: one message to base proc 0's comm actor (CAST-1).
+  /// Throws UsageError when a member is not on the proc of the comm actor that serves it.
   template <class... Args>
   static CastWire root(const std::vector<ActorRef<A>>& members, const CastTopology& topo, const CastPlan& plan,
                        M method, const Reducer& reducer, const Args&... args) {
@@ -705,12 +873,30 @@ struct RemoteCast {
     w.comm.reserve(topo.comm.size());
     for (const auto& c : topo.comm) w.comm.push_back(c.id());
     w.procs = plan.procs;
-    w.starts = plan.starts;
-    w.members.reserve(plan.members.size());
-    w.ranks.reserve(plan.members.size());
-    for (const auto& [g, r] : plan.members) {
-      w.members.push_back(members[g].id());
-      w.ranks.push_back(r);
+    w.starts.reserve(plan.starts.size());
+    w.starts.push_back(0);
+    for (size_t pi = 0; pi < plan.procs.size(); ++pi) {
+      const std::string& proc = w.comm[plan.procs[pi]].proc;
+      for (uint32_t i = plan.starts[pi]; i < plan.starts[pi + 1]; ++i) {
+        const auto& [g, r] = plan.members[i];
+        const ActorId& id = members[g].id();
+        if (id.proc != proc) {
+          throw UsageError("cast: member " + id.to_string() + " is not on proc " + proc +
+                           " whose comm actor serves it");
+        }
+        uint32_t name = 0;
+        while (name < w.names.size() && w.names[name] != id.name) ++name;
+        if (name == w.names.size()) w.names.push_back(id.name);
+        if (w.runs.size() > w.starts.back()) {
+          MemberRun& last = w.runs.back();
+          if (last.name == name && last.uid + last.count == id.uid && last.rank + last.count == r) {
+            ++last.count;
+            continue;
+          }
+        }
+        w.runs.push_back(MemberRun{name, 1, id.uid, r});
+      }
+      w.starts.push_back(static_cast<uint32_t>(w.runs.size()));
     }
     return w;
   }

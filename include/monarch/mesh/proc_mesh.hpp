@@ -120,14 +120,24 @@ class ProcMesh {
     if (is_process()) {
       // Casts travel down the cast tree of the workers' comm actors (installed at bootstrap).
       std::vector<ActorId> members(base_size() * k);
+      for (size_t i = 0; i < size(); ++i) check_usable(i);
+      // CAST-11: a request on each proc's link after its Spawns opens the mesh's cast fence.
+      auto fence = std::make_shared<detail::CastFence>(size());
       for (size_t i = 0; i < size(); ++i) {
-        check_usable(i);
         size_t g = view_.global_rank(i);
         for (size_t a = 0; a < k; ++a) {
           members[g * k + a] = client().template spawn_remote<A>(address(i), name, args...).id();
         }
+        try {
+          client()
+              .template lookup_remote<CommActor>(address(i), kCommActorName)
+              .on_complete([fence](auto&) { fence->arrive(); });
+        } catch (...) {
+          fence->arrive();  // the cast then fails on its own (DeliveryFailure, SupervisionError)
+        }
       }
-      return ActorMesh<A>::from_ids(client(), members, actor_view(per_proc), comm_ids(), CastOptions{}.fanout, k);
+      return ActorMesh<A>::from_ids(client(), members, actor_view(per_proc), comm_ids(), CastOptions{}.fanout, k,
+                                    std::move(fence));
     }
     auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size() * k);
     for (size_t i = 0; i < size(); ++i) {
