@@ -102,8 +102,9 @@ void MeshController::log(uint64_t rank, int stream, std::string line) {
 HostAgent::HostAgent(std::string listen_base, std::shared_ptr<CallbackGate> gate)
     : listen_base_(std::move(listen_base)), gate_(std::move(gate)), incarnation_(std::random_device{}() | 1) {}
 
-std::vector<int64_t> HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> controller) {
-  std::vector<int64_t> pids;
+SpawnReply HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> controller) {
+  SpawnReply reply{incarnation_, {}};
+  auto& pids = reply.pids;
   const uint64_t target = gate_->add(controller);
   for (uint64_t i = 0; i < spec.count; ++i) {
     uint64_t rank = spec.first_rank + i;
@@ -133,7 +134,7 @@ std::vector<int64_t> HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> c
     };
     pids.push_back(ProcessHost::instance().spawn(child, std::move(on_line), std::move(on_exit)));
   }
-  return pids;
+  return reply;
 }
 
 bool HostAgent::kill(int64_t pid, int sig) {
@@ -182,6 +183,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<HostMeshState> h, std::string n, ndsl
     : hosts(std::move(h)), name(std::move(n)), extent(std::move(e)), per_host(ph), options(std::move(o)) {
   ranks.resize(extent.num_ranks());
   for (size_t r = 0; r < ranks.size(); ++r) ranks[r].host = r / per_host;
+  incarnations.resize(ranks.size() / per_host);
 }
 
 ProcessGroup::~ProcessGroup() {
@@ -227,20 +229,21 @@ void ProcessGroup::start() {
   spec.heartbeat_timeout_ms = t.heartbeat_timeout.count();
   spec.controller_name = controller_name;
   size_t num_hosts = ranks.size() / per_host;
-  std::vector<Future<std::vector<int64_t>>> spawned;
+  std::vector<Future<SpawnReply>> spawned;
   for (size_t h = 0; h < num_hosts; ++h) {
     spec.first_rank = h * per_host;
     spawned.push_back(hosts->agents[h].call(&HostAgent::spawn, spec, controller));
   }
   const auto deadline = Clock::now() + t.spawn_timeout;
   for (size_t h = 0; h < num_hosts; ++h) {
-    std::vector<int64_t> pids;
+    SpawnReply reply;
     std::string error;
     try {
-      pids = spawned[h].get(std::max(Clock::duration(0), deadline - Clock::now()));
+      reply = spawned[h].get(std::max(Clock::duration(0), deadline - Clock::now()));
     } catch (const std::exception& e) {
       error = e.what();
     }
+    const auto& pids = reply.pids;
     std::lock_guard lock(mu);
     if (!error.empty() || pids.size() != per_host) {
       std::vector<size_t> rs;
@@ -251,6 +254,7 @@ void ProcessGroup::start() {
       }
       continue;
     }
+    incarnations[h] = reply.incarnation;
     for (size_t i = 0; i < per_host; ++i) {
       auto& r = ranks[h * per_host + i];
       if (r.pid == 0) r.pid = pids[i];
@@ -390,16 +394,10 @@ void ProcessGroup::monitor_loop() {
     cv.wait_for(lock, tick, [&] { return closing || !pending.empty(); });
     if (closing) break;
     auto now = Clock::now();
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      if (ranks[r].st == St::Ready && now - ranks[r].last_heartbeat > t.heartbeat_timeout) {
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - ranks[r].last_heartbeat);
-        fail_locked(r, "no heartbeat for " + std::to_string(ms.count()) +
-                           " ms (heartbeat_timeout " + std::to_string(t.heartbeat_timeout.count()) +
-                           " ms): frozen or unreachable");
-      }
-    }
     // Agent liveness: a restarted agent answers with a new incarnation; a lost one not at all.
+    // Either way the procs it spawned died with it (PDEATHSIG).
     for (size_t h = 0; h < num_hosts; ++h) {
+      if (!incarnations[h]) continue;  // its spawn reply has not arrived yet
       std::string cause;
       if (!pings[h]) {
         pings[h] = hosts->agents[h].call(&HostAgent::incarnation);
@@ -407,19 +405,33 @@ void ProcessGroup::monitor_loop() {
       } else if (pings[h]->wait_for(0ms)) {
         try {
           uint64_t inc = pings[h]->get();
-          if (inc != hosts->incarnations[h]) cause = "host agent " + hosts->agent_addrs[h] + " restarted";
+          if (inc != *incarnations[h]) {
+            cause = "host agent " + hosts->agent_addrs[h] + " restarted; the procs it started died with it";
+          }
         } catch (const std::exception& e) {
-          cause = "host agent " + hosts->agent_addrs[h] + " unreachable: " + e.what();
+          cause = "host agent " + hosts->agent_addrs[h] + " lost (" + e.what() +
+                  "); the procs it started died with it";
         }
         pings[h].reset();
       } else if (now - ping_sent[h] > t.heartbeat_timeout) {
-        cause = "host agent " + hosts->agent_addrs[h] + " did not answer within heartbeat_timeout";
+        cause = "host agent " + hosts->agent_addrs[h] + " lost (no answer within heartbeat_timeout " +
+                std::to_string(t.heartbeat_timeout.count()) + " ms); the procs it started died with it";
         pings[h].reset();
       }
       if (cause.empty()) continue;
       for (size_t r = h * per_host; r < (h + 1) * per_host; ++r) {
         fail_locked(r, cause);
         ranks[r].exited = true;  // its procs died with it (PDEATHSIG); no exit report will come
+      }
+      incarnations[h].reset();  // nothing of ours left there to watch
+    }
+    // After the agents: when an agent died, its procs' heartbeats stop too; the cause is the agent.
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      if (ranks[r].st == St::Ready && now - ranks[r].last_heartbeat > t.heartbeat_timeout) {
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - ranks[r].last_heartbeat);
+        fail_locked(r, "no heartbeat for " + std::to_string(ms.count()) +
+                           " ms (heartbeat_timeout " + std::to_string(t.heartbeat_timeout.count()) +
+                           " ms): frozen or unreachable");
       }
     }
     if (t.log_window.count() > 0 && now - last_flush >= t.log_window) {

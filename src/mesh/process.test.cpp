@@ -383,6 +383,62 @@ TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
   EXPECT_TRUE(all_dead(pids, 5s));
 }
 
+// PH-3: the agent is killed (-9) and a new one serves the same address. The client must not take
+// the new agent for the old one: the old procs died with their agent (PDEATHSIG) and become one
+// MeshFailure per rank whose cause names the agent, calls pending on them fail with
+// SupervisionError, and the restarted agent serves a new mesh.
+TEST(ProcessMesh, AnAgentRestartFailsItsProcsAndTheNewAgentServes) {
+  const std::string addr = "unix://@monarch-agent-restart-" + std::to_string(::getpid());
+  std::optional<monarch::testing::Subprocess> agent;
+  agent.emplace(MONARCH_CLI, std::vector<std::string>{"agent", "--listen", addr});
+  ASSERT_EQ(agent->listening(), addr);
+  auto hosts = monarch::mesh::attach_to_workers({addr}, fast());
+  Failures failures;
+  SpawnOptions so;
+  so.name = "restarted";
+  so.on_failure = failures.handler();
+  auto procs = hosts.spawn_procs(Extent{{"gpus", 2}}, so);
+  auto workers = procs.lookup<Worker>("worker");
+  ASSERT_EQ(workers.call(&Worker::rank).get(10s)[1], 1u);
+  auto pids = pids_of(procs);
+  auto pending = procs.slice("gpus", 1).lookup<Blocker>("blocker").call_one(&Blocker::freeze);
+
+  agent->kill(SIGKILL);
+  EXPECT_TRUE(all_dead(pids, 5s)) << "a worker outlived its agent";
+  agent.emplace(MONARCH_CLI, std::vector<std::string>{"agent", "--listen", addr});
+  ASSERT_EQ(agent->listening(), addr);
+
+  ASSERT_TRUE(failures.wait(2, 10s)) << "the agent restart was not detected";
+  std::set<size_t> failed;
+  for (const MeshFailure& f : failures.snapshot()) {
+    EXPECT_EQ(f.mesh, "restarted");
+    EXPECT_THAT(f.cause, ::testing::AnyOf(HasSubstr("host agent " + addr + " restarted"),
+                                          HasSubstr("host agent " + addr + " lost")));
+    EXPECT_THAT(f.cause, HasSubstr("the procs it started died with it"));
+    failed.insert(f.ranks.begin(), f.ranks.end());
+  }
+  EXPECT_EQ(failed, (std::set<size_t>{0, 1}));
+  EXPECT_THAT(procs.failed_ranks(), ElementsAre(0u, 1u));
+  EXPECT_THROW(pending.get(10s), monarch::SupervisionError);
+  EXPECT_THROW(workers.call(&Worker::rank).get(10s), monarch::SupervisionError);
+  auto t0 = std::chrono::steady_clock::now();
+  procs.stop();  // every rank failed already: nothing to wait for
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, fast().timeouts.stop_timeout);
+  EXPECT_EQ(failures.snapshot().size(), 2u);  // each rank reported once
+
+  // The restarted agent serves the same HostMesh; its procs are not taken for old ones.
+  Failures later;
+  SpawnOptions again;
+  again.name = "after-restart";
+  again.on_failure = later.handler();
+  auto fresh = hosts.spawn_procs(Extent{{"gpus", 2}}, again);
+  EXPECT_EQ(fresh.lookup<Worker>("worker").call(&Worker::rank).get(10s)[1], 1u);
+  EXPECT_FALSE(later.wait(1, 3 * fast().timeouts.heartbeat_interval)) << later.snapshot().front().to_string();
+  auto fresh_pids = pids_of(fresh);
+  EXPECT_TRUE(fresh.stop());
+  EXPECT_TRUE(all_dead(fresh_pids, 5s));
+}
+
 // A client in a child process: spawns 3 workers, prints their pids, then ends as told.
 int run_client(const std::string& mode) {
   const char* agent = std::getenv("MONARCH_TEST_AGENT");  // attach to it instead of this_host()
