@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <random>
 
-#include "actor/remote_state.hpp"
 #include "monarch/mesh/cast.hpp"
 #include "monarch/mesh/process.hpp"
 #include "process_group.hpp"
@@ -39,23 +38,6 @@ std::string self_exe() {
 std::string env_or(const char* key, const char* dflt) {
   const char* v = std::getenv(key);
   return v != nullptr ? v : dflt;
-}
-
-// Closes this Proc's link to a proc that exited when asked to stop, so that a later shutdown does
-// not wait to flush messages it can never deliver (acks the proc did not send before exiting).
-// Failed procs go through Proc::declare_proc_failed instead. TODO(actor layer): a public
-// Proc::forget_proc(addr) would spare the mesh this internal include.
-void close_link(Proc& proc, const std::string& addr, const std::string& why) {
-  if (addr.empty()) return;
-  auto& r = proc.remote();
-  std::shared_ptr<channel::Sender> link;
-  {
-    std::lock_guard lock(r.mu);
-    auto it = r.senders.find(addr);
-    if (it == r.senders.end()) return;
-    link = it->second;
-  }
-  link->close(why);
 }
 
 // "unix://@x" -> "unix://@monarch-w-<pid>"; "tcp://H:P" -> "tcp://H".
@@ -499,7 +481,10 @@ bool ProcessGroup::stop() {
     if (r.exited) dead.push_back(r.addr);
   }
   lock.unlock();
-  for (auto& a : dead) close_link(*hosts->client, a, "proc of mesh " + name + " exited");
+  // They exited when asked (or were killed by this stop): what they did not acknowledge is moot.
+  for (auto& a : dead) {
+    if (!a.empty()) hosts->client->forget_proc(a, "proc of mesh " + name + " stopped");
+  }
   if (monitor.joinable() && monitor.get_id() != std::this_thread::get_id()) monitor.join();
   return graceful;
 }
