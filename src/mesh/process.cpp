@@ -54,9 +54,10 @@ std::string worker_listen_base(const std::string& agent_addr) {
 // ---------------------------------------------------------------------------------------------
 // Actors
 
-void WorkerControl::stop_worker() {
+void WorkerControl::stop_worker(std::vector<std::string> stopping) {
   std::lock_guard lock(s_->mu);
   s_->stop = true;
+  s_->stopping = std::move(stopping);
   s_->cv.notify_all();
 }
 
@@ -452,7 +453,9 @@ bool ProcessGroup::stop() {
   if (stopped) return true;
   stopped = true;
   std::vector<ActorRef<WorkerControl>> asked;
+  std::vector<std::string> stopping;  // every proc of this mesh: told to each, they forget each other
   for (auto& r : ranks) {
+    if (!r.addr.empty()) stopping.push_back(r.addr);
     if (r.st == St::Ready) {
       r.st = St::Stopping;
       asked.push_back(r.control);
@@ -463,7 +466,7 @@ bool ProcessGroup::stop() {
   }
   lock.unlock();
   // Every stop goes to each rank directly; a dead or frozen one does not delay the others.
-  for (auto& c : asked) (void)c.call(&WorkerControl::stop_worker);
+  for (auto& c : asked) (void)c.call(&WorkerControl::stop_worker, stopping);
   lock.lock();
   auto all_gone = [&] {
     return std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.exited || r.pid == 0; });
@@ -552,13 +555,17 @@ int run_worker(const WorkerSetup& setup) {
                  info.rank, e.what());
     quit(2);
   }
+  std::vector<std::string> stopping;  // procs stopped with this one
   while (true) {
     std::optional<std::string> failure;
     {
       std::unique_lock lock(shared->mu);
       shared->cv.wait_for(lock, interval, [&] { return shared->stop || shared->failure; });
       if (shared->failure) failure = shared->failure;
-      if (shared->stop && !failure) break;
+      if (shared->stop && !failure) {
+        stopping = shared->stopping;
+        break;
+      }
     }
     if (failure) report(*failure);
     bool wanted = false;
@@ -571,6 +578,10 @@ int run_worker(const WorkerSetup& setup) {
       quit(0);
     }
     if (!wanted) quit(0);
+  }
+  // Not under shared->mu: forget_proc waits for the channel I/O thread, which runs the fault hook.
+  for (const auto& peer : stopping) {
+    if (peer != proc.address()) proc.forget_proc(peer, "proc " + peer + " stopped with " + proc.address());
   }
   proc.shutdown(o.stop_timeout);
   return 0;

@@ -17,6 +17,9 @@
 #include <optional>
 #include <set>
 
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
 #include "testing/mesh_failures.hpp"
 #include "monarch/mesh/process.hpp"
 #include "testing/subprocess.hpp"
@@ -36,6 +39,24 @@ namespace {
 
 using Failures = monarch::testing::FailureLog;
 using monarch::testing::all_dead;
+
+// Warnings and errors this (client) process logs; added to the default logger in main().
+struct WarningLog : spdlog::sinks::base_sink<std::mutex> {
+  std::vector<std::string> take() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(lines_, {});
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& m) override {
+    if (m.level >= spdlog::level::warn) lines_.emplace_back(m.payload.data(), m.payload.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::vector<std::string> lines_;
+};
+std::shared_ptr<WarningLog> g_warnings = std::make_shared<WarningLog>();
 
 struct Worker : monarch::Actor {
   explicit Worker(size_t rank) : rank_(rank) {}
@@ -124,6 +145,44 @@ TEST(ProcessMesh, SpawnsWorkersCallsThemAndStops) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   EXPECT_TRUE(all_dead(pids_of(procs), 5s));
   EXPECT_TRUE(procs.failed_ranks().empty());
+}
+
+// A requested stop is not a loss: neither the client nor the workers warn of messages the stopped
+// procs did not acknowledge (workers of a cast tree used to wait out their flush and then warn
+// "reply ... lost: delivery timeout" for replies to a parent comm proc that stopped first).
+TEST(ProcessMesh, ANormalStopIsQuietAndQuick) {
+  std::mutex mu;
+  std::vector<std::string> worker_lines;
+  SpawnOptions so;
+  so.log_sink = [&](const LogRecord& r) {
+    std::lock_guard lock(mu);
+    worker_lines.push_back(r.to_string());
+  };
+  auto host = monarch::mesh::this_host(fast());
+  // Acks travel every few ms, so a loss shows only when the stop follows the last cast closely:
+  // several rounds, each stopping right after its casts.
+  for (int round = 0; round < 6; ++round) {
+    so.name = "quiet" + std::to_string(round);
+    auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+    auto pids = pids_of(procs);
+    auto workers = procs.lookup<Worker>("worker");
+    auto spawned = procs.spawn<Worker>("more", Extent{{"actors", 8}}, size_t{5});
+    g_warnings->take();
+    // Casts through the tree (workers forward to and reply to each other), then stop at once.
+    EXPECT_EQ(spawned.reduce(monarch::mesh::Sum{}, &Worker::rank).get(10s), 4u * 8u * 5u);
+    EXPECT_EQ(workers.slice("gpus", Range(1, 4)).call(&Worker::rank).get(10s)[2], 3u);
+    EXPECT_EQ(workers.call(&Worker::rank).get(10s)[3], 3u);
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(procs.stop());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);  // no flush waits on stopped peers
+    EXPECT_TRUE(all_dead(pids, 5s));
+    for (const auto& w : g_warnings->take()) ADD_FAILURE() << "round " << round << ": client logged: " << w;
+  }
+  std::lock_guard lock(mu);  // a worker's lines arrive before its exit (PH-2), so all are here
+  for (const auto& l : worker_lines) {
+    EXPECT_EQ(l.find("[warning]"), std::string::npos) << l;
+    EXPECT_EQ(l.find("[error]"), std::string::npos) << l;
+  }
 }
 
 struct Fault {
@@ -543,6 +602,7 @@ TEST(ProcTimeouts, ValidateNamesTheKey) {
 int main(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv, worker_setup);  // a worker never returns from here
   if (const char* mode = std::getenv("MONARCH_TEST_CLIENT")) return run_client(mode);
+  spdlog::default_logger()->sinks().push_back(g_warnings);  // before any thread logs
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -10,7 +10,7 @@
 //   worker -> client  MeshController::ready(rank, addr, pid, control, comm); heartbeat(rank) every
 //                     heartbeat_interval (false = you were declared failed: exit);
 //                     actor_failed(rank, report) before exiting on an unhandled actor failure
-//   client -> worker  WorkerControl::stop()
+//   client -> worker  WorkerControl::stop_worker(addresses of the procs stopped with it)
 // Outside actors only calls are used (never send): an undeliverable send would reach the sending
 // Proc's fault hook, which fails fast; a call's failure just completes its future.
 #pragma once
@@ -69,10 +69,14 @@ class WorkerControl : public Actor {
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false;
+    std::vector<std::string> stopping;  // procs stopped with this one (stop_worker)
     std::optional<std::string> failure;  // an unhandled actor failure to report
   };
   explicit WorkerControl(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
-  void stop_worker();
+  /// The owner stops this proc and `stopping` (its mesh's procs) with it: messages between them
+  /// that are still unacknowledged are moot, so the worker forgets those procs (Proc::forget_proc)
+  /// before it shuts down instead of waiting for acks or warning of their loss.
+  void stop_worker(std::vector<std::string> stopping);
   MONARCH_ENDPOINTS(WorkerControl, stop_worker)
 
  private:
