@@ -409,9 +409,21 @@ void ProcessGroup::monitor_loop() {
       incarnations[h].reset();  // nothing of ours left there to watch
     }
     // After the agents: when an agent died, its procs' heartbeats stop too; the cause is the agent.
+    // A silent proc whose agent has not answered for half the heartbeat_timeout either (an agent
+    // answers in ms) died with it; its last ping has not timed out only because it was sent
+    // after the proc's last heartbeat.
     for (size_t r = 0; r < ranks.size(); ++r) {
       if (ranks[r].st == St::Ready && now - ranks[r].last_heartbeat > t.heartbeat_timeout) {
         auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - ranks[r].last_heartbeat);
+        const size_t h = ranks[r].host;
+        if (incarnations[h] && pings[h] && now - ping_sent[h] > t.heartbeat_timeout / 2) {
+          auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - ping_sent[h]);
+          fail_locked(r, "host agent " + hosts->agent_addrs[h] + " lost (no answer for " +
+                             std::to_string(silent.count()) + " ms, no heartbeat from the proc for " +
+                             std::to_string(ms.count()) + " ms); the procs it started died with it");
+          ranks[r].exited = true;  // no exit report will come from a dead agent
+          continue;
+        }
         fail_locked(r, "no heartbeat for " + std::to_string(ms.count()) +
                            " ms (heartbeat_timeout " + std::to_string(t.heartbeat_timeout.count()) +
                            " ms): frozen or unreachable");

@@ -437,8 +437,11 @@ TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
   for (auto& f : failures.got) failed.insert(f.ranks.begin(), f.ranks.end());
   lock.unlock();
   EXPECT_EQ(failed, (std::set<size_t>{2, 3}));
+  for (auto& f : failures.snapshot()) EXPECT_THAT(f.cause, HasSubstr("host agent " + a1 + " lost"));
   EXPECT_EQ(workers.slice("hosts", 0).call(&Worker::rank).get(10s)[1], 1u);
+  auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(procs.stop());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, fast().timeouts.stop_timeout);  // not waiting on the dead
   EXPECT_TRUE(all_dead(pids, 5s));
 }
 
