@@ -143,6 +143,10 @@ void Proc::declare_proc_failed(const std::string& proc_addr, const std::string& 
   if (remote_) remote_->declare_failed(proc_addr, cause);
 }
 
+void Proc::forget_proc(const std::string& proc_addr, const std::string& why) {
+  if (remote_) remote_->forget(proc_addr, why);
+}
+
 bool Proc::proc_failed(const std::string& proc_addr) const {
   return remote_ && remote_->is_failed(proc_addr);
 }

@@ -81,6 +81,9 @@ struct Proc::Remote {
 
   std::mutex mu;
   std::unordered_map<std::string, std::shared_ptr<channel::Sender>> senders;
+  // Per link in `senders`: set by forget() before it closes the link, so that what comes back
+  // from it is dropped quietly (the peer is gone by design).
+  std::unordered_map<std::string, std::shared_ptr<std::atomic<bool>>> forgotten;  // guarded by mu
   struct PendingCall {
     ActorId dest;  // failed when the link to dest.proc closes (REM-1) or it is declared failed
     detail::ReplyHandler handler;
@@ -133,11 +136,14 @@ struct Proc::Remote {
     // A closed link (CH-4) is replaced: the peer may be back. Parse first, so a bad address
     // leaves no entry behind.
     auto target = channel::ChannelAddr::parse(addr);
-    auto s = channel::Sender::connect(
-        *io, target, opts,
-        [this, addr](channel::Message&& m, const std::string& why) { on_returned(std::move(m), addr, why); });
+    auto quiet = std::make_shared<std::atomic<bool>>(false);
+    auto s = channel::Sender::connect(*io, target, opts,
+                                      [this, addr, quiet](channel::Message&& m, const std::string& why) {
+                                        on_returned(std::move(m), addr, why, quiet->load());
+                                      });
     s->on_close([this, addr](const std::string& why) { on_link_closed(addr, why); });
     senders[addr] = s;
+    forgotten[addr] = std::move(quiet);
     return s;
   }
 
@@ -168,6 +174,7 @@ struct Proc::Remote {
         link = std::move(it->second);
         senders.erase(it);
       }
+      forgotten.erase(addr);
     }
     spdlog::warn("monarch: {}: proc {} declared failed ({}); {} pending calls fail", address, addr,
                  cause, lost.size());
@@ -175,6 +182,25 @@ struct Proc::Remote {
       call.handler(detail::RemoteResult{{}, std::make_exception_ptr(SupervisionError(call.dest, cause))});
     }
     if (link) link->close("proc " + addr + " declared failed: " + cause);
+  }
+  // Proc::forget_proc: `addr` is gone by design. Its link closes quietly; calls pending on it fail
+  // with DeliveryFailure (on_link_closed); what comes back from the link is dropped (on_returned).
+  void forget(const std::string& addr, const std::string& why) {
+    std::shared_ptr<channel::Sender> link;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      auto it = senders.find(addr);
+      if (it == senders.end()) return;
+      link = std::move(it->second);
+      senders.erase(it);
+      if (auto q = forgotten.find(addr); q != forgotten.end()) {
+        q->second->store(true);
+        forgotten.erase(q);
+      }
+    }
+    spdlog::debug("monarch: {}: forgetting proc {} ({})", address, addr, why);
+    link->close_quietly(why);
   }
   bool is_failed(const std::string& addr) {
     std::lock_guard lock(mu);
@@ -248,7 +274,8 @@ struct Proc::Remote {
   }
 
   // A message this Proc sent could not be delivered (channel failure: CH-3, CH-4).
-  void on_returned(channel::Message&& m, const std::string& to, const std::string& why) {
+  // `quiet`: the link was closed by forget(): the peer is gone by design.
+  void on_returned(channel::Message&& m, const std::string& to, const std::string& why, bool quiet) {
     {
       std::lock_guard lock(mu);
       if (closed) {  // this Proc is shutting down: its actors are gone; pending calls already failed
@@ -264,6 +291,17 @@ struct Proc::Remote {
       return;
     }
     DeliveryFailure f(h.dest, h.endpoint, why);
+    if (quiet) {
+      // REM-1 still holds for calls (one outcome); the rest is dropped: its receiver went away
+      // when asked to, so its sender learns nothing it did not ask for.
+      if ((h.kind == RemoteKind::Call || h.kind == RemoteKind::Lookup || h.kind == RemoteKind::Stop) &&
+          h.request_id != 0) {
+        if (auto r = take_pending(h.request_id)) r(detail::RemoteResult{{}, std::make_exception_ptr(f)});
+        return;
+      }
+      spdlog::debug("monarch: {}: message to forgotten proc {} dropped: {}", address, to, why);
+      return;
+    }
     bool spawn_or_send = h.kind == RemoteKind::Spawn || h.kind == RemoteKind::Send ||
                          h.kind == RemoteKind::PortSend;
     if (spawn_or_send && is_failed(h.dest.proc)) {
@@ -546,6 +584,7 @@ struct Proc::Remote {
       closed = true;
       left.swap(pending);
       links.swap(senders);
+      forgotten.clear();
     }
     listener.reset();
     links.clear();

@@ -323,6 +323,7 @@ struct InprocSender final : Sender {
   size_t pending() const override { return 0; }
   bool closed() const override { return is_closed; }
   const ChannelAddr& addr() const override { return target; }
+  void close_quietly(const std::string& why) override { close(why); }
   void close(const std::string& why) override {
     is_closed = true;
     std::function<void(const std::string&)> h;
@@ -793,7 +794,8 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   }
 
   // CH-4 / close(): returns every unacknowledged and queued message, in order.
-  void close_link(const std::string& why) {
+  // `quiet`: the peer is gone by design (close_quietly); what was undelivered is not news.
+  void close_link(const std::string& why, bool quiet = false) {
     std::deque<Pending> q, all;
     {
       std::lock_guard lock(mu);
@@ -808,8 +810,8 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     }
     for (auto& p : q) all.push_back(std::move(p));
     if (!all.empty()) {
-      spdlog::warn("channel to {}: link closed with {} message(s) undelivered: {}", addr.to_string(),
-                   all.size(), why);
+      spdlog::log(quiet ? spdlog::level::debug : spdlog::level::warn,
+                  "channel to {}: link closed with {} message(s) undelivered: {}", addr.to_string(), all.size(), why);
     }
     pending_count.store(0);
     if (sock) {
@@ -1098,6 +1100,10 @@ struct SocketSender final : Sender {
   void close(const std::string& reason) override {
     auto c = core;
     run_on_io(c->ctx, [c, reason] { c->close_link(reason); });
+  }
+  void close_quietly(const std::string& reason) override {
+    auto c = core;
+    run_on_io(c->ctx, [c, reason] { c->close_link(reason, /*quiet=*/true); });
   }
   void on_close(std::function<void(const std::string&)> f) override {
     std::string why;

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <random>
 
-#include "actor/remote_state.hpp"
 #include "monarch/mesh/cast.hpp"
 #include "monarch/mesh/process.hpp"
 #include "process_group.hpp"
@@ -41,23 +40,6 @@ std::string env_or(const char* key, const char* dflt) {
   return v != nullptr ? v : dflt;
 }
 
-// Closes this Proc's link to a proc that exited when asked to stop, so that a later shutdown does
-// not wait to flush messages it can never deliver (acks the proc did not send before exiting).
-// Failed procs go through Proc::declare_proc_failed instead. TODO(actor layer): a public
-// Proc::forget_proc(addr) would spare the mesh this internal include.
-void close_link(Proc& proc, const std::string& addr, const std::string& why) {
-  if (addr.empty()) return;
-  auto& r = proc.remote();
-  std::shared_ptr<channel::Sender> link;
-  {
-    std::lock_guard lock(r.mu);
-    auto it = r.senders.find(addr);
-    if (it == r.senders.end()) return;
-    link = it->second;
-  }
-  link->close(why);
-}
-
 // "unix://@x" -> "unix://@monarch-w-<pid>"; "tcp://H:P" -> "tcp://H".
 std::string worker_listen_base(const std::string& agent_addr) {
   if (agent_addr.starts_with("tcp://")) {
@@ -72,9 +54,10 @@ std::string worker_listen_base(const std::string& agent_addr) {
 // ---------------------------------------------------------------------------------------------
 // Actors
 
-void WorkerControl::stop_worker() {
+void WorkerControl::stop_worker(std::vector<std::string> stopping) {
   std::lock_guard lock(s_->mu);
   s_->stop = true;
+  s_->stopping = std::move(stopping);
   s_->cv.notify_all();
 }
 
@@ -102,8 +85,9 @@ void MeshController::log(uint64_t rank, int stream, std::string line) {
 HostAgent::HostAgent(std::string listen_base, std::shared_ptr<CallbackGate> gate)
     : listen_base_(std::move(listen_base)), gate_(std::move(gate)), incarnation_(std::random_device{}() | 1) {}
 
-std::vector<int64_t> HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> controller) {
-  std::vector<int64_t> pids;
+SpawnReply HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> controller) {
+  SpawnReply reply{incarnation_, {}};
+  auto& pids = reply.pids;
   const uint64_t target = gate_->add(controller);
   for (uint64_t i = 0; i < spec.count; ++i) {
     uint64_t rank = spec.first_rank + i;
@@ -133,7 +117,7 @@ std::vector<int64_t> HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> c
     };
     pids.push_back(ProcessHost::instance().spawn(child, std::move(on_line), std::move(on_exit)));
   }
-  return pids;
+  return reply;
 }
 
 bool HostAgent::kill(int64_t pid, int sig) {
@@ -182,6 +166,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<HostMeshState> h, std::string n, ndsl
     : hosts(std::move(h)), name(std::move(n)), extent(std::move(e)), per_host(ph), options(std::move(o)) {
   ranks.resize(extent.num_ranks());
   for (size_t r = 0; r < ranks.size(); ++r) ranks[r].host = r / per_host;
+  incarnations.resize(ranks.size() / per_host);
 }
 
 ProcessGroup::~ProcessGroup() {
@@ -227,20 +212,21 @@ void ProcessGroup::start() {
   spec.heartbeat_timeout_ms = t.heartbeat_timeout.count();
   spec.controller_name = controller_name;
   size_t num_hosts = ranks.size() / per_host;
-  std::vector<Future<std::vector<int64_t>>> spawned;
+  std::vector<Future<SpawnReply>> spawned;
   for (size_t h = 0; h < num_hosts; ++h) {
     spec.first_rank = h * per_host;
     spawned.push_back(hosts->agents[h].call(&HostAgent::spawn, spec, controller));
   }
   const auto deadline = Clock::now() + t.spawn_timeout;
   for (size_t h = 0; h < num_hosts; ++h) {
-    std::vector<int64_t> pids;
+    SpawnReply reply;
     std::string error;
     try {
-      pids = spawned[h].get(std::max(Clock::duration(0), deadline - Clock::now()));
+      reply = spawned[h].get(std::max(Clock::duration(0), deadline - Clock::now()));
     } catch (const std::exception& e) {
       error = e.what();
     }
+    const auto& pids = reply.pids;
     std::lock_guard lock(mu);
     if (!error.empty() || pids.size() != per_host) {
       std::vector<size_t> rs;
@@ -251,6 +237,7 @@ void ProcessGroup::start() {
       }
       continue;
     }
+    incarnations[h] = reply.incarnation;
     for (size_t i = 0; i < per_host; ++i) {
       auto& r = ranks[h * per_host + i];
       if (r.pid == 0) r.pid = pids[i];
@@ -390,16 +377,10 @@ void ProcessGroup::monitor_loop() {
     cv.wait_for(lock, tick, [&] { return closing || !pending.empty(); });
     if (closing) break;
     auto now = Clock::now();
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      if (ranks[r].st == St::Ready && now - ranks[r].last_heartbeat > t.heartbeat_timeout) {
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - ranks[r].last_heartbeat);
-        fail_locked(r, "no heartbeat for " + std::to_string(ms.count()) +
-                           " ms (heartbeat_timeout " + std::to_string(t.heartbeat_timeout.count()) +
-                           " ms): frozen or unreachable");
-      }
-    }
     // Agent liveness: a restarted agent answers with a new incarnation; a lost one not at all.
+    // Either way the procs it spawned died with it (PDEATHSIG).
     for (size_t h = 0; h < num_hosts; ++h) {
+      if (!incarnations[h]) continue;  // its spawn reply has not arrived yet
       std::string cause;
       if (!pings[h]) {
         pings[h] = hosts->agents[h].call(&HostAgent::incarnation);
@@ -407,19 +388,45 @@ void ProcessGroup::monitor_loop() {
       } else if (pings[h]->wait_for(0ms)) {
         try {
           uint64_t inc = pings[h]->get();
-          if (inc != hosts->incarnations[h]) cause = "host agent " + hosts->agent_addrs[h] + " restarted";
+          if (inc != *incarnations[h]) {
+            cause = "host agent " + hosts->agent_addrs[h] + " restarted; the procs it started died with it";
+          }
         } catch (const std::exception& e) {
-          cause = "host agent " + hosts->agent_addrs[h] + " unreachable: " + e.what();
+          cause = "host agent " + hosts->agent_addrs[h] + " lost (" + e.what() +
+                  "); the procs it started died with it";
         }
         pings[h].reset();
       } else if (now - ping_sent[h] > t.heartbeat_timeout) {
-        cause = "host agent " + hosts->agent_addrs[h] + " did not answer within heartbeat_timeout";
+        cause = "host agent " + hosts->agent_addrs[h] + " lost (no answer within heartbeat_timeout " +
+                std::to_string(t.heartbeat_timeout.count()) + " ms); the procs it started died with it";
         pings[h].reset();
       }
       if (cause.empty()) continue;
       for (size_t r = h * per_host; r < (h + 1) * per_host; ++r) {
         fail_locked(r, cause);
         ranks[r].exited = true;  // its procs died with it (PDEATHSIG); no exit report will come
+      }
+      incarnations[h].reset();  // nothing of ours left there to watch
+    }
+    // After the agents: when an agent died, its procs' heartbeats stop too; the cause is the agent.
+    // A silent proc whose agent has not answered for half the heartbeat_timeout either (an agent
+    // answers in ms) died with it; its last ping has not timed out only because it was sent
+    // after the proc's last heartbeat.
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      if (ranks[r].st == St::Ready && now - ranks[r].last_heartbeat > t.heartbeat_timeout) {
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - ranks[r].last_heartbeat);
+        const size_t h = ranks[r].host;
+        if (incarnations[h] && pings[h] && now - ping_sent[h] > t.heartbeat_timeout / 2) {
+          auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - ping_sent[h]);
+          fail_locked(r, "host agent " + hosts->agent_addrs[h] + " lost (no answer for " +
+                             std::to_string(silent.count()) + " ms, no heartbeat from the proc for " +
+                             std::to_string(ms.count()) + " ms); the procs it started died with it");
+          ranks[r].exited = true;  // no exit report will come from a dead agent
+          continue;
+        }
+        fail_locked(r, "no heartbeat for " + std::to_string(ms.count()) +
+                           " ms (heartbeat_timeout " + std::to_string(t.heartbeat_timeout.count()) +
+                           " ms): frozen or unreachable");
       }
     }
     if (t.log_window.count() > 0 && now - last_flush >= t.log_window) {
@@ -458,7 +465,9 @@ bool ProcessGroup::stop() {
   if (stopped) return true;
   stopped = true;
   std::vector<ActorRef<WorkerControl>> asked;
+  std::vector<std::string> stopping;  // every proc of this mesh: told to each, they forget each other
   for (auto& r : ranks) {
+    if (!r.addr.empty()) stopping.push_back(r.addr);
     if (r.st == St::Ready) {
       r.st = St::Stopping;
       asked.push_back(r.control);
@@ -469,7 +478,7 @@ bool ProcessGroup::stop() {
   }
   lock.unlock();
   // Every stop goes to each rank directly; a dead or frozen one does not delay the others.
-  for (auto& c : asked) (void)c.call(&WorkerControl::stop_worker);
+  for (auto& c : asked) (void)c.call(&WorkerControl::stop_worker, stopping);
   lock.lock();
   auto all_gone = [&] {
     return std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.exited || r.pid == 0; });
@@ -487,7 +496,10 @@ bool ProcessGroup::stop() {
     if (r.exited) dead.push_back(r.addr);
   }
   lock.unlock();
-  for (auto& a : dead) close_link(*hosts->client, a, "proc of mesh " + name + " exited");
+  // They exited when asked (or were killed by this stop): what they did not acknowledge is moot.
+  for (auto& a : dead) {
+    if (!a.empty()) hosts->client->forget_proc(a, "proc of mesh " + name + " stopped");
+  }
   if (monitor.joinable() && monitor.get_id() != std::this_thread::get_id()) monitor.join();
   return graceful;
 }
@@ -555,13 +567,17 @@ int run_worker(const WorkerSetup& setup) {
                  info.rank, e.what());
     quit(2);
   }
+  std::vector<std::string> stopping;  // procs stopped with this one
   while (true) {
     std::optional<std::string> failure;
     {
       std::unique_lock lock(shared->mu);
       shared->cv.wait_for(lock, interval, [&] { return shared->stop || shared->failure; });
       if (shared->failure) failure = shared->failure;
-      if (shared->stop && !failure) break;
+      if (shared->stop && !failure) {
+        stopping = shared->stopping;
+        break;
+      }
     }
     if (failure) report(*failure);
     bool wanted = false;
@@ -574,6 +590,10 @@ int run_worker(const WorkerSetup& setup) {
       quit(0);
     }
     if (!wanted) quit(0);
+  }
+  // Not under shared->mu: forget_proc waits for the channel I/O thread, which runs the fault hook.
+  for (const auto& peer : stopping) {
+    if (peer != proc.address()) proc.forget_proc(peer, "proc " + peer + " stopped with " + proc.address());
   }
   proc.shutdown(o.stop_timeout);
   return 0;

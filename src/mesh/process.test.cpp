@@ -17,6 +17,9 @@
 #include <optional>
 #include <set>
 
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
 #include "testing/mesh_failures.hpp"
 #include "monarch/mesh/process.hpp"
 #include "testing/subprocess.hpp"
@@ -36,6 +39,24 @@ namespace {
 
 using Failures = monarch::testing::FailureLog;
 using monarch::testing::all_dead;
+
+// Warnings and errors this (client) process logs; added to the default logger in main().
+struct WarningLog : spdlog::sinks::base_sink<std::mutex> {
+  std::vector<std::string> take() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(lines_, {});
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& m) override {
+    if (m.level >= spdlog::level::warn) lines_.emplace_back(m.payload.data(), m.payload.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::vector<std::string> lines_;
+};
+std::shared_ptr<WarningLog> g_warnings = std::make_shared<WarningLog>();
 
 struct Worker : monarch::Actor {
   explicit Worker(size_t rank) : rank_(rank) {}
@@ -124,6 +145,44 @@ TEST(ProcessMesh, SpawnsWorkersCallsThemAndStops) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   EXPECT_TRUE(all_dead(pids_of(procs), 5s));
   EXPECT_TRUE(procs.failed_ranks().empty());
+}
+
+// A requested stop is not a loss: neither the client nor the workers warn of messages the stopped
+// procs did not acknowledge (workers of a cast tree used to wait out their flush and then warn
+// "reply ... lost: delivery timeout" for replies to a parent comm proc that stopped first).
+TEST(ProcessMesh, ANormalStopIsQuietAndQuick) {
+  std::mutex mu;
+  std::vector<std::string> worker_lines;
+  SpawnOptions so;
+  so.log_sink = [&](const LogRecord& r) {
+    std::lock_guard lock(mu);
+    worker_lines.push_back(r.to_string());
+  };
+  auto host = monarch::mesh::this_host(fast());
+  // Acks travel every few ms, so a loss shows only when the stop follows the last cast closely:
+  // several rounds, each stopping right after its casts.
+  for (int round = 0; round < 6; ++round) {
+    so.name = "quiet" + std::to_string(round);
+    auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+    auto pids = pids_of(procs);
+    auto workers = procs.lookup<Worker>("worker");
+    auto spawned = procs.spawn<Worker>("more", Extent{{"actors", 8}}, size_t{5});
+    g_warnings->take();
+    // Casts through the tree (workers forward to and reply to each other), then stop at once.
+    EXPECT_EQ(spawned.reduce(monarch::mesh::Sum{}, &Worker::rank).get(10s), 4u * 8u * 5u);
+    EXPECT_EQ(workers.slice("gpus", Range(1, 4)).call(&Worker::rank).get(10s)[2], 3u);
+    EXPECT_EQ(workers.call(&Worker::rank).get(10s)[3], 3u);
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(procs.stop());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);  // no flush waits on stopped peers
+    EXPECT_TRUE(all_dead(pids, 5s));
+    for (const auto& w : g_warnings->take()) ADD_FAILURE() << "round " << round << ": client logged: " << w;
+  }
+  std::lock_guard lock(mu);  // a worker's lines arrive before its exit (PH-2), so all are here
+  for (const auto& l : worker_lines) {
+    EXPECT_EQ(l.find("[warning]"), std::string::npos) << l;
+    EXPECT_EQ(l.find("[error]"), std::string::npos) << l;
+  }
 }
 
 struct Fault {
@@ -378,9 +437,68 @@ TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
   for (auto& f : failures.got) failed.insert(f.ranks.begin(), f.ranks.end());
   lock.unlock();
   EXPECT_EQ(failed, (std::set<size_t>{2, 3}));
+  for (auto& f : failures.snapshot()) EXPECT_THAT(f.cause, HasSubstr("host agent " + a1 + " lost"));
   EXPECT_EQ(workers.slice("hosts", 0).call(&Worker::rank).get(10s)[1], 1u);
+  auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(procs.stop());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, fast().timeouts.stop_timeout);  // not waiting on the dead
   EXPECT_TRUE(all_dead(pids, 5s));
+}
+
+// PH-3: the agent is killed (-9) and a new one serves the same address. The client must not take
+// the new agent for the old one: the old procs died with their agent (PDEATHSIG) and become one
+// MeshFailure per rank whose cause names the agent, calls pending on them fail with
+// SupervisionError, and the restarted agent serves a new mesh.
+TEST(ProcessMesh, AnAgentRestartFailsItsProcsAndTheNewAgentServes) {
+  const std::string addr = "unix://@monarch-agent-restart-" + std::to_string(::getpid());
+  std::optional<monarch::testing::Subprocess> agent;
+  agent.emplace(MONARCH_CLI, std::vector<std::string>{"agent", "--listen", addr});
+  ASSERT_EQ(agent->listening(), addr);
+  auto hosts = monarch::mesh::attach_to_workers({addr}, fast());
+  Failures failures;
+  SpawnOptions so;
+  so.name = "restarted";
+  so.on_failure = failures.handler();
+  auto procs = hosts.spawn_procs(Extent{{"gpus", 2}}, so);
+  auto workers = procs.lookup<Worker>("worker");
+  ASSERT_EQ(workers.call(&Worker::rank).get(10s)[1], 1u);
+  auto pids = pids_of(procs);
+  auto pending = procs.slice("gpus", 1).lookup<Blocker>("blocker").call_one(&Blocker::freeze);
+
+  agent->kill(SIGKILL);
+  EXPECT_TRUE(all_dead(pids, 5s)) << "a worker outlived its agent";
+  agent.emplace(MONARCH_CLI, std::vector<std::string>{"agent", "--listen", addr});
+  ASSERT_EQ(agent->listening(), addr);
+
+  ASSERT_TRUE(failures.wait(2, 10s)) << "the agent restart was not detected";
+  std::set<size_t> failed;
+  for (const MeshFailure& f : failures.snapshot()) {
+    EXPECT_EQ(f.mesh, "restarted");
+    EXPECT_THAT(f.cause, ::testing::AnyOf(HasSubstr("host agent " + addr + " restarted"),
+                                          HasSubstr("host agent " + addr + " lost")));
+    EXPECT_THAT(f.cause, HasSubstr("the procs it started died with it"));
+    failed.insert(f.ranks.begin(), f.ranks.end());
+  }
+  EXPECT_EQ(failed, (std::set<size_t>{0, 1}));
+  EXPECT_THAT(procs.failed_ranks(), ElementsAre(0u, 1u));
+  EXPECT_THROW(pending.get(10s), monarch::SupervisionError);
+  EXPECT_THROW(workers.call(&Worker::rank).get(10s), monarch::SupervisionError);
+  auto t0 = std::chrono::steady_clock::now();
+  procs.stop();  // every rank failed already: nothing to wait for
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, fast().timeouts.stop_timeout);
+  EXPECT_EQ(failures.snapshot().size(), 2u);  // each rank reported once
+
+  // The restarted agent serves the same HostMesh; its procs are not taken for old ones.
+  Failures later;
+  SpawnOptions again;
+  again.name = "after-restart";
+  again.on_failure = later.handler();
+  auto fresh = hosts.spawn_procs(Extent{{"gpus", 2}}, again);
+  EXPECT_EQ(fresh.lookup<Worker>("worker").call(&Worker::rank).get(10s)[1], 1u);
+  EXPECT_FALSE(later.wait(1, 3 * fast().timeouts.heartbeat_interval)) << later.snapshot().front().to_string();
+  auto fresh_pids = pids_of(fresh);
+  EXPECT_TRUE(fresh.stop());
+  EXPECT_TRUE(all_dead(fresh_pids, 5s));
 }
 
 // A client in a child process: spawns 3 workers, prints their pids, then ends as told.
@@ -487,6 +605,7 @@ TEST(ProcTimeouts, ValidateNamesTheKey) {
 int main(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv, worker_setup);  // a worker never returns from here
   if (const char* mode = std::getenv("MONARCH_TEST_CLIENT")) return run_client(mode);
+  spdlog::default_logger()->sinks().push_back(g_warnings);  // before any thread logs
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

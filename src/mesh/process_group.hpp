@@ -1,15 +1,16 @@
 // Internal: the actors of the agent protocol and the client-side state of one process mesh.
 //
 // Protocol (all messages are actor calls over the existing remote-actor layer):
-//   client -> agent   HostAgent::spawn(spec, controller) -> pids; HostAgent::kill(pid, sig);
-//                     HostAgent::incarnation() (pinged every heartbeat_interval: a restart or a
-//                     lost agent fails that host's ranks)
+//   client -> agent   HostAgent::spawn(spec, controller) -> {incarnation, pids};
+//                     HostAgent::kill(pid, sig); HostAgent::incarnation() (pinged every
+//                     heartbeat_interval: an answer other than the incarnation that spawned a
+//                     mesh's procs (a restart), or none (a lost agent), fails that host's ranks)
 //   agent -> client   MeshController::exited(rank, code, signal, core) at once on exit (pidfd);
 //                     MeshController::log(rank, stream, line)
 //   worker -> client  MeshController::ready(rank, addr, pid, control, comm); heartbeat(rank) every
 //                     heartbeat_interval (false = you were declared failed: exit);
 //                     actor_failed(rank, report) before exiting on an unhandled actor failure
-//   client -> worker  WorkerControl::stop()
+//   client -> worker  WorkerControl::stop_worker(addresses of the procs stopped with it)
 // Outside actors only calls are used (never send): an undeliverable send would reach the sending
 // Proc's fault hook, which fails fast; a call's failure just completes its future.
 #pragma once
@@ -51,6 +52,16 @@ struct SpawnSpec {
   }
 };
 
+/// What HostAgent::spawn answers: the agent's incarnation (the procs die with it) and their pids.
+struct SpawnReply {
+  uint64_t incarnation = 0;
+  std::vector<int64_t> pids;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(incarnation, pids);
+  }
+};
+
 /// The worker's control actor (registered as "monarch.worker").
 class WorkerControl : public Actor {
  public:
@@ -58,10 +69,14 @@ class WorkerControl : public Actor {
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false;
+    std::vector<std::string> stopping;  // procs stopped with this one (stop_worker)
     std::optional<std::string> failure;  // an unhandled actor failure to report
   };
   explicit WorkerControl(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
-  void stop_worker();
+  /// The owner stops this proc and `stopping` (its mesh's procs) with it: messages between them
+  /// that are still unacknowledged are moot, so the worker forgets those procs (Proc::forget_proc)
+  /// before it shuts down instead of waiting for acks or warning of their loss.
+  void stop_worker(std::vector<std::string> stopping);
   MONARCH_ENDPOINTS(WorkerControl, stop_worker)
 
  private:
@@ -120,7 +135,7 @@ class HostAgent : public Actor {
  public:
   /// `listen_base`: workers listen on "<base>-<n>" (unix) or "<base>:0" (tcp).
   HostAgent(std::string listen_base, std::shared_ptr<CallbackGate> gate);
-  std::vector<int64_t> spawn(SpawnSpec spec, ActorRef<MeshController> controller);
+  SpawnReply spawn(SpawnSpec spec, ActorRef<MeshController> controller);
   bool kill(int64_t pid, int sig);
   uint64_t incarnation() const { return incarnation_; }
   MONARCH_ENDPOINTS(HostAgent, spawn, kill, incarnation)
@@ -138,7 +153,7 @@ struct HostMeshState {
   ndslice::Extent extent;                 // {} or {hosts: N}
   std::vector<ActorRef<HostAgent>> agents;
   std::vector<std::string> agent_addrs;   // "embedded" for this_host()
-  std::vector<uint64_t> incarnations;
+  std::vector<uint64_t> incarnations;     // at attach (spawns record their own: ProcessGroup)
   std::shared_ptr<CallbackGate> gate = std::make_shared<CallbackGate>();  // embedded agent's
   std::mutex groups_mu;                  // groups, fault_hook
   std::vector<ProcessGroup*> groups;     // live process meshes on these hosts
@@ -188,6 +203,9 @@ struct ProcessGroup {
   mutable std::mutex mu;
   std::condition_variable cv;
   std::vector<Rank> ranks;
+  // Per host: the incarnation of the agent that spawned our procs there (from its spawn reply);
+  // unset until that reply arrives. The monitor pings only hosts whose incarnation is known.
+  std::vector<std::optional<uint64_t>> incarnations;
   bool started = false;   // failures before this are start errors, not MeshFailures
   bool stopped = false;
   bool closing = false;   // monitor thread exits

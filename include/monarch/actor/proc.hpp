@@ -127,6 +127,16 @@ class Proc {
   void declare_proc_failed(const std::string& proc_addr, const std::string& cause);
   /// Whether declare_proc_failed(proc_addr, ...) was called.
   bool proc_failed(const std::string& proc_addr) const;
+  /// The Proc at `proc_addr` is gone by design (it exited, or is exiting, because it was asked to
+  /// stop): closes this Proc's link to it without warnings, so that neither a later shutdown nor
+  /// the channel's delivery_timeout waits on messages it will never acknowledge. Messages to it
+  /// not yet acknowledged are dropped with a debug log (sends and spawns are not bounced to their
+  /// senders); calls, lookups and remote stops pending on it fail with DeliveryFailure ("link to
+  /// proc closed: <why>"). Unlike declare_proc_failed the address is not barred: a later message
+  /// opens a new link. For a proc that crashed or froze use declare_proc_failed. `why` appears in
+  /// the debug log and in those DeliveryFailures. Any thread; never blocks on the network; throws
+  /// nothing; no-op when this Proc does not listen or has no link to `proc_addr`.
+  void forget_proc(const std::string& proc_addr, const std::string& why);
 
   /// A ref to the actor registered as `name` (register_name) in the Proc serving `proc_addr`.
   /// The future fails with DeliveryFailure if that Proc cannot be reached, or UsageError if it

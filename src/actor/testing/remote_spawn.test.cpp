@@ -461,6 +461,32 @@ TEST(RemoteSpawn, DeclareProcFailedFailsPendingCalls) {
   EXPECT_THROW(client.lookup_remote<Recorder>(w.addr, "x").get(1s), monarch::SupervisionError);
 }
 
+// Proc::forget_proc: a proc gone by design. Calls pending on it fail with DeliveryFailure naming
+// why (REM-1: one outcome each), nothing reaches the fault hook, and the address is not barred:
+// a later call opens a new link.
+TEST(RemoteSpawn, ForgetProcFailsPendingCallsAndDoesNotBarTheAddress) {
+  Worker w;
+  Proc client(listening("client"));
+  std::atomic<int> hook_calls{0};
+  client.set_fault_hook([&](const ActorSupervisionEvent&) { ++hook_calls; });
+  auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
+  auto b = client.spawn_remote<Recorder>(w.addr, "b", "b", 0);
+  EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
+  EXPECT_EQ(b.call(&Recorder::all).get(10s).size(), 1u);
+  auto frozen = a.call(&Recorder::freeze);
+  EXPECT_FALSE(frozen.wait_for(20ms));
+  auto t0 = std::chrono::steady_clock::now();
+  client.forget_proc(w.addr, "test: stopped by design");
+  auto e = expect_throws<monarch::DeliveryFailure>([&] { frozen.get(5s); });
+  EXPECT_THAT(e.what(), HasSubstr("test: stopped by design"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // not the channel's delivery_timeout
+  EXPECT_FALSE(client.proc_failed(w.addr));
+  client.forget_proc(w.addr, "again");       // no link now: a no-op
+  client.forget_proc("unix://@nobody", "x");  // never linked: a no-op
+  EXPECT_EQ(b.call(&Recorder::all).get(10s).size(), 1u);  // a new link to the same proc
+  EXPECT_EQ(hook_calls.load(), 0);
+}
+
 // kill -9 of the worker with calls pending: they fail (DeliveryFailure once the link gives up,
 // or SupervisionError as soon as the proc is declared failed) -- none hangs.
 TEST(RemoteSpawn, KilledWorkerFailsPendingCalls) {
