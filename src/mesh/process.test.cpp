@@ -315,6 +315,27 @@ TEST(ProcessMesh, ACastRightAfterSpawnReachesEveryNewActor) {
   EXPECT_TRUE(procs.stop());
 }
 
+// CAST-11 from inside an actor: a handler that spawns, casts and blocks on the reply must not
+// wait on itself (the fence once waited for a continuation queued to that very actor).
+struct Spawner : monarch::Actor {
+  explicit Spawner(monarch::mesh::HostMesh* host) : host_(host) {}
+  size_t spawn_and_cast() {
+    auto procs = host_->spawn_procs(Extent{{"gpus", 2}}, SpawnOptions{.name = "inner"});
+    auto workers = procs.spawn<Worker>("inner", size_t{5});
+    auto ranks = workers.call(&Worker::rank).get(10s);
+    procs.stop();
+    return ranks[0] + ranks[1];
+  }
+  MONARCH_ENDPOINTS(Spawner, spawn_and_cast)
+  monarch::mesh::HostMesh* host_;
+};
+
+TEST(ProcessMesh, AHandlerThatSpawnsCastsAndWaitsDoesNotWaitOnItself) {
+  auto host = monarch::mesh::this_host(fast());
+  auto spawner = host.client().spawn<Spawner>("spawner", &host);
+  EXPECT_EQ(spawner.call(&Spawner::spawn_and_cast).get(20s), 10u);
+}
+
 TEST(ProcessMesh, UnhandledFailureGoesToTheClientFaultHook) {
   auto host = monarch::mesh::this_host(fast());
   std::promise<std::string> report;

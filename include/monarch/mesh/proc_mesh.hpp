@@ -129,8 +129,10 @@ class ProcMesh {
           members[g * k + a] = client().template spawn_remote<A>(address(i), name, args...).id();
         }
         try {
+          // Not lookup_remote: its then() would run in the calling actor, which may be blocked
+          // waiting for this very cast (a handler that spawns, casts and get()s).
           client()
-              .template lookup_remote<CommActor>(address(i), kCommActorName)
+              .remote_lookup_id(address(i), kCommActorName, monarch::detail::demangle(typeid(CommActor).name()))
               .on_complete([fence](auto&) { fence->arrive(); });
         } catch (...) {
           fence->arrive();  // the cast then fails on its own (DeliveryFailure, SupervisionError)
