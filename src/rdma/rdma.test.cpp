@@ -6,25 +6,15 @@
 
 #include "monarch/config/config.hpp"
 #include "monarch/rdma/rdma.hpp"
+#include "rdma/testing/expect.hpp"
 #include "rdma/testing/pattern.hpp"
 
 using namespace monarch::rdma;
 namespace pat = monarch::rdma::testing;
 using namespace std::chrono_literals;
+using monarch::rdma::testing::expect_rdma_error;
 
 namespace {
-
-template <class F>
-RdmaError expect_rdma_error(F&& f, RdmaErrc code) {
-  try {
-    f();
-  } catch (const RdmaError& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    return e;
-  }
-  ADD_FAILURE() << "expected RdmaError(" << errc_name(code) << ")";
-  return RdmaError(code, "");
-}
 
 std::vector<std::byte> pattern(size_t n, uint64_t seed) {
   std::vector<std::byte> v(n);

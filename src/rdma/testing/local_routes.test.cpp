@@ -11,12 +11,14 @@
 
 #include "monarch/config/config.hpp"
 #include "monarch/rdma/rdma.hpp"
+#include "rdma/testing/expect.hpp"
 #include "rdma/testing/pattern.hpp"
 #include "rdma/testing/peers.hpp"
 
 using namespace monarch::rdma;
 namespace pat = monarch::rdma::testing;
 using namespace std::chrono_literals;
+using monarch::rdma::testing::expect_rdma_error;
 using monarch::rdma::testing::EnvFor;
 using monarch::rdma::testing::Owner;
 using monarch::rdma::testing::peer_line;
@@ -39,18 +41,6 @@ class LocalRoutes : public ::testing::Test {
  protected:
   LocalRoutesSetting on_{true};
 };
-
-template <class F>
-RdmaError expect_error(F&& f, RdmaErrc code) {
-  try {
-    f();
-  } catch (const RdmaError& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    return e;
-  }
-  ADD_FAILURE() << "expected RdmaError(" << errc_name(code) << ")";
-  return RdmaError(code, "");
-}
 
 std::string backend_route() { return active_backend(); }
 
@@ -130,9 +120,9 @@ TEST_F(LocalRoutes, DropThenReadOrWriteFailsWithDroppedOnEachRoute) {  // RD-3
     owner.handle.read_into(dst).get(10s);  // the route is set up (shm: mapped and cached)
     owner.handle.write_from(src).get(10s);
     EXPECT_EQ(owner.ask("drop"), "DROPPED");
-    auto e = expect_error([&] { owner.handle.read_into(dst).get(10s); }, RdmaErrc::Dropped);
+    auto e = expect_rdma_error([&] { owner.handle.read_into(dst).get(10s); }, RdmaErrc::Dropped);
     EXPECT_NE(std::string(e.what()).find("peer-buffer"), std::string::npos) << e.what();
-    expect_error([&] { owner.handle.write_from(src).get(10s); }, RdmaErrc::Dropped);
+    expect_rdma_error([&] { owner.handle.write_from(src).get(10s); }, RdmaErrc::Dropped);
     // A process that never mapped it (shm: the memfd is closed) gets the same answer.
     EXPECT_TRUE(peer_line({"read-route", pat::to_hex(owner.handle), "0", "10"}).starts_with(
         "ERROR " + std::to_string(static_cast<int>(RdmaErrc::Dropped))));
@@ -188,10 +178,10 @@ TEST_F(LocalRoutes, OutOfBoundsIsCheckedAgainstTheOwnersLength) {  // RD-4
     RdmaHandle lying = owner.handle;
     lying.length = 1 << 20;  // claims more than the owner registered
     std::vector<std::byte> dst(100);
-    auto e = expect_error([&] { lying.read_into(dst, 8000).get(10s); }, RdmaErrc::OutOfBounds);
+    auto e = expect_rdma_error([&] { lying.read_into(dst, 8000).get(10s); }, RdmaErrc::OutOfBounds);
     EXPECT_NE(std::string(e.what()).find("offset 8000"), std::string::npos) << e.what();
-    expect_error([&] { lying.write_from(dst, 4000).get(10s); }, RdmaErrc::OutOfBounds);
-    expect_error([&] { owner.handle.read_into(dst, 4000).get(10s); }, RdmaErrc::OutOfBounds);
+    expect_rdma_error([&] { lying.write_from(dst, 4000).get(10s); }, RdmaErrc::OutOfBounds);
+    expect_rdma_error([&] { owner.handle.read_into(dst, 4000).get(10s); }, RdmaErrc::OutOfBounds);
     EXPECT_EQ(owner.sum(0, 4096), pat::pattern_checksum(4096, 24));  // nothing written
   }
 }
