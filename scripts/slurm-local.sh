@@ -35,12 +35,30 @@ running() {  # pid -> 0 while it exists and is not a zombie
   [ -d "/proc/$1" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
 }
 
-pid_alive() {  # pidfile name -> 0 when that daemon runs
-  local f=$DIR/$1.pid
-  [ -s "$f" ] || return 1
-  local p; p=$(cat "$f")
-  # Not a zombie: daemons reparented to an init that does not reap stay as zombies.
-  grep -q "$1" "/proc/$p/comm" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$p/status" 2>/dev/null
+daemon_pid() {  # daemon name -> prints its pid and returns 0 while that daemon of this cluster runs
+  # The pidfile first: slurmd and slurmctld write it only after they daemonize and load their
+  # plugins, some milliseconds after the command that started them has returned. Until then,
+  # find the daemon by its command line, which names this cluster's config.
+  local f=$DIR/$1.pid p
+  if [ -s "$f" ]; then
+    p=$(cat "$f")
+    # Not a zombie: daemons reparented to an init that does not reap stay as zombies.
+    if grep -qx "$1" "/proc/$p/comm" 2>/dev/null && running "$p"; then echo "$p"; return 0; fi
+  fi
+  for p in $(pgrep -x "$1" 2>/dev/null || true); do
+    if tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -qxF "$CONF" && running "$p"; then
+      echo "$p"; return 0
+    fi
+  done
+  return 1
+}
+
+pid_alive() { daemon_pid "$1" >/dev/null; }
+
+died() {  # daemon name -> exits with the reason and the end of that daemon's log
+  echo "slurm-local: $1 exited; the end of $DIR/log/$1.log:" >&2
+  tail -n 20 "$DIR/log/$1.log" >&2 2>/dev/null || echo "(no log)" >&2
+  exit 1
 }
 
 write_conf() {
@@ -114,7 +132,7 @@ start() {
   local end=$(( $(date +%s) + DEADLINE_S ))
   until scontrol ping 2>/dev/null | grep -q 'is UP'; do
     [ "$(date +%s)" -lt "$end" ] || die "slurmctld not answering after ${DEADLINE_S}s; see $DIR/log/slurmctld.log"
-    pid_alive slurmctld || die "slurmctld exited; see $DIR/log/slurmctld.log"
+    pid_alive slurmctld || died slurmctld
     sleep 0.2
   done
   slurmd -N localhost -f "$CONF" || die "slurmd failed to start; see $DIR/log/slurmd.log"
@@ -126,7 +144,7 @@ start() {
       scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true
     fi
     [ "$(date +%s)" -lt "$end" ] || die "node localhost is '${s:-unknown}' after ${DEADLINE_S}s (want idle); see $DIR/log/slurmd.log"
-    pid_alive slurmd || die "slurmd exited; see $DIR/log/slurmd.log"
+    pid_alive slurmd || died slurmd
     sleep 0.2
   done
   echo "slurm-local: up, node localhost $s, state under $DIR" >&2
@@ -136,9 +154,8 @@ start() {
 stop_daemons() {  # [quiet]: stop whatever runs, wait until gone
   local d p any=0
   for d in slurmd slurmctld; do
-    if pid_alive "$d"; then
+    if p=$(daemon_pid "$d"); then
       any=1
-      p=$(cat "$DIR/$d.pid")
       kill -TERM "$p" 2>/dev/null || true
       for _ in $(seq 1 30); do running "$p" || break; sleep 0.1; done  # 3 s, then SIGKILL
       if running "$p"; then kill -KILL "$p" 2>/dev/null || true; fi
@@ -176,9 +193,9 @@ stop() {
 }
 
 status() {
-  local rc=0
+  local rc=0 p
   for d in slurmctld slurmd; do
-    if pid_alive "$d"; then echo "$d: running (pid $(cat "$DIR/$d.pid"))"; else echo "$d: not running"; rc=1; fi
+    if p=$(daemon_pid "$d"); then echo "$d: running (pid $p)"; else echo "$d: not running"; rc=1; fi
   done
   if [ $rc -eq 0 ]; then
     echo "node localhost: $(node_state)"
