@@ -15,6 +15,8 @@
 //       the shm data, every page warm for both; each value is the best of 3 interleaved rounds. The ratio to memcpy is printed on stderr and by
 //       scripts/bench-report.py.
 //
+// BENCH_RDMA_ONLY=ucx|channel|local runs one group of rows with its peers.
+//
 // Roles (this binary re-executed): no arguments = driver; `--client BACKEND` measures one backend
 // (MONARCH_RDMA_BACKEND is set for it); `--client local` the same-host routes; `--owner SIZE
 // [alloc]` registers SIZE bytes (alloc: RdmaBuffer::allocate) and prints its handle.
@@ -325,13 +327,23 @@ int main(int argc, char** argv) {
     return role_owner(std::stoull(argv[2]), argc == 4 && std::string(argv[3]) == "alloc");
   }
   if (role == "--client" && argc == 3) return role_client(argv[2]);
+  // BENCH_RDMA_ONLY=ucx|channel|local runs one backend's rows and their peers.
+  const char* only_env = std::getenv("BENCH_RDMA_ONLY");
+  std::string only = only_env != nullptr ? only_env : "";
+  if (!only.empty() && only != "ucx" && only != "channel" && only != "local") {
+    std::fprintf(stderr, "bench_rdma: BENCH_RDMA_ONLY=%s: expected ucx, channel or local\n", only.c_str());
+    return 2;
+  }
+  auto want = [&](const char* b) { return only.empty() || only == b; };
 #ifdef MONARCH_HAVE_UCX
-  run_client("ucx");
-  perftest_peer();
+  if (want("ucx")) {
+    run_client("ucx");
+    perftest_peer();
+  }
 #endif
-  run_client("channel");
-  run_client("local");
-  memcpy_peer();
-  raw_socket_peer();
+  if (want("channel")) run_client("channel");
+  if (want("local")) run_client("local");
+  if (want("ucx") || want("channel")) memcpy_peer();
+  if (want("channel")) raw_socket_peer();
   return 0;
 }
