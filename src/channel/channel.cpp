@@ -312,7 +312,7 @@ struct InprocSender final : Sender {
         if (auto l = it->second.lock()) h = l->handler;
       }
     }
-    for (auto& sp : m.shared_parts) m.parts.push_back(sp ? *sp : Bytes{});  // receivers own parts
+    for (auto& sp : m.shared_parts) m.parts.emplace_back(sp.bytes.begin(), sp.bytes.end());  // receivers own parts
     m.shared_parts.clear();
     std::string why = is_closed ? "link closed" : "no inproc listener named '" + target.name + "'";
     asio::post(ctx, [h, m = std::move(m), fail = on_failure, why]() mutable {
@@ -463,7 +463,7 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
           size_t n = co_await c->sock.async_read_some(asio::buffer(buf), use_awaitable);
           dec.feed(std::span<const std::byte>(buf.data(), n));
         }
-        while (auto f = dec.next()) on_frame(*c, std::move(*f));
+        while (auto f = dec.next()) on_frame(*c, std::move(*f), dec);
       }
     } catch (const wire::FrameError& e) {
       rejected.fetch_add(1);
@@ -478,7 +478,7 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
     drop(c);
   }
 
-  void on_frame(Conn& c, wire::Frame&& f) {
+  void on_frame(Conn& c, wire::Frame&& f, wire::FrameDecoder& dec) {
     switch (f.header.kind) {
       case FrameKind::Data: {
         SessionState& ss = *c.state;
@@ -492,7 +492,9 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
                                  " after " + std::to_string(ss.last_delivered));
         }
         ss.last_delivered = f.header.seq;
-        handler(Message{std::move(f.parts)});
+        Message m{std::move(f.parts)};
+        handler(std::move(m));
+        for (auto& p : m.parts) dec.recycle(std::move(p));  // parts the handler did not keep
         if (++c.since_ack >= opt.ack_every) {
           c.ack_timer.expires_at(Clock::time_point::min());
         } else if (!c.ack_armed) {
@@ -743,7 +745,7 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   bool write_direct(Message&& m, Clock::time_point now) {
     uint64_t seq = next_seq++;
     direct_spans.clear();
-    m.for_each_part([&](const Bytes& part) { direct_spans.emplace_back(part.data(), part.size()); });
+    m.for_each_part([&](std::span<const std::byte> part) { direct_spans.push_back(part); });
     direct_prefix.clear();
     wire::encode_prefix(header(FrameKind::Data, session, process_incarnation(), seq), direct_spans,
                         direct_prefix);
@@ -1050,11 +1052,11 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
         if (p.seq <= upto) continue;
         if (bytes > kMaxBatchBytes || segs.size() > 900) break;
         spans.clear();
-        p.msg.for_each_part([&](const Bytes& part) { spans.emplace_back(part.data(), part.size()); });
+        p.msg.for_each_part([&](std::span<const std::byte> part) { spans.push_back(part); });
         size_t from = batch.size();
         wire::encode_prefix(header(FrameKind::Data, session, process_incarnation(), p.seq), spans,
                             batch);
-        p.msg.for_each_part([&](const Bytes& part) {
+        p.msg.for_each_part([&](std::span<const std::byte> part) {
           if (part.size() < kDirectPart) {
             batch.insert(batch.end(), part.begin(), part.end());
             return;

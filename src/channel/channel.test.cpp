@@ -147,18 +147,29 @@ TEST(Channel, SharedPartsArriveAfterOwnedPartsAndAreReleasedOnceAcknowledged) {
     auto l = Listener::serve(io, ChannelAddr::parse(addr), opts(), inbox.handler());
     auto s = Sender::connect(io, l->bound_addr(), opts(), nullptr);
     auto payload = std::make_shared<const Bytes>(Bytes(3u << 20, std::byte{0x5a}));
-    for (int i = 0; i < 4; ++i) s->send(Message{{bytes("m" + std::to_string(i))}, {payload, nullptr}});
+    // Borrowed memory: a region of a buffer the channel does not own, kept valid by a lease.
+    std::vector<std::byte> region(1u << 20);
+    for (size_t i = 0; i < region.size(); ++i) region[i] = static_cast<std::byte>(i * 7);
+    auto lease = std::make_shared<int>(0);
+    for (int i = 0; i < 4; ++i) {
+      s->send(Message{{bytes("m" + std::to_string(i))},
+                      {SharedPart(payload), SharedPart(std::shared_ptr<const Bytes>()),
+                       SharedPart(lease, std::span<const std::byte>(region).subspan(i))}});
+    }
     ASSERT_TRUE(inbox.wait_for_count(4, 20s)) << addr;
     for (size_t i = 0; i < 4; ++i) {
       auto m = inbox.take(i);
-      ASSERT_EQ(m.parts.size(), 3u);
+      ASSERT_EQ(m.parts.size(), 4u);
       EXPECT_EQ(text(m.parts[0]), "m" + std::to_string(i));
       EXPECT_TRUE(m.parts[1] == *payload);
       EXPECT_TRUE(m.parts[2].empty());  // a null shared part arrives as an empty part
+      EXPECT_TRUE(std::equal(m.parts[3].begin(), m.parts[3].end(), region.begin() + static_cast<long>(i),
+                             region.end()));
     }
-    // The sender holds the shared buffer only until the receiver acknowledged it.
+    // The sender holds the shared buffer and the lease only until the receiver acknowledged them.
     ASSERT_TRUE(monarch::channel::testing::wait_until([&] { return s->pending() == 0; }, 10s));
     EXPECT_EQ(payload.use_count(), 1) << addr;
+    EXPECT_EQ(lease.use_count(), 1) << addr;
   }
 }
 

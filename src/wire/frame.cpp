@@ -184,7 +184,7 @@ std::size_t FrameDecoder::absorb(std::span<const std::byte> bytes) {
       continue;
     }
     if (used == bytes.size()) break;
-    if (part.size() != len) part.resize(len);  // allocated when its first byte arrives
+    if (part.size() != len) place(part, len);  // allocated when its first byte arrives
     const std::size_t n = std::min(len - direct_off_, bytes.size() - used);
     std::memcpy(part.data() + direct_off_, bytes.data() + used, n);
     direct_off_ += n;
@@ -200,8 +200,29 @@ std::span<std::byte> FrameDecoder::direct_buffer() {
   if (direct_complete()) return {};
   auto& part = direct_->parts[direct_part_];
   const std::size_t len = direct_lens_[direct_part_];
-  if (part.size() != len) part.resize(len);
+  if (part.size() != len) place(part, len);
   return {part.data() + direct_off_, len - direct_off_};
+}
+
+void FrameDecoder::place(std::vector<std::byte>& part, std::size_t len) {
+  if (part.capacity() < len) {
+    for (std::size_t i = 0; i < spares_.size(); ++i) {
+      if (spares_[i].capacity() < len) continue;
+      spare_bytes_ -= spares_[i].capacity();
+      part.swap(spares_[i]);
+      spares_.erase(spares_.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
+  part.resize(len);
+}
+
+void FrameDecoder::recycle(std::vector<std::byte>&& part) {
+  const std::size_t cap = part.capacity();
+  if (cap < limits_.direct_min_bytes || spare_bytes_ + cap > kMaxSpareBytes) return;
+  part.clear();
+  spare_bytes_ += cap;
+  spares_.push_back(std::move(part));
 }
 
 void FrameDecoder::commit_direct(std::size_t n) {

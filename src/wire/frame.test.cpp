@@ -340,5 +340,51 @@ TEST(Frame, LargeFramesAreAssembledInPlace) {
   EXPECT_EQ(d.buffered(), 0u);
 }
 
+TEST(Frame, RecycledPartsAreReusedForLaterLargeParts) {
+  // Frames with one large part each, read as the channel reads them; each part handed back with
+  // recycle() once "handled". Later parts of the same or a smaller size land in that memory.
+  auto run = [](FrameDecoder& d, std::span<const std::byte> payload) {
+    std::vector<std::span<const std::byte>> parts{payload};
+    auto stream = encode_frame(FrameHeader{}, parts);
+    std::optional<Frame> got;
+    size_t off = 0;
+    while (off < stream.size()) {
+      auto direct = d.direct_buffer();
+      size_t n = std::min<size_t>(stream.size() - off, 100000);
+      if (!direct.empty()) {
+        n = std::min(n, direct.size());
+        std::memcpy(direct.data(), stream.data() + off, n);
+        d.commit_direct(n);
+      } else {
+        d.feed({stream.data() + off, n});
+      }
+      off += n;
+      if (auto f = d.next()) got = std::move(f);
+    }
+    return std::move(got.value());
+  };
+  std::vector<std::byte> a(1u << 20, std::byte{0xa1}), b((1u << 20) - 100, std::byte{0xb2});
+  FrameDecoder d;
+  Frame f1 = run(d, a);
+  ASSERT_TRUE(f1.parts[0] == a);
+  const std::byte* mem = f1.parts[0].data();
+  d.recycle(std::move(f1.parts[0]));
+  EXPECT_GE(d.spare_bytes(), a.size());
+  Frame f2 = run(d, b);
+  EXPECT_EQ(d.spare_bytes(), 0u);
+  EXPECT_EQ(f2.parts[0].data(), mem);  // the recycled buffer, not a fresh one
+  EXPECT_TRUE(f2.parts[0] == b);       // holding exactly the new part
+  // A part larger than the spare can hold gets its own buffer.
+  std::vector<std::byte> c(3u << 20, std::byte{0xc3});
+  d.recycle(std::move(f2.parts[0]));
+  Frame f3 = run(d, c);
+  EXPECT_TRUE(f3.parts[0] == c);
+  EXPECT_GE(d.spare_bytes(), a.size());  // still kept for a part it fits
+  // Small buffers, and more than kMaxSpareBytes in all, are not kept.
+  d.recycle(std::vector<std::byte>(100));
+  d.recycle(std::vector<std::byte>(FrameDecoder::kMaxSpareBytes));
+  EXPECT_LT(d.spare_bytes(), 2 * a.size());
+}
+
 }  // namespace
 }  // namespace monarch::wire

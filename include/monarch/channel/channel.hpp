@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,26 +43,39 @@ namespace monarch::channel {
 
 using Bytes = std::vector<std::byte>;
 
+/// A part the sender does not own a copy of: `bytes` stays valid while `keep` lives. The channel
+/// holds `keep` until the receiver acknowledges the message (or the message is returned as
+/// undeliverable), so the owner of the memory learns when the channel is done with it from
+/// `keep`'s destructor. From a shared buffer: `SharedPart(std::make_shared<const Bytes>(...))`.
+struct SharedPart {
+  std::shared_ptr<const void> keep;
+  std::span<const std::byte> bytes;
+  SharedPart(std::shared_ptr<const Bytes> b)  // NOLINT(google-explicit-constructor): a shared buffer is a part
+      : keep(b), bytes(b ? std::span<const std::byte>(*b) : std::span<const std::byte>()) {}
+  /// Memory kept valid by `keep_alive` (e.g. a lease on a registered buffer).
+  SharedPart(std::shared_ptr<const void> keep_alive, std::span<const std::byte> memory)
+      : keep(std::move(keep_alive)), bytes(memory) {}
+};
+
 /// One message: byte parts, delivered as `parts` in the order [parts..., shared_parts...].
-/// `shared_parts` are buffers the sender keeps sharing (e.g. one payload sent to many peers, or a
-/// large tensor): they are written straight from the shared buffer, never copied in user space,
-/// and kept alive until the receiver acknowledges them. Large owned parts are not copied either.
-/// Total size (all parts) is limited by ChannelOptions::max_frame_bytes.
+/// `shared_parts` are buffers the sender keeps sharing (e.g. one payload sent to many peers, a
+/// large tensor, or registered memory): they are written straight from their memory, never
+/// copied in user space, and kept alive until the receiver acknowledges them. Large owned parts
+/// are not copied either. Total size (all parts) is limited by ChannelOptions::max_frame_bytes.
 struct Message {
   std::vector<Bytes> parts;
-  std::vector<std::shared_ptr<const Bytes>> shared_parts{};
+  std::vector<SharedPart> shared_parts{};
   size_t size_bytes() const {
     size_t n = 0;
     for (const auto& p : parts) n += p.size();
-    for (const auto& p : shared_parts) n += p ? p->size() : 0;
+    for (const auto& p : shared_parts) n += p.bytes.size();
     return n;
   }
-  /// Calls f(const Bytes&) for every part, in delivery order.
+  /// Calls f(std::span<const std::byte>) for every part, in delivery order.
   template <class F>
   void for_each_part(F&& f) const {
-    static const Bytes empty;
-    for (const auto& p : parts) f(p);
-    for (const auto& p : shared_parts) f(p ? *p : empty);
+    for (const auto& p : parts) f(std::span<const std::byte>(p));
+    for (const auto& p : shared_parts) f(p.bytes);
   }
 };
 

@@ -130,6 +130,14 @@ class FrameDecoder {
   std::span<std::byte> direct_buffer();
   // Records that the first n bytes of direct_buffer() now hold stream bytes (n <= its size).
   void commit_direct(std::size_t n);
+  // Hands back a large part of a frame this decoder returned, once the caller is done with it:
+  // a later large part of the same or smaller size is read into it, so a stream of large frames
+  // reuses warm memory instead of faulting in fresh pages. Keeps at most kMaxSpareBytes in all;
+  // anything else is freed.
+  void recycle(std::vector<std::byte>&& part);
+  static constexpr std::size_t kMaxSpareBytes = std::size_t{8} << 20;
+  // Bytes of capacity held in recycled buffers not yet reused.
+  std::size_t spare_bytes() const noexcept { return spare_bytes_; }
   bool poisoned() const noexcept { return error_.has_value(); }
   const DecoderLimits& limits() const noexcept { return limits_; }
 
@@ -147,7 +155,11 @@ class FrameDecoder {
   // In-place assembly of a large frame (header and table already consumed from buf_).
   std::size_t absorb(std::span<const std::byte> bytes);
   bool direct_complete() const noexcept { return direct_ && direct_part_ == direct_lens_.size(); }
+  // Sizes a part of the frame being assembled in place to len, from a spare buffer if one fits.
+  void place(std::vector<std::byte>& part, std::size_t len);
   std::optional<Frame> direct_;
+  std::vector<std::vector<std::byte>> spares_;
+  std::size_t spare_bytes_ = 0;
   std::vector<std::uint32_t> direct_lens_;
   std::size_t direct_part_ = 0;    // part being filled
   std::size_t direct_off_ = 0;     // bytes of it filled
