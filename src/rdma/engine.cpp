@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <asio.hpp>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -92,6 +93,35 @@ std::string hex(uint64_t v) {
 
 }  // namespace
 
+/// Chunk buffers for channel-route writes, reused so that the copy out of the caller's span lands
+/// in warm pages (a fresh chunk-sized vector per message costs page faults, and its copy as much
+/// as the socket write). The channel hands a buffer back when it lets go of the message; at most
+/// `keep` idle buffers stay.
+struct ChunkPool : std::enable_shared_from_this<ChunkPool> {
+  std::mutex mu;
+  std::vector<std::unique_ptr<Bytes>> idle;
+  size_t keep = 8;
+
+  /// A buffer holding a copy of [from, from + len), returned to the pool when released.
+  std::shared_ptr<const Bytes> copy(const std::byte* from, size_t len) {
+    std::unique_ptr<Bytes> b;
+    {
+      std::lock_guard lock(mu);
+      if (!idle.empty()) {
+        b = std::move(idle.back());
+        idle.pop_back();
+      }
+    }
+    if (!b) b = std::make_unique<Bytes>();
+    b->assign(from, from + len);
+    return std::shared_ptr<const Bytes>(b.release(), [pool = shared_from_this()](const Bytes* p) {
+      std::unique_ptr<Bytes> back(const_cast<Bytes*>(p));
+      std::lock_guard lock(pool->mu);
+      if (pool->idle.size() < pool->keep) pool->idle.push_back(std::move(back));
+    });
+  }
+};
+
 /// One transfer in flight on the channel route.
 struct Op {
   uint64_t id = 0;
@@ -120,6 +150,10 @@ struct Engine::Impl {
   LocalRoutes local{incarnation};
   size_t chunk = 4 << 20;
   uint32_t streams = 4;
+  std::shared_ptr<ChunkPool> pool = std::make_shared<ChunkPool>();
+  /// Leases of every registration, dropped ones included (lent_replies()); shared with the
+  /// leases, which the channel may release while Impl is destroyed at exit.
+  std::shared_ptr<std::atomic<size_t>> lent_total = std::make_shared<std::atomic<size_t>>(0);
   std::unique_ptr<UcxPlane> ucx;
   std::string ucx_why;
 
@@ -205,7 +239,7 @@ struct Engine::Impl {
     hd.reply_to = addr;
     Message m;
     m.parts.push_back(wire::encode(hd));
-    if (!op.read) m.parts.emplace_back(op.local + at, op.local + at + len);
+    if (!op.read) m.shared_parts.emplace_back(pool->copy(op.local + at, len));
     return m;
   }
 
@@ -293,6 +327,58 @@ struct Engine::Impl {
     return nullptr;
   }
 
+  /// A lease on reg's memory for one reply on link (to, stream); reg->mu held (shared), not
+  /// dropped. Released when the channel lets go of the reply (acknowledged or returned).
+  std::shared_ptr<const void> lend(const std::shared_ptr<Registration>& reg, const std::string& to,
+                                   uint32_t stream) {
+    std::pair<std::string, uint32_t> link{to, stream};
+    {
+      std::lock_guard lock(reg->lend_mu);
+      ++reg->lent[link];
+    }
+    lent_total->fetch_add(1);
+    return std::shared_ptr<const void>(nullptr, [reg, link, total = lent_total](const void*) {
+      total->fetch_sub(1);
+      std::lock_guard lock(reg->lend_mu);
+      auto it = reg->lent.find(link);
+      if (it != reg->lent.end() && --it->second == 0) reg->lent.erase(it);
+      if (reg->lent.empty()) reg->lend_cv.notify_all();
+    });
+  }
+
+  /// drop(): waits until the channel holds no reply sent from reg's memory (RD-5). Replies are
+  /// released when acknowledged, within a few channel.ack_interval; links whose requester has
+  /// not acknowledged within `grace` (frozen, or gone) are closed, which returns their messages
+  /// at once. On the I/O thread (a drop from a completion callback) nothing can be waited for:
+  /// the links are closed right away.
+  void wait_unlent(Registration& reg) {
+    std::unique_lock lock(reg.lend_mu);
+    if (reg.lent.empty()) return;
+    auto grace = std::max<std::chrono::milliseconds>(8 * copts.ack_interval, std::chrono::milliseconds(200));
+    bool on_io = ctx.get_executor().running_in_this_thread();
+    if (!on_io && reg.lend_cv.wait_for(lock, grace, [&] { return reg.lent.empty(); })) return;
+    std::vector<std::pair<std::string, uint32_t>> links;
+    for (const auto& [link, n] : reg.lent) links.push_back(link);
+    lock.unlock();
+    for (const auto& link : links) {
+      std::shared_ptr<channel::Sender> s;
+      {
+        std::lock_guard tx(tx_mu);
+        auto it = senders.find(link);
+        if (it != senders.end()) s = it->second;
+      }
+      if (s) {
+        s->close("buffer '" + reg.name + "' dropped while " + link.first +
+                 " had not acknowledged data read from it");
+      }
+    }
+    lock.lock();
+    // Closing returned every message of those links; nothing else holds a lease.
+    if (!reg.lend_cv.wait_for(lock, std::chrono::seconds(5), [&] { return reg.lent.empty(); })) {
+      spdlog::error("rdma: drop of '{}' still has {} link(s) holding its memory", reg.name, reg.lent.size());
+    }
+  }
+
   void serve(const Header& hd, Message& m) {
     RdmaErrc code{};
     std::string why;
@@ -319,7 +405,10 @@ struct Engine::Impl {
       if (hd.kind == kRead) {
         r.kind = kReadData;
         out.parts.push_back(wire::encode(r));
-        out.parts.emplace_back(reg->base + hd.offset, reg->base + hd.offset + hd.length);
+        // Zero-copy: the channel writes the chunk straight from the registered memory and holds
+        // a lease on it until the requester acknowledged the message; drop() waits for leases.
+        out.shared_parts.emplace_back(lend(reg, hd.reply_to, hd.stream),
+                                      std::span<const std::byte>(reg->base + hd.offset, hd.length));
       } else {
         if (m.parts.size() < 2 || m.parts[1].size() != hd.length) {
           return reply_error(hd, RdmaErrc::InvalidArgument, "write chunk of the wrong size");
@@ -392,6 +481,7 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {
   timeout_ = cfg.duration("rdma.timeout");
   impl_->chunk = static_cast<size_t>(cfg.bytes("rdma.chunk_bytes"));
   impl_->streams = static_cast<uint32_t>(cfg.integer("rdma.streams"));
+  impl_->pool->keep = 4 * static_cast<size_t>(impl_->streams);  // 2 chunks per stream per transfer
   impl_->copts.max_frame_bytes = std::max<size_t>(impl_->copts.max_frame_bytes, impl_->chunk + 4096);
   std::string listen = cfg.string("rdma.listen");
   if (listen.empty()) {
@@ -431,6 +521,11 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {
   // destructors run (they log through spdlog, whose registry is a static). Registered after the
   // IoRuntime created spdlog's registry, so this runs before the registry is destroyed.
   std::atexit([] { Engine::get().shutdown_at_exit(); });
+}
+
+size_t Engine::lent_replies() {
+  std::shared_lock life(life_mu_);
+  return impl_ ? impl_->lent_total->load() : 0;
 }
 
 std::string Engine::route_for(const RdmaHandle& h, bool write) {
@@ -548,6 +643,7 @@ void Engine::drop(Registration& reg) {
     if (reg.shm) reg.shm->revoke(timeout_, reg.name);  // waits for same-host copies
     if (impl_->ucx) impl_->ucx->deregister(reg);
   }
+  impl_->wait_unlent(reg);  // channel-route replies still sending from the memory
   std::lock_guard lock(impl_->reg_mu);
   impl_->regs.erase(reg.id);
   impl_->dropped[reg.id] = reg.name;

@@ -7,11 +7,14 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 
@@ -34,6 +37,12 @@ struct Registration {
   void* ucx_memh[2] = {nullptr, nullptr};  // ucp_mem_h per UCX plane (shm, net)
   uint64_t* status = nullptr;              // its entry in the status table (ucx, cma)
   std::shared_ptr<ShmSegment> shm;         // allocate()d buffers: the memfd
+  /// Channel-route read replies are sent straight from `base`: each one the channel still holds
+  /// (unacknowledged) counts here, by reply link (requester address, stream); drop() waits until
+  /// none is left (RD-3, RD-5).
+  std::mutex lend_mu;
+  std::condition_variable lend_cv;
+  std::map<std::pair<std::string, uint32_t>, size_t> lent;  // guarded by lend_mu
 };
 
 /// The UCX side (ucx.cpp); absent when built without UCX or when it failed to start.
@@ -69,6 +78,10 @@ class Engine {
   /// Starts one transfer; `done` runs exactly once (maybe on this thread, for early errors).
   void start(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,
              std::chrono::milliseconds timeout, Done done);
+
+  /// Channel-route read replies still sent from registered memory (held by the channel until
+  /// acknowledged), over all registrations. For tests.
+  size_t lent_replies();
 
   /// See rdma::route_for.
   std::string route_for(const RdmaHandle& h, bool write);

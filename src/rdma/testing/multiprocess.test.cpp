@@ -11,6 +11,7 @@
 
 #include "monarch/rdma/rdma.hpp"
 #include "rdma/testing/pattern.hpp"
+#include "rdma/engine.hpp"
 #include "rdma/testing/peers.hpp"
 
 using namespace monarch::rdma;
@@ -18,6 +19,7 @@ namespace pat = monarch::rdma::testing;
 using namespace std::chrono_literals;
 using monarch::rdma::testing::EnvFor;
 using monarch::rdma::testing::Owner;
+using monarch::rdma::testing::Subprocess;
 using monarch::rdma::testing::peer_line;
 using monarch::rdma::testing::sum_line;
 
@@ -110,6 +112,32 @@ TEST(RdmaProcesses, RemoteDropAndBoundsAreReportedByTheOwner) {  // RD-3, RD-4
   }
   std::vector<std::byte> src(10);
   EXPECT_THROW(owner.handle.write_from(src).get(10s), RdmaError);
+}
+
+// The channel route sends read replies straight from the registered memory, and the channel
+// holds them until the requester acknowledges them. A requester that froze before acknowledging
+// must not make drop() hang, nor leave the memory referenced after drop() returned (RD-3, RD-5).
+TEST(RdmaProcesses, DropWithRepliesAFrozenRequesterNeverAcknowledged) {
+  const size_t size = 16u << 20;
+  std::vector<std::byte> mem(size);
+  pat::fill(mem, 17);
+  auto buf = std::make_unique<RdmaBuffer>(mem, "lent");
+  EnvFor backend("MONARCH_RDMA_BACKEND", "channel");  // the peer reads over the channel route
+  EnvFor routes("MONARCH_RDMA_LOCAL_ROUTES", "false");
+  EnvFor ack_every("MONARCH_CHANNEL_ACK_EVERY", "1000000");  // the peer acknowledges only by time,
+  EnvFor ack_interval("MONARCH_CHANNEL_ACK_INTERVAL", "1500ms");  // long after it froze itself
+  EnvFor heartbeat("MONARCH_MESH_HEARTBEAT_INTERVAL", "1600ms");  // kept above the ack interval
+  Subprocess peer(MONARCH_RDMA_PEER, {"read-then-freeze", pat::to_hex(buf->handle()), "0", std::to_string(size)});
+  auto l = peer.line(60s);
+  while (l && l->starts_with("[")) l = peer.line(60s);
+  ASSERT_EQ(l.value_or("<no output>"), sum_line(pat::checksum(mem)));
+  auto& engine = monarch::rdma::detail::Engine::get();
+  EXPECT_GT(engine.lent_replies(), 0u);  // unacknowledged replies still point into `mem`
+  auto t0 = std::chrono::steady_clock::now();
+  buf.reset();  // drop
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);  // not the link's 30 s delivery timeout
+  EXPECT_EQ(engine.lent_replies(), 0u);  // nothing refers to `mem` any more: it may be freed
+  peer.kill(SIGKILL);
 }
 
 TEST(RdmaProcesses, OwnerFrozenThenKilledMidTransferFailsByTheTimeout) {  // RD-2

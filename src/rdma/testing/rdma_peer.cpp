@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -100,6 +101,15 @@ int main(int argc, char** argv) {
       std::vector<std::byte> dst(std::stoull(argv[4]));
       h.read_into(dst, std::stoull(argv[3])).get();
       std::printf("SUM %llu\n", static_cast<unsigned long long>(testing::checksum(dst)));
+      return 0;
+    }
+    if (mode == "read-then-freeze" && argc == 5) {  // reads, prints SUM, then stops itself
+      RdmaHandle h = testing::from_hex(argv[2]);
+      std::vector<std::byte> dst(std::stoull(argv[4]));
+      h.read_into(dst, std::stoull(argv[3])).get();
+      std::printf("SUM %llu\n", static_cast<unsigned long long>(testing::checksum(dst)));
+      std::fflush(stdout);
+      ::raise(SIGSTOP);  // never acknowledges what it received (its ack interval is long)
       return 0;
     }
     if (mode == "read-route" && (argc == 5 || argc == 6)) {
