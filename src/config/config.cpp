@@ -67,6 +67,8 @@ const std::vector<KeyInfo> kKeys = {
     {"rdma.timeout", Kind::Duration, "30s", "a read_into/write_from not complete by then fails"},
     {"rdma.chunk_bytes", Kind::Bytes, "1MiB", "channel backend: bytes per chunk message"},
     {"rdma.streams", Kind::Int, "2", "channel backend: parallel links per owner"},
+    {"rdma.ack_every", Kind::Int, "1",
+     "channel backend: links acknowledge after this many messages (chunks are sent from the buffers, which are held until acknowledged)"},
     {"rdma.listen", Kind::String, "",
      "channel address the data plane serves on (empty: a private abstract unix socket)"},
     {"rdma.ucx_tls", Kind::String, "",
@@ -451,7 +453,7 @@ void Config::validate() const {
   for (std::string_view k : {"channel.ack_every", "mesh.cast_fanout", "actor.batch",
                              "channel.max_frame_bytes", "channel.ack_interval",
                              "mesh.heartbeat_interval", "channel.handshake_timeout",
-                             "rdma.timeout", "rdma.chunk_bytes", "rdma.streams"}) {
+                             "rdma.timeout", "rdma.chunk_bytes", "rdma.streams", "rdma.ack_every"}) {
     if (value(k).number == 0) throw ConfigError("config: " + show(k) + " must be greater than 0");
   }
   if (std::string_view b = value("rdma.backend").text; b != "auto" && b != "ucx" && b != "channel") {

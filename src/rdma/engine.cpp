@@ -93,35 +93,6 @@ std::string hex(uint64_t v) {
 
 }  // namespace
 
-/// Chunk buffers for channel-route writes, reused so that the copy out of the caller's span lands
-/// in warm pages (a fresh chunk-sized vector per message costs page faults, and its copy as much
-/// as the socket write). The channel hands a buffer back when it lets go of the message; at most
-/// `keep` idle buffers stay.
-struct ChunkPool : std::enable_shared_from_this<ChunkPool> {
-  std::mutex mu;
-  std::vector<std::unique_ptr<Bytes>> idle;
-  size_t keep = 8;
-
-  /// A buffer holding a copy of [from, from + len), returned to the pool when released.
-  std::shared_ptr<const Bytes> copy(const std::byte* from, size_t len) {
-    std::unique_ptr<Bytes> b;
-    {
-      std::lock_guard lock(mu);
-      if (!idle.empty()) {
-        b = std::move(idle.back());
-        idle.pop_back();
-      }
-    }
-    if (!b) b = std::make_unique<Bytes>();
-    b->assign(from, from + len);
-    return std::shared_ptr<const Bytes>(b.release(), [pool = shared_from_this()](const Bytes* p) {
-      std::unique_ptr<Bytes> back(const_cast<Bytes*>(p));
-      std::lock_guard lock(pool->mu);
-      if (pool->idle.size() < pool->keep) pool->idle.push_back(std::move(back));
-    });
-  }
-};
-
 /// One transfer in flight on the channel route.
 struct Op {
   uint64_t id = 0;
@@ -137,6 +108,12 @@ struct Op {
   std::string what;
   Done done;
   std::unique_ptr<asio::steady_timer> timer;  // destroyed (cancelled) with the Op
+  // Writes: chunks are sent straight from the caller's span, so the transfer completes only
+  // once it is answered (all acknowledged, or failed) and the channel holds none of its chunks.
+  std::atomic<size_t> lent{0};        // write chunks the channel still holds
+  std::atomic<bool> answered{false};  // result is set
+  std::atomic<bool> done_called{false};
+  std::exception_ptr result;
 };
 
 struct Engine::Impl {
@@ -150,7 +127,6 @@ struct Engine::Impl {
   LocalRoutes local{incarnation};
   size_t chunk = 4 << 20;
   uint32_t streams = 4;
-  std::shared_ptr<ChunkPool> pool = std::make_shared<ChunkPool>();
   /// Leases of every registration, dropped ones included (lent_replies()); shared with the
   /// leases, which the channel may release while Impl is destroyed at exit.
   std::shared_ptr<std::atomic<size_t>> lent_total = std::make_shared<std::atomic<size_t>>(0);
@@ -220,11 +196,57 @@ struct Engine::Impl {
       op = std::move(it->second);
       ops.erase(it);
     }
-    op->done(make_error(code, op->what + ": " + why));
+    settle(op, make_error(code, op->what + ": " + why));
+    if (op->lent.load() > 0 && (code == RdmaErrc::Timeout || code == RdmaErrc::OwnerUnreachable)) {
+      // Chunks of the caller's span still queued for an owner that does not answer: closing the
+      // links returns them (failing the transfers they carry), so this one completes now.
+      std::vector<std::pair<std::string, uint32_t>> links;
+      for (uint32_t s = 0; s < streams; ++s) links.emplace_back(op->h.owner, s);
+      close_links(links, op->what + ": " + why);
+    }
+  }
+
+  /// The transfer is answered (err: nullptr on success). Reads complete now; writes when the
+  /// channel also let go of every chunk sent from the caller's span (RD-2: after the Future
+  /// completed, the span is not touched).
+  static void settle(const std::shared_ptr<Op>& op, std::exception_ptr err) {
+    op->result = std::move(err);
+    op->answered.store(true);
+    if (op->lent.load() == 0) complete(op);
+  }
+  static void complete(const std::shared_ptr<Op>& op) {
+    if (op->done_called.exchange(true)) return;
+    op->done(op->result);
+  }
+
+  /// A lease on write chunk memory of op. Its release may run under the channel's locks: it only
+  /// counts, and posts the completion to the I/O thread.
+  std::shared_ptr<const void> lend_span(const std::shared_ptr<Op>& op) {
+    op->lent.fetch_add(1);
+    return std::shared_ptr<const void>(nullptr, [op, c = &ctx](const void*) {
+      if (op->lent.fetch_sub(1) == 1 && op->answered.load()) {
+        asio::post(*c, [op] { complete(op); });
+      }
+    });
+  }
+
+  /// Closes the given links (ours, by (address, stream)); their queued and unacknowledged
+  /// messages are returned at once (on_returned).
+  void close_links(const std::vector<std::pair<std::string, uint32_t>>& links, const std::string& why) {
+    for (const auto& link : links) {
+      std::shared_ptr<channel::Sender> s;
+      {
+        std::lock_guard tx(tx_mu);  // not held across close(): its close handler takes tx_mu
+        auto it = senders.find(link);
+        if (it != senders.end()) s = it->second;
+      }
+      if (s) s->close(why);
+    }
   }
 
   /// Builds the message for chunk `i` of op (ops_mu held).
-  Message chunk_message(Op& op, size_t i, uint32_t& stream) {
+  Message chunk_message(const std::shared_ptr<Op>& op_ptr, size_t i, uint32_t& stream) {
+    Op& op = *op_ptr;
     uint64_t at = static_cast<uint64_t>(i) * op.chunk;
     size_t len = std::min(op.chunk, op.size - static_cast<size_t>(at));
     stream = static_cast<uint32_t>(i % streams);
@@ -239,7 +261,9 @@ struct Engine::Impl {
     hd.reply_to = addr;
     Message m;
     m.parts.push_back(wire::encode(hd));
-    if (!op.read) m.shared_parts.emplace_back(pool->copy(op.local + at, len));
+    if (!op.read) {  // zero-copy: the channel writes straight from the caller's span
+      m.shared_parts.emplace_back(lend_span(op_ptr), std::span<const std::byte>(op.local + at, len));
+    }
     return m;
   }
 
@@ -279,16 +303,16 @@ struct Engine::Impl {
           finished = true;
         } else if (op->next < op->nchunks) {
           uint32_t stream = 0;
-          Message next = chunk_message(*op, op->next++, stream);
+          Message next = chunk_message(op, op->next++, stream);
           out.emplace_back(stream, std::move(next));
         }
       }
       if (error || finished) ops.erase(it);
     }
     if (error) {
-      op->done(error);
+      settle(op, error);
     } else if (finished) {
-      op->done(nullptr);
+      settle(op, nullptr);
     } else {
       send_chunks(op, std::move(out));
     }
@@ -360,18 +384,8 @@ struct Engine::Impl {
     std::vector<std::pair<std::string, uint32_t>> links;
     for (const auto& [link, n] : reg.lent) links.push_back(link);
     lock.unlock();
-    for (const auto& link : links) {
-      std::shared_ptr<channel::Sender> s;
-      {
-        std::lock_guard tx(tx_mu);
-        auto it = senders.find(link);
-        if (it != senders.end()) s = it->second;
-      }
-      if (s) {
-        s->close("buffer '" + reg.name + "' dropped while " + link.first +
-                 " had not acknowledged data read from it");
-      }
-    }
+    close_links(links, "buffer '" + reg.name + "' dropped while a requester had not acknowledged "
+                       "data read from it");
     lock.lock();
     // Closing returned every message of those links; nothing else holds a lease.
     if (!reg.lend_cv.wait_for(lock, std::chrono::seconds(5), [&] { return reg.lent.empty(); })) {
@@ -481,8 +495,11 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {
   timeout_ = cfg.duration("rdma.timeout");
   impl_->chunk = static_cast<size_t>(cfg.bytes("rdma.chunk_bytes"));
   impl_->streams = static_cast<uint32_t>(cfg.integer("rdma.streams"));
-  impl_->pool->keep = 4 * static_cast<size_t>(impl_->streams);  // 2 chunks per stream per transfer
   impl_->copts.max_frame_bytes = std::max<size_t>(impl_->copts.max_frame_bytes, impl_->chunk + 4096);
+  // Chunks are lent to the channel until acknowledged (reads: the owner's memory, writes: the
+  // caller's span, whose transfer completes only then): by default each message is acknowledged
+  // at once.
+  impl_->copts.ack_every = static_cast<uint32_t>(cfg.integer("rdma.ack_every"));
   std::string listen = cfg.string("rdma.listen");
   if (listen.empty()) {
     listen = "unix://@monarch-rdma-" + std::to_string(::getpid()) + "-" + hex(impl_->incarnation);
@@ -722,7 +739,7 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
     size_t window = std::min<size_t>(op->nchunks, 2 * impl_->streams);
     for (size_t i = 0; i < window; ++i) {
       uint32_t stream = 0;
-      Message m = impl_->chunk_message(*op, op->next++, stream);
+      Message m = impl_->chunk_message(op, op->next++, stream);
       out.emplace_back(stream, std::move(m));
     }
     op->timer->async_wait([impl = impl_.get(), id = op->id, timeout](const asio::error_code& ec) {

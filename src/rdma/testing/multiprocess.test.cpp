@@ -124,7 +124,7 @@ TEST(RdmaProcesses, DropWithRepliesAFrozenRequesterNeverAcknowledged) {
   auto buf = std::make_unique<RdmaBuffer>(mem, "lent");
   EnvFor backend("MONARCH_RDMA_BACKEND", "channel");  // the peer reads over the channel route
   EnvFor routes("MONARCH_RDMA_LOCAL_ROUTES", "false");
-  EnvFor ack_every("MONARCH_CHANNEL_ACK_EVERY", "1000000");  // the peer acknowledges only by time,
+  EnvFor ack_every("MONARCH_RDMA_ACK_EVERY", "1000000");  // the peer acknowledges only by time,
   EnvFor ack_interval("MONARCH_CHANNEL_ACK_INTERVAL", "1500ms");  // long after it froze itself
   EnvFor heartbeat("MONARCH_MESH_HEARTBEAT_INTERVAL", "1600ms");  // kept above the ack interval
   Subprocess peer(MONARCH_RDMA_PEER, {"read-then-freeze", pat::to_hex(buf->handle()), "0", std::to_string(size)});
@@ -138,6 +138,36 @@ TEST(RdmaProcesses, DropWithRepliesAFrozenRequesterNeverAcknowledged) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);  // not the link's 30 s delivery timeout
   EXPECT_EQ(engine.lent_replies(), 0u);  // nothing refers to `mem` any more: it may be freed
   peer.kill(SIGKILL);
+}
+
+// Write chunks go out straight from the caller's span, and the channel holds them until the owner
+// acknowledges them. An owner that stays frozen must not hold the transfer past its timeout, and
+// after the failure the span may be freed (RD-2). The owner then serves again.
+TEST(RdmaProcesses, WriteToAFrozenOwnerFailsByItsTimeoutAndLetsGoOfTheSpan) {
+  Owner owner(8u << 20, 18);
+  RdmaHandle h = owner.handle;
+  h.local = {};  // the backend's route, not a same-host copy
+  std::vector<std::byte> warm(16);
+  h.read_into(warm).get(10s);  // links are up
+  ::kill(owner.proc.pid(), SIGSTOP);
+  auto src = std::make_unique<std::vector<std::byte>>(8u << 20);
+  TransferOptions o;
+  o.timeout = 1000ms;
+  auto t0 = std::chrono::steady_clock::now();
+  auto w = h.write_from(*src, 0, o);
+  try {
+    w.get(20s);
+    ADD_FAILURE() << "write to a frozen owner succeeded";
+  } catch (const RdmaError& e) {
+    EXPECT_TRUE(e.code() == RdmaErrc::Timeout || e.code() == RdmaErrc::OwnerUnreachable) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);  // by its timeout, not the link's 30 s
+  src.reset();  // nothing may read the span any more (ASan checks the channel's writes)
+  ::kill(owner.proc.pid(), SIGCONT);
+  std::vector<std::byte> again(1000);
+  pat::fill(again, 5);
+  h.write_from(again, 0).get(20s);
+  EXPECT_EQ(owner.sum(0, again.size()), pat::checksum(again));
 }
 
 TEST(RdmaProcesses, OwnerFrozenThenKilledMidTransferFailsByTheTimeout) {  // RD-2
