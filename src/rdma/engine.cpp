@@ -38,6 +38,15 @@ const char* backend_name(Backend b) {
   return "?";
 }
 
+const char* memory_kind_name(MemoryKind k) {
+  switch (k) {
+    case MemoryKind::Host: return "host";
+    case MemoryKind::Cuda: return "cuda";
+    case MemoryKind::Rocm: return "rocm";
+  }
+  return "?";
+}
+
 const char* errc_name(RdmaErrc c) {
   switch (c) {
     case RdmaErrc::InvalidArgument: return "invalid argument";
@@ -406,6 +415,11 @@ struct Engine::Impl {
                            "buffer '" + reg->name + "' (reg " + std::to_string(reg->id) +
                                ") was dropped by its owner");
       }
+      if (reg->kind != MemoryKind::Host) {
+        return reply_error(hd, RdmaErrc::BackendUnavailable,
+                           "buffer '" + reg->name + "' is " + memory_kind_name(reg->kind) +
+                               " memory: only the ucx route reaches it");
+      }
       if (hd.length > reg->length || hd.offset > reg->length - hd.length) {
         return reply_error(hd, RdmaErrc::OutOfBounds,
                            "bytes [" + std::to_string(hd.offset) + ", " +
@@ -548,6 +562,10 @@ size_t Engine::lent_replies() {
 std::string Engine::route_for(const RdmaHandle& h, bool write) {
   std::shared_lock life(life_mu_);
   if (!impl_) return "none (the process is exiting)";
+  if (h.memory != MemoryKind::Host) {
+    bool ucx = h.owner != impl_->addr && h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty();
+    return ucx ? "ucx" : std::string("none (") + memory_kind_name(h.memory) + " memory: ucx route only)";
+  }
   if (h.owner == impl_->addr) return "in-process";
   if (config::global().flag("rdma.local_routes")) {
     std::string r = impl_->local.route(!write, h);
@@ -569,8 +587,20 @@ std::string Engine::transport() const {
   return impl_->addr + " x" + std::to_string(impl_->streams) + " streams";
 }
 
+std::vector<MemoryKind> Engine::memory_kinds() const {
+  std::shared_lock life(life_mu_);
+  uint32_t bits = 1u << static_cast<int>(MemoryKind::Host);
+  if (impl_ && impl_->ucx) bits |= impl_->ucx->memory_kinds();
+  std::vector<MemoryKind> out;
+  for (MemoryKind k : {MemoryKind::Host, MemoryKind::Cuda, MemoryKind::Rocm}) {
+    if ((bits & (1u << static_cast<int>(k))) != 0) out.push_back(k);
+  }
+  return out;
+}
+
 std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memory,
-                                                      const std::string& name, RdmaHandle& h) {
+                                                      const std::string& name, MemoryKind kind,
+                                                      RdmaHandle& h) {
   std::shared_lock life(life_mu_);
   if (!impl_) {
     throw RdmaError(RdmaErrc::BackendUnavailable,
@@ -580,10 +610,31 @@ std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memor
     throw RdmaError(RdmaErrc::InvalidArgument,
                     "rdma: cannot register buffer '" + name + "': zero length");
   }
+  if (kind != MemoryKind::Host) {
+    bool ok = impl_->ucx && (impl_->ucx->memory_kinds() & (1u << static_cast<int>(kind))) != 0;
+    if (!ok) {
+      std::string have;
+      for (MemoryKind k : {MemoryKind::Host, MemoryKind::Cuda, MemoryKind::Rocm}) {
+        if (k == MemoryKind::Host || (impl_->ucx && (impl_->ucx->memory_kinds() & (1u << static_cast<int>(k))) != 0)) {
+          have += std::string(have.empty() ? "" : ", ") + memory_kind_name(k);
+        }
+      }
+      throw RdmaError(RdmaErrc::BackendUnavailable,
+                      "rdma: cannot register buffer '" + name + "' of " + memory_kind_name(kind) +
+                          " memory: it needs the ucx backend on a UCX built with " +
+                          memory_kind_name(kind) + " support; this process can register: " + have +
+                          (impl_->ucx ? " (" + impl_->ucx->transport() + ")"
+                                      : " (ucx backend not running: " +
+                                            (impl_->ucx_why.empty() ? std::string("rdma.backend=channel")
+                                                                    : impl_->ucx_why) +
+                                            ")"));
+    }
+  }
   auto reg = std::make_shared<Registration>();
   reg->base = memory.data();
   reg->length = memory.size();
   reg->name = name;
+  reg->kind = kind;
   {
     std::lock_guard lock(impl_->reg_mu);
     reg->id = impl_->next_reg++;
@@ -626,9 +677,12 @@ std::shared_ptr<Registration> Engine::add(std::shared_ptr<Registration> reg, Rdm
   h.backend = Backend::Channel;
   reg->status = impl_->status.claim(reg->id, reg->length, impl_->incarnation, reg->name);
   h.status_address = reinterpret_cast<uintptr_t>(reg->status);
-  h.local.host = host_identity();
-  h.local.pid = static_cast<int32_t>(::getpid());
-  h.local.shm_fd = reg->shm ? reg->shm->fd() : -1;
+  h.memory = reg->kind;
+  if (reg->kind == MemoryKind::Host) {  // the CPU copies of the same-host routes: host memory only
+    h.local.host = host_identity();
+    h.local.pid = static_cast<int32_t>(::getpid());
+    h.local.shm_fd = reg->shm ? reg->shm->fd() : -1;
+  }
   if (impl_->ucx) {
     try {
       impl_->ucx->register_memory(*reg, h);
@@ -686,6 +740,17 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
                            what() + ": past the end of the " + std::to_string(h.length) + " B buffer"));
   }
   if (timeout.count() <= 0) timeout = timeout_;
+  if (h.memory != MemoryKind::Host &&
+      !(h.owner != impl_->addr && h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty())) {
+    return done(make_error(RdmaErrc::BackendUnavailable,
+                           what() + ": the buffer is " + memory_kind_name(h.memory) +
+                               " memory, which only the ucx route between two processes reaches (" +
+                               (impl_->ucx ? std::string("the owner registered it without ucx routes")
+                                           : "ucx is not running here: " +
+                                                 (impl_->ucx_why.empty() ? std::string("rdma.backend=channel")
+                                                                         : impl_->ucx_why)) +
+                               ")"));
+  }
 
   // Same process: copy directly (still honouring drop, RD-3).
   if (h.owner == impl_->addr) {
@@ -791,8 +856,9 @@ Future<void> RdmaHandle::write_from(std::span<const std::byte> src, uint64_t off
   return run(false, *this, const_cast<std::byte*>(src.data()), src.size(), offset, opts);
 }
 
-RdmaBuffer::RdmaBuffer(std::span<std::byte> memory, std::string name) : memory_(memory) {
-  reg_ = detail::Engine::get().register_memory(memory, name, handle_);
+RdmaBuffer::RdmaBuffer(std::span<std::byte> memory, std::string name, MemoryKind kind)
+    : memory_(memory) {
+  reg_ = detail::Engine::get().register_memory(memory, name, kind, handle_);
 }
 
 RdmaBuffer RdmaBuffer::allocate(size_t bytes, std::string name) {
@@ -895,6 +961,7 @@ Future<void> RdmaBatch::submit(TransferOptions opts) {
 }
 
 std::string active_backend() { return backend_name(detail::Engine::get().backend()); }
+std::vector<MemoryKind> supported_memory_kinds() { return detail::Engine::get().memory_kinds(); }
 std::string active_transport() { return detail::Engine::get().transport(); }
 std::string route_for(const RdmaHandle& h, bool write) {
   return detail::Engine::get().route_for(h, write);

@@ -37,6 +37,7 @@ struct Registration {
   void* ucx_memh[2] = {nullptr, nullptr};  // ucp_mem_h per UCX plane (shm, net)
   uint64_t* status = nullptr;              // its entry in the status table (ucx, cma)
   std::shared_ptr<ShmSegment> shm;         // allocate()d buffers: the memfd
+  MemoryKind kind = MemoryKind::Host;      // device memory: the ucx route only
   /// Channel-route read replies are sent straight from `base`: each one the channel still holds
   /// (unacknowledged) counts here, by reply link (requester address, stream); drop() waits until
   /// none is left (RD-3, RD-5).
@@ -57,6 +58,8 @@ class UcxPlane {
                      uint64_t offset, std::chrono::milliseconds timeout, std::string what,
                      Done done) = 0;
   virtual std::string transport() const = 0;
+  /// Bit (1 << MemoryKind) for every kind of memory every plane can register (Host at least).
+  virtual uint32_t memory_kinds() const = 0;
   /// Stops the plane's I/O thread (at process exit).
   virtual void shutdown() = 0;
 };
@@ -70,7 +73,9 @@ class Engine {
   static Engine& get();
 
   std::shared_ptr<Registration> register_memory(std::span<std::byte> memory, const std::string& name,
-                                                RdmaHandle& out);
+                                                MemoryKind kind, RdmaHandle& out);
+  /// See rdma::supported_memory_kinds.
+  std::vector<MemoryKind> memory_kinds() const;
   /// A memfd-backed buffer of `bytes` (RdmaBuffer::allocate), registered; reg->shm owns it.
   std::shared_ptr<Registration> allocate(size_t bytes, const std::string& name, RdmaHandle& out);
   void drop(Registration& reg);

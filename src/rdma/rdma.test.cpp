@@ -177,3 +177,31 @@ TEST(Rdma, RouteForAPlainBufferOfOursIsInProcess) {
   EXPECT_EQ(route_for(buf.handle(), true), "in-process");
   EXPECT_EQ(buf.handle().local.shm_fd, -1);
 }
+
+TEST(Rdma, DeviceMemoryNeedsAUcxBuiltForItAndCpuRoutesRefuseIt) {
+  auto kinds = supported_memory_kinds();
+  ASSERT_FALSE(kinds.empty());
+  EXPECT_EQ(kinds.front(), MemoryKind::Host);
+  std::vector<std::byte> mem(4096);
+  if (std::find(kinds.begin(), kinds.end(), MemoryKind::Cuda) == kinds.end()) {
+    // Debian's UCX is built without CUDA: a clear refusal naming the buffer and what works.
+    std::string what = expect_rdma_error([&] { RdmaBuffer gpu(mem, "weights", MemoryKind::Cuda); },
+                                         RdmaErrc::BackendUnavailable)
+                           .what();
+    EXPECT_NE(what.find("'weights' of cuda memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("can register: host"), std::string::npos) << what;
+  }
+  // A handle to device memory is refused by the routes that copy with the CPU (here: in-process),
+  // and the kind survives the wire.
+  RdmaBuffer host(mem, "host-pretending");
+  RdmaHandle h = host.handle();
+  h.memory = MemoryKind::Rocm;
+  RdmaHandle back = pat::from_hex(pat::to_hex(h));
+  EXPECT_EQ(back.memory, MemoryKind::Rocm);
+  std::vector<std::byte> dst(16);
+  std::string what = expect_rdma_error([&] { back.read_into(dst).get(10s); },
+                                       RdmaErrc::BackendUnavailable)
+                         .what();
+  EXPECT_NE(what.find("rocm memory"), std::string::npos) << what;
+  EXPECT_NE(route_for(back).find("ucx route only"), std::string::npos) << route_for(back);
+}

@@ -109,11 +109,16 @@ struct Plane {
     return true;
   }
 
-  bool map(void* base, size_t len, ucp_mem_h& memh, std::vector<std::byte>& rkey, std::string& why) {
+  bool map(void* base, size_t len, ucp_mem_h& memh, std::vector<std::byte>& rkey, std::string& why,
+           MemoryKind memory = MemoryKind::Host) {
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = base;
     mp.length = len;
+    if (memory != MemoryKind::Host) {  // device memory: say so rather than let UCX guess
+      mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+      mp.memory_type = memory == MemoryKind::Cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_ROCM;
+    }
     ucs_status_t st = ucp_mem_map(ctx, &mp, &memh);
     if (st != UCS_OK) return fail(why, std::string("ucp_mem_map: ") + ucs_status_string(st));
     void* buf = nullptr;
@@ -216,7 +221,7 @@ class Ucx final : public UcxPlane {
       std::string why;
       UcxRoute r;
       ucp_mem_h memh = nullptr;
-      if (!pl.map(reg.base, reg.length, memh, r.rkey, why)) {
+      if (!pl.map(reg.base, reg.length, memh, r.rkey, why, reg.kind)) {
         unmap(reg);
         throw RdmaError(RdmaErrc::BackendUnavailable,
                         "rdma: cannot register buffer '" + reg.name + "' with UCX: " + why);
@@ -265,6 +270,22 @@ class Ucx final : public UcxPlane {
       done->set_value();
     });
     f.wait_for(std::chrono::seconds(2));
+  }
+
+  uint32_t memory_kinds() const override {
+    uint32_t kinds = 1u << static_cast<int>(MemoryKind::Host);
+    const std::pair<ucs_memory_type_t, MemoryKind> device[] = {{UCS_MEMORY_TYPE_CUDA, MemoryKind::Cuda},
+                                                               {UCS_MEMORY_TYPE_ROCM, MemoryKind::Rocm}};
+    for (auto [type, kind] : device) {
+      bool all = !planes_.empty();
+      for (const auto& pl : planes_) {
+        ucp_context_attr_t a{};
+        a.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+        all = all && ucp_context_query(pl->ctx, &a) == UCS_OK && (a.memory_types & UCS_BIT(type)) != 0;
+      }
+      if (all) kinds |= 1u << static_cast<int>(kind);
+    }
+    return kinds;
   }
 
   std::string transport() const override {

@@ -57,6 +57,13 @@ enum class Backend : uint8_t { Channel = 1, Ucx = 2 };
 /// "channel" or "ucx".
 const char* backend_name(Backend b);
 
+/// Where registered memory lives. Device memory (Cuda, Rocm) is reached only by the ucx backend,
+/// and only when the UCX in use was built with that memory type (supported_memory_kinds()); the
+/// channel, same-host and in-process routes copy with the CPU and refuse it with an RdmaError.
+enum class MemoryKind : uint8_t { Host = 0, Cuda = 1, Rocm = 2 };
+/// "host", "cuda" or "rocm".
+const char* memory_kind_name(MemoryKind k);
+
 enum class RdmaErrc : uint8_t {
   InvalidArgument = 1,  ///< zero length, null memory, bad setting
   OutOfBounds,          ///< offset + size past the end of the registered buffer
@@ -132,6 +139,8 @@ struct RdmaHandle {
   uint64_t status_address = 0;
   /// Same-host routes (shm, cma); empty host: none.
   LocalRoute local{};
+  /// Host memory, or device memory (ucx route only).
+  MemoryKind memory = MemoryKind::Host;
 
   /// Copies bytes [offset, offset + dst.size()) of the remote buffer into dst.
   /// Errors (through the Future): RdmaError, see RdmaErrc and RD-2/RD-4.
@@ -147,7 +156,7 @@ struct RdmaHandle {
   template <class A>
   void serialize(A& ar) {
     ar(name, owner, owner_incarnation, reg_id, address, length, backend, ucx_routes, status_address,
-       local);
+       local, memory);
   }
 };
 
@@ -163,10 +172,13 @@ class RdmaBuffer {
   /// the memory or the data plane cannot start.
   static RdmaBuffer allocate(size_t bytes, std::string name = "buffer");
 
-  /// Registers `memory` under `name` (used in error messages). Throws RdmaError(InvalidArgument)
-  /// for an empty span, RdmaError(BackendUnavailable) if the data plane cannot start (e.g. its
-  /// listen address cannot be bound).
-  explicit RdmaBuffer(std::span<std::byte> memory, std::string name = "buffer");
+  /// Registers `memory` under `name` (used in error messages). `kind`: where the memory lives;
+  /// for device memory (a CUDA or ROCm pointer) pass its kind, which needs the ucx backend on a
+  /// UCX built with it. Throws RdmaError(InvalidArgument) for an empty span,
+  /// RdmaError(BackendUnavailable) if the data plane cannot start (e.g. its listen address cannot
+  /// be bound) or cannot register memory of that kind here (the message says which kinds it can).
+  explicit RdmaBuffer(std::span<std::byte> memory, std::string name = "buffer",
+                      MemoryKind kind = MemoryKind::Host);
   RdmaBuffer(RdmaBuffer&&) noexcept;
   RdmaBuffer& operator=(RdmaBuffer&&) noexcept;
   RdmaBuffer(const RdmaBuffer&) = delete;
@@ -228,6 +240,9 @@ class RdmaBatch {
 
 /// The backend new registrations use in this process ("ucx" or "channel"); starts the data plane.
 std::string active_backend();
+/// The memory kinds RdmaBuffer can register in this process: Host always; Cuda / Rocm when the ucx
+/// backend runs on a UCX built with them. Starts the data plane if needed.
+std::vector<MemoryKind> supported_memory_kinds();
 /// Transport detail: for ucx the transports UCX selected (e.g. "sm/cma,tcp"), for channel the
 /// listen address and stream count.
 std::string active_transport();
