@@ -384,12 +384,15 @@ struct Engine::Impl {
   /// not acknowledged within `grace` (frozen, or gone) are closed, which returns their messages
   /// at once. On the I/O thread (a drop from a completion callback) nothing can be waited for:
   /// the links are closed right away.
-  void wait_unlent(Registration& reg) {
+  /// sync() (close_stragglers false): the same wait, without closing anything; a frozen requester
+  /// then delays it by the grace at most.
+  void wait_unlent(Registration& reg, bool close_stragglers = true) {
     std::unique_lock lock(reg.lend_mu);
     if (reg.lent.empty()) return;
     auto grace = std::max<std::chrono::milliseconds>(8 * copts.ack_interval, std::chrono::milliseconds(200));
     bool on_io = ctx.get_executor().running_in_this_thread();
     if (!on_io && reg.lend_cv.wait_for(lock, grace, [&] { return reg.lent.empty(); })) return;
+    if (!close_stragglers) return;
     std::vector<std::pair<std::string, uint32_t>> links;
     for (const auto& [link, n] : reg.lent) links.push_back(link);
     lock.unlock();
@@ -697,6 +700,17 @@ std::shared_ptr<Registration> Engine::add(std::shared_ptr<Registration> reg, Rdm
   return reg;
 }
 
+void Engine::sync(Registration& reg) {
+  {
+    // Serving holds the registration's lock (shared); taking it exclusively orders this thread
+    // after everything already served, and everything served later after this thread's past.
+    std::unique_lock lock(reg.mu);
+  }
+  // Read replies are written from the memory after serving, until acknowledged: wait for them.
+  std::shared_lock life(life_mu_);
+  if (impl_) impl_->wait_unlent(reg, /*close_stragglers=*/false);
+}
+
 void Engine::drop(Registration& reg) {
   std::shared_lock life(life_mu_);
   if (!impl_) {  // after shutdown_at_exit: nothing serves the memory any more
@@ -903,9 +917,7 @@ RdmaHandle RdmaBuffer::handle() const {
 
 void RdmaBuffer::sync() const {
   if (!reg_) return;
-  // Serving holds the registration's lock (shared); taking it exclusively orders this thread
-  // after everything already served, and everything served later after this thread's past.
-  std::unique_lock lock(static_cast<detail::Registration*>(reg_.get())->mu);
+  detail::Engine::get().sync(*static_cast<detail::Registration*>(reg_.get()));
 }
 
 void RdmaBuffer::drop() {

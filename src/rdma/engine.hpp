@@ -79,6 +79,9 @@ class Engine {
   /// A memfd-backed buffer of `bytes` (RdmaBuffer::allocate), registered; reg->shm owns it.
   std::shared_ptr<Registration> allocate(size_t bytes, const std::string& name, RdmaHandle& out);
   void drop(Registration& reg);
+  /// RdmaBuffer::sync: orders the caller with everything served from reg so far, including
+  /// read replies the channel still sends from the memory (waits for them, up to a grace).
+  void sync(Registration& reg);
 
   /// Starts one transfer; `done` runs exactly once (maybe on this thread, for early errors).
   void start(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,

@@ -189,9 +189,12 @@ class RdmaBuffer {
   RdmaHandle handle() const;
   std::span<std::byte> memory() const { return memory_; }
   /// Orders the calling thread's accesses to the memory with those of this process's data plane
-  /// (the channel route applies peers' writes, and copies out for peers' reads, on its I/O
-  /// thread). Call it after your own writes before telling peers to read or write, and before
-  /// reading what peers wrote once a message told you their writes completed. The bytes are right
+  /// (the channel route applies peers' writes on its I/O thread, and sends peers' reads straight
+  /// from the memory until they are acknowledged: sync() waits for those, up to
+  /// max(8 x channel.ack_interval, 200 ms) for a requester that does not acknowledge). Call it
+  /// after your own writes before telling peers to read or write, after peers' reads before you
+  /// write the memory again, and before reading what peers wrote once a message told you their
+  /// writes completed. The bytes are right
   /// either way on x86; this makes it well-defined in the C++ memory model and visible to
   /// ThreadSanitizer. (ucx-, shm- and cma-route accesses are made by UCX, the kernel or another
   /// process, outside the model.)
