@@ -981,8 +981,11 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
             unacked.pop_front();
           }
         }
-        pending_count.fetch_sub(acked.size());
+        // Free first: pending() == 0 then means the channel holds no part of them (shared
+        // parts' keep-alives, e.g. leases on borrowed memory, are released).
+        size_t n = acked.size();
         acked.clear();
+        pending_count.fetch_sub(n);
       }
     } catch (const std::exception& e) {
       spdlog::debug("channel to {}: reader ended: {}", addr.to_string(), e.what());
