@@ -298,6 +298,30 @@ TEST(FrameErrors, ThrowsFrameErrorType) {
   EXPECT_THROW(d.next(), std::runtime_error);
 }
 
+// Feeds `stream` to d the way the channel reads a socket, 100000 bytes at most per read:
+// straight into direct_buffer() while a large frame is pending, else through feed(). Returns the
+// frames decoded; `direct_reads` counts the reads that went straight into a part.
+std::vector<Frame> read_like_channel(FrameDecoder& d, std::span<const std::byte> stream,
+                                     size_t* direct_reads = nullptr) {
+  std::vector<Frame> out;
+  size_t off = 0;
+  while (off < stream.size()) {
+    auto direct = d.direct_buffer();
+    size_t n = std::min<size_t>(stream.size() - off, 100000);
+    if (!direct.empty()) {
+      n = std::min(n, direct.size());
+      std::memcpy(direct.data(), stream.data() + off, n);
+      d.commit_direct(n);
+      if (direct_reads != nullptr) ++*direct_reads;
+    } else {
+      d.feed(stream.subspan(off, n));
+    }
+    off += n;
+    while (auto f = d.next()) out.push_back(std::move(*f));
+  }
+  return out;
+}
+
 TEST(Frame, LargeFramesAreAssembledInPlace) {
   // Two frames: a small one, then one with a 1 MiB part, then a small one, read the way the
   // channel reads: straight into direct_buffer() while a large frame is pending, else feed().
@@ -314,22 +338,8 @@ TEST(Frame, LargeFramesAreAssembledInPlace) {
   stream.insert(stream.end(), f3.begin(), f3.end());
 
   FrameDecoder d;
-  std::vector<Frame> out;
-  size_t off = 0, direct_reads = 0;
-  while (off < stream.size()) {
-    auto direct = d.direct_buffer();
-    size_t n = std::min<size_t>(stream.size() - off, 100000);
-    if (!direct.empty()) {
-      n = std::min(n, direct.size());
-      std::memcpy(direct.data(), stream.data() + off, n);
-      d.commit_direct(n);
-      ++direct_reads;
-    } else {
-      d.feed({stream.data() + off, n});
-    }
-    off += n;
-    while (auto f = d.next()) out.push_back(std::move(*f));
-  }
+  size_t direct_reads = 0;
+  std::vector<Frame> out = read_like_channel(d, stream, &direct_reads);
   ASSERT_EQ(out.size(), 3u);
   EXPECT_GT(direct_reads, 5u);  // most of the 1 MiB went straight into the part
   EXPECT_EQ(out[1].header.seq, 2u);
@@ -345,23 +355,9 @@ TEST(Frame, RecycledPartsAreReusedForLaterLargeParts) {
   // recycle() once "handled". Later parts of the same or a smaller size land in that memory.
   auto run = [](FrameDecoder& d, std::span<const std::byte> payload) {
     std::vector<std::span<const std::byte>> parts{payload};
-    auto stream = encode_frame(FrameHeader{}, parts);
-    std::optional<Frame> got;
-    size_t off = 0;
-    while (off < stream.size()) {
-      auto direct = d.direct_buffer();
-      size_t n = std::min<size_t>(stream.size() - off, 100000);
-      if (!direct.empty()) {
-        n = std::min(n, direct.size());
-        std::memcpy(direct.data(), stream.data() + off, n);
-        d.commit_direct(n);
-      } else {
-        d.feed({stream.data() + off, n});
-      }
-      off += n;
-      if (auto f = d.next()) got = std::move(f);
-    }
-    return std::move(got.value());
+    auto frames = read_like_channel(d, encode_frame(FrameHeader{}, parts));
+    EXPECT_EQ(frames.size(), 1u);
+    return std::move(frames.at(0));
   };
   std::vector<std::byte> a(1u << 20, std::byte{0xa1}), b((1u << 20) - 100, std::byte{0xb2});
   FrameDecoder d;
