@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asio.hpp>
 #include <atomic>
 #include <cstdlib>
@@ -153,6 +154,23 @@ struct Engine::Impl {
 
   std::mutex tx_mu;
   std::map<std::pair<std::string, uint32_t>, std::shared_ptr<channel::Sender>> senders;
+
+  /// What this process can register, Host first (life_mu_ held by the caller).
+  std::vector<MemoryKind> memory_kinds() const {
+    uint32_t bits = 1u << static_cast<int>(MemoryKind::Host);
+    if (ucx) bits |= ucx->memory_kinds();
+    std::vector<MemoryKind> out;
+    for (MemoryKind k : {MemoryKind::Host, MemoryKind::Cuda, MemoryKind::Rocm}) {
+      if ((bits & (1u << static_cast<int>(k))) != 0) out.push_back(k);
+    }
+    return out;
+  }
+
+  /// For error messages: the UCX in use, or why the ucx backend is not running.
+  std::string ucx_state() const {
+    if (ucx) return ucx->transport();
+    return "ucx backend not running: " + (ucx_why.empty() ? std::string("rdma.backend=channel") : ucx_why);
+  }
 
   // ---- links ----
   std::shared_ptr<channel::Sender> sender(const std::string& to, uint32_t stream) {
@@ -592,13 +610,7 @@ std::string Engine::transport() const {
 
 std::vector<MemoryKind> Engine::memory_kinds() const {
   std::shared_lock life(life_mu_);
-  uint32_t bits = 1u << static_cast<int>(MemoryKind::Host);
-  if (impl_ && impl_->ucx) bits |= impl_->ucx->memory_kinds();
-  std::vector<MemoryKind> out;
-  for (MemoryKind k : {MemoryKind::Host, MemoryKind::Cuda, MemoryKind::Rocm}) {
-    if ((bits & (1u << static_cast<int>(k))) != 0) out.push_back(k);
-  }
-  return out;
+  return impl_ ? impl_->memory_kinds() : std::vector<MemoryKind>{MemoryKind::Host};
 }
 
 std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memory,
@@ -613,25 +625,15 @@ std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memor
     throw RdmaError(RdmaErrc::InvalidArgument,
                     "rdma: cannot register buffer '" + name + "': zero length");
   }
-  if (kind != MemoryKind::Host) {
-    bool ok = impl_->ucx && (impl_->ucx->memory_kinds() & (1u << static_cast<int>(kind))) != 0;
-    if (!ok) {
-      std::string have;
-      for (MemoryKind k : {MemoryKind::Host, MemoryKind::Cuda, MemoryKind::Rocm}) {
-        if (k == MemoryKind::Host || (impl_->ucx && (impl_->ucx->memory_kinds() & (1u << static_cast<int>(k))) != 0)) {
-          have += std::string(have.empty() ? "" : ", ") + memory_kind_name(k);
-        }
-      }
-      throw RdmaError(RdmaErrc::BackendUnavailable,
-                      "rdma: cannot register buffer '" + name + "' of " + memory_kind_name(kind) +
-                          " memory: it needs the ucx backend on a UCX built with " +
-                          memory_kind_name(kind) + " support; this process can register: " + have +
-                          (impl_->ucx ? " (" + impl_->ucx->transport() + ")"
-                                      : " (ucx backend not running: " +
-                                            (impl_->ucx_why.empty() ? std::string("rdma.backend=channel")
-                                                                    : impl_->ucx_why) +
-                                            ")"));
-    }
+  auto kinds = impl_->memory_kinds();
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
+    std::string have;
+    for (MemoryKind k : kinds) have += std::string(have.empty() ? "" : ", ") + memory_kind_name(k);
+    throw RdmaError(RdmaErrc::BackendUnavailable,
+                    "rdma: cannot register buffer '" + name + "' of " + memory_kind_name(kind) +
+                        " memory: it needs the ucx backend on a UCX built with " +
+                        memory_kind_name(kind) + " support; this process can register: " + have +
+                        " (" + impl_->ucx_state() + ")");
   }
   auto reg = std::make_shared<Registration>();
   reg->base = memory.data();
@@ -760,9 +762,7 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
                            what() + ": the buffer is " + memory_kind_name(h.memory) +
                                " memory, which only the ucx route between two processes reaches (" +
                                (impl_->ucx ? std::string("the owner registered it without ucx routes")
-                                           : "ucx is not running here: " +
-                                                 (impl_->ucx_why.empty() ? std::string("rdma.backend=channel")
-                                                                         : impl_->ucx_why)) +
+                                           : impl_->ucx_state()) +
                                ")"));
   }
 
