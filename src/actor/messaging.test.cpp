@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "monarch/actor/runtime.hpp"
+#include "monarch/config/config.hpp"
 
 using namespace std::chrono_literals;
 using monarch::ActorRef;
@@ -114,6 +115,30 @@ TEST(Messaging, GetWithTimeoutDoesNotConsume) {
   EXPECT_EQ(fut.get(1s), 3);
   EXPECT_FALSE(fut.valid());
   EXPECT_THROW(fut.get(), monarch::UsageError);
+}
+
+// WAIT-1: the spin before sleeping never outlasts the caller's deadline. SCHED-5: nor does an
+// idle worker's spin hold up the Proc's shutdown.
+TEST(Messaging, GetTimesOutOnTimeEvenWhenTheSpinIsLonger) {
+  auto& cfg = monarch::config::global();
+  const std::string before = std::to_string(cfg.integer("actor.spin_us"));
+  cfg.set("actor.spin_us", "1000000");  // 1 s
+  struct Restore {
+    std::string v;
+    ~Restore() { monarch::config::global().set("actor.spin_us", v); }
+  } restore{before};
+  auto started = std::chrono::steady_clock::now();
+  {
+    Proc proc;  // its workers spin up to 1 s whenever idle
+    auto [port, fut] = proc.open_once_port<int>();
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_THROW(fut.get(20ms), monarch::TimeoutError);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
+    std::thread later([p = std::move(port)]() mutable { p.send(7); });
+    EXPECT_EQ(fut.get(10s), 7);  // completed while the waiter spins
+    later.join();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 500ms);  // shutdown did not wait out a spin
 }
 
 TEST(Messaging, ThenChainsAndPropagatesErrors) {

@@ -18,13 +18,18 @@ namespace monarch {
 //         queue, so a ping-pong pair cannot starve other actors.
 // SCHED-3 A worker never sleeps while the global queue is non-empty (checked under mu_).
 // SCHED-4 At most one worker of a pool spins while idle; the others sleep at once.
+// SCHED-5 That worker first spins kSpinRounds pause rounds, then up to `actor.spin_us` yielding
+//         the CPU each round (spin_yield_until), then sleeps.
 
 namespace {
 constexpr int kLifoStreak = 32;
-// A worker with nothing to do spins this many pause rounds (~10-20 us) before it sleeps, and only
-// while no other worker of its pool spins (SCHED-4). Longer spins (2000 rounds) made cross-process
-// casts slower on an oversubscribed host: 16 worker processes spinning on 2 cores took the CPU
-// from the ones with work (16 procs x 1 actor cast+gather p50 1.06 ms, against 0.67 ms).
+// A worker with nothing to do spins this many pause rounds (~10-20 us), then yields for up to
+// actor.spin_us (SCHED-5), and only while no other worker of its pool spins (SCHED-4). Longer
+// pause-only spins (2000 rounds) made cross-process casts slower on an oversubscribed host: 16
+// worker processes spinning on 2 cores took the CPU from the ones with work (16 procs x 1 actor
+// cast+gather p50 1.06 ms, against 0.67 ms). Yielding does not: with 50 us of it, the same casts
+// took 0.57-0.61 ms against 0.60-0.74 without (bench_procs), and a remote actor's round trip
+// fell from ~40 to ~25-30 us, because the worker is still awake when the next request comes.
 constexpr int kSpinRounds = 200;
 thread_local ThreadPoolScheduler* tls_pool = nullptr;
 thread_local void* tls_worker = nullptr;
@@ -37,7 +42,7 @@ struct ThreadPoolScheduler::Worker {
 };
 
 ThreadPoolScheduler::ThreadPoolScheduler(size_t workers, size_t batch)
-    : batch_(std::max<size_t>(1, batch)) {
+    : batch_(std::max<size_t>(1, batch)), spin_(detail::configured_spin()) {
   (void)spdlog::default_logger_raw();  // build the logging registry before any worker runs
   size_t n = workers != 0 ? workers : std::max(1u, std::thread::hardware_concurrency());
   for (size_t i = 0; i < n; ++i) start_worker();
@@ -111,6 +116,14 @@ void ThreadPoolScheduler::run(Worker* w) {
         for (int i = 0; i < kSpinRounds && queued_.load(std::memory_order_relaxed) == 0; ++i) {
           detail::cpu_relax();
         }
+        if (spin_.count() > 0) {
+          detail::spin_yield_until(
+              [&] {
+                return queued_.load(std::memory_order_relaxed) != 0 ||
+                       stop_requested_.load(std::memory_order_relaxed);
+              },
+              std::chrono::steady_clock::now() + spin_);
+        }
       }
       spinning_.fetch_sub(1, std::memory_order_acq_rel);
       if (queued_.load(std::memory_order_acquire) != 0) continue;
@@ -147,6 +160,7 @@ void ThreadPoolScheduler::shutdown() {
     std::lock_guard lock(mu_);
     if (stopping_ && workers_.empty()) return;
     stopping_ = true;
+    stop_requested_.store(true, std::memory_order_release);  // ends a spinning worker's spin
   }
   cv_.notify_all();
   // Workers may still be added by begin_blocking() while we join; loop until none is left.

@@ -22,6 +22,7 @@
 #include "monarch/actor/port.hpp"
 #include "monarch/actor/proc.hpp"
 #include "monarch/actor/scheduler.hpp"
+#include "monarch/config/config.hpp"
 #include "runtime_internal.hpp"
 
 namespace monarch::detail {
@@ -57,6 +58,10 @@ std::string timeout_message(const StateBase& s) {
            " (the future is still valid)";
   }
   return "Future::get: timed out waiting for the result (the future is still valid)";
+}
+
+std::chrono::microseconds configured_spin() {
+  return std::chrono::microseconds(config::global().integer("actor.spin_us"));
 }
 
 void futex_wake_all(std::atomic<uint32_t>* addr) noexcept {
@@ -161,6 +166,12 @@ bool wait_ready(StateBase& s, const Deadline& deadline) {
     cpu_relax();
   }
   using clock = std::chrono::steady_clock;
+  // WAIT-1: before sleeping, spin for up to `actor.spin_us`, never past the deadline.
+  if (auto spin = configured_spin(); spin.count() > 0) {
+    auto until = clock::now() + spin;
+    if (deadline && *deadline < until) until = *deadline;
+    if (spin_yield_until([&] { return s.ready(); }, until)) return true;
+  }
   while (true) {
     uint32_t w = s.word.load(std::memory_order_acquire);
     if ((w & StateBase::kReady) != 0) return true;

@@ -40,6 +40,8 @@ const std::vector<KeyInfo> kKeys = {
     {"actor.workers", Kind::Int, "0", "worker threads per Proc scheduler (0: one per core)"},
     {"actor.batch", Kind::Int, "64", "messages an actor runs per activation before yielding"},
     {"actor.stop_timeout", Kind::Duration, "5s", "how long Proc shutdown waits for its actors"},
+    {"actor.spin_us", Kind::Int, "50",
+     "an idle worker, or a thread blocked in Future::get, spins this many microseconds (yielding the CPU) before it sleeps; 0: sleep at once"},
     // mesh
     {"mesh.cast_fanout", Kind::Int, "16", "children per node of the cast tree"},
     {"mesh.heartbeat_interval", Kind::Duration, "250ms", "procs heartbeat to their owner this often"},
@@ -458,6 +460,9 @@ void Config::validate() const {
   }
   if (std::string_view b = value("rdma.backend").text; b != "auto" && b != "ucx" && b != "channel") {
     throw ConfigError("config: " + show("rdma.backend") + " must be auto, ucx or channel");
+  }
+  if (value("actor.spin_us").number > 1000000) {
+    throw ConfigError("config: " + show("actor.spin_us") + " must be at most 1000000 (1 s)");
   }
   if (value("mesh.cast_fanout").number < 2) {
     throw ConfigError("config: " + show("mesh.cast_fanout") + " must be at least 2");

@@ -117,6 +117,9 @@ TEST(Config, BadValuesAreErrorsThatNameKeyAndSource) {
   EXPECT_NE(e.find("bad.json is not valid JSON"), std::string::npos) << e;
   e = error_of([&] { c.merge_json_text(R"({"mesh.cast_fanout": 1.5})", "file f.json"); });
   EXPECT_NE(e.find("'mesh.cast_fanout'"), std::string::npos) << e;
+  e = error_of([&] { c.set("actor.spin_us", "2000000"); });
+  EXPECT_NE(e.find("actor.spin_us = 2000000"), std::string::npos) << e;
+  EXPECT_NE(e.find("at most 1000000"), std::string::npos) << e;
   e = error_of([&] { c.merge_file("/nonexistent/monarch.json"); });
   EXPECT_NE(e.find("/nonexistent/monarch.json"), std::string::npos) << e;
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -46,6 +47,8 @@ class Scheduler {
 class ThreadPoolScheduler final : public Scheduler {
  public:
   /// `workers` = 0 means std::thread::hardware_concurrency(). `batch`: messages per activation.
+  /// An idle worker spins up to `actor.spin_us` (config, read here) before it sleeps; throws
+  /// config::ConfigError on a bad config layer.
   explicit ThreadPoolScheduler(size_t workers = 0, size_t batch = 64);
   ~ThreadPoolScheduler() override;
 
@@ -67,6 +70,7 @@ class ThreadPoolScheduler final : public Scheduler {
   void start_worker();
 
   size_t batch_;
+  std::chrono::microseconds spin_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<detail::Cell*> queue_;
@@ -74,6 +78,7 @@ class ThreadPoolScheduler final : public Scheduler {
   std::atomic<int> spinning_{0};  // workers polling the queue before they sleep
   size_t sleepers_ = 0;
   bool stopping_ = false;
+  std::atomic<bool> stop_requested_{false};  // stopping_, readable without mu_ (spinning worker)
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<int> unblocked_{0};
 };
