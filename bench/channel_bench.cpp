@@ -1,10 +1,14 @@
 // bench_channel: cross-process channel benchmarks.
 //
 //   xproc_rtt     64 B round trip (p50/p99, us) to an echo process, over unix and tcp:
-//                 monarch channel vs raw_socket (blocking ping-pong) vs caf_io (remote actor, tcp).
+//                 monarch (channel Sender/Listener), monarch_actor (a remote actor's call().get(),
+//                 64 B in and out) vs raw_socket (blocking ping-pong) vs caf_io (remote actor, tcp).
 //                 raw_thread / raw_epoll_thread / raw_epoll_both: raw sockets shaped like the
 //                 channel (reply read by a second thread; with epoll loops), to show where the
-//                 time between raw_socket and monarch goes.
+//                 time between raw_socket and monarch goes. Wherever a reply arrives on another
+//                 thread, the caller waits in monarch's Future::get(), as an actor call does
+//                 (spins up to actor.spin_us, then sleeps; MONARCH_ACTOR_SPIN_US=0
+//                 shows the cost of sleeping at once).
 //   xproc_stream  one link streaming to a counting receiver process: msgs/s at 64 B, GB/s at 1 MiB;
 //                 monarch channel vs raw_socket (length-prefixed frames, buffered writes).
 //
@@ -12,14 +16,12 @@
 // prints "READY <addr>" on stdout once listening, and "DONE <count> <bytes>" when a stream ends.
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -33,12 +35,15 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/report.hpp"
+#include "monarch/actor/runtime.hpp"
 #include "monarch/channel/channel.hpp"
 
 extern char** environ;
@@ -57,7 +62,6 @@ using monarch::bench::report;
 constexpr int kRttWarmup = 2000;
 constexpr int kRttRounds = 20000;
 constexpr size_t kRttSize = 64;
-constexpr double kRttSpinUs = 0;  // monarch rtt: how long the caller spins before sleeping
 constexpr double kStreamBudgetS = 2.0;          // per 64 B stream run
 constexpr uint64_t kSmallMsgs = 1'000'000;      // upper bound at 64 B
 constexpr uint64_t kLargeBytes = 2ull << 30;    // 2 GiB at 1 MiB
@@ -375,6 +379,27 @@ int role_monarch_echo(const std::string& transport) {
   return 0;
 }
 
+// Remote actor echo: a Proc listening on `transport`, serving EchoActor as "echo".
+struct EchoActor : monarch::Actor {
+  std::vector<std::byte> echo(std::vector<std::byte> b) { return b; }
+  MONARCH_ENDPOINTS(EchoActor, echo)
+};
+
+monarch::ProcOptions proc_opts(const std::string& transport, const std::string& what) {
+  monarch::ProcOptions o;
+  o.listen = listen_addr(transport, what).to_string();
+  o.channel = opts();
+  return o;
+}
+
+int role_actor_echo(const std::string& transport) {
+  monarch::Proc proc(proc_opts(transport, "actor_echo"));
+  proc.register_name("echo", proc.spawn<EchoActor>("echo"));
+  say("READY " + proc.address());
+  pause();
+  return 0;
+}
+
 // Counts messages until a 2-part end marker; prints "DONE count bytes".
 int role_monarch_sink(const std::string& transport) {
   IoRuntime io;
@@ -400,6 +425,7 @@ int run_role(int argc, char** argv) {
   if (role == "raw_sink") return role_raw_sink(arg);
   if (role == "monarch_echo") return role_monarch_echo(arg);
   if (role == "monarch_sink") return role_monarch_sink(arg);
+  if (role == "actor_echo") return role_actor_echo(arg);
   if (role == "caf_echo") return caf_io_echo_role();
   std::fprintf(stderr, "bench_channel: unknown role %s\n", role.c_str());
   return 2;
@@ -430,30 +456,26 @@ void rtt_raw(const std::string& transport) {
   report_rtt("raw_socket", transport, v);
 }
 
-// Wakes a thread waiting for a reply that arrives on the IoRuntime thread. The waiter spins for
-// up to spin_us, then sleeps on a futex; the notifier makes the futex call only when someone
-// sleeps (std::atomic::notify_one in libstdc++ 12 always makes one, ~1 us on the reply path).
-struct ReplySignal {
-  std::atomic<uint32_t> count{0};
-  std::atomic<uint32_t> sleepers{0};
-  void notify() {
-    count.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers.load(std::memory_order_seq_cst) != 0) {
-      syscall(SYS_futex, &count, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
-    }
+// The caller's side of a round trip whose reply arrives on another thread (the IoRuntime's, or a
+// raw reader's): arm() before sending, then get() the future; notify() completes it. The wait is
+// monarch's own Future::get(), the one a remote actor call() ends in.
+struct ReplyWait {
+  std::mutex mu;
+  std::optional<monarch::Promise<void>> pending;
+  monarch::Future<void> arm() {
+    monarch::Promise<void> p;
+    auto f = p.get_future();
+    std::lock_guard lock(mu);
+    pending.emplace(std::move(p));
+    return f;
   }
-  void wait_past(uint32_t before, double spin_us) {
-    auto t0 = Clock::now();
-    while (count.load(std::memory_order_acquire) == before) {
-      if (monarch::bench::us_since(t0) > spin_us) {
-        sleepers.fetch_add(1, std::memory_order_seq_cst);
-        while (count.load(std::memory_order_seq_cst) == before) {
-          syscall(SYS_futex, &count, FUTEX_WAIT_PRIVATE, before, nullptr, nullptr, 0);
-        }
-        sleepers.fetch_sub(1, std::memory_order_seq_cst);
-        return;
-      }
+  void notify() {
+    std::optional<monarch::Promise<void>> p;
+    {
+      std::lock_guard lock(mu);
+      p.swap(pending);
     }
+    if (p) p->set_value();
   }
 };
 
@@ -461,28 +483,44 @@ void rtt_monarch(const std::string& transport) {
   Child c = Child::spawn({"monarch_echo", transport});
   auto echo_addr = ChannelAddr::parse(c.expect("READY"));
   IoRuntime io;
-  ReplySignal got;
+  ReplyWait got;
   auto l = Listener::serve(io, listen_addr(transport, "reply"), opts(), [&](Message&&) { got.notify(); });
-  const char* spin_env = std::getenv("BENCH_RTT_SPIN_US");
-  const double spin_us = spin_env != nullptr ? std::atof(spin_env) : kRttSpinUs;
   const std::string reply = l->bound_addr().to_string();
   auto s = Sender::connect(io, echo_addr, opts(), on_failure);
   std::vector<double> v;
   v.reserve(kRttRounds);
   for (int i = 0; i < kRttWarmup + kRttRounds; ++i) {
     auto t0 = Clock::now();
-    uint32_t before = got.count.load(std::memory_order_acquire);
+    auto f = got.arm();
     s->send(Message{{bytes(reply), Bytes(kRttSize)}});
-    got.wait_past(before, spin_us);
+    f.get();
     if (i >= kRttWarmup) v.push_back(monarch::bench::us_since(t0));
   }
   drain(*s);
   report_rtt("monarch", transport, v);
 }
 
+// The user-facing round trip: call() on a remote actor's endpoint, 64 B in and 64 B out, get().
+void rtt_monarch_actor(const std::string& transport) {
+  Child c = Child::spawn({"actor_echo", transport});
+  const std::string echo_addr = c.expect("READY");
+  monarch::Proc client(proc_opts(transport, "actor_client"));
+  auto echo = client.lookup_remote<EchoActor>(echo_addr, "echo").get(std::chrono::seconds(10));
+  std::vector<std::byte> payload(kRttSize);
+  std::vector<double> v;
+  v.reserve(kRttRounds);
+  for (int i = 0; i < kRttWarmup + kRttRounds; ++i) {
+    auto t0 = Clock::now();
+    payload = echo.call(&EchoActor::echo, std::move(payload)).get();
+    if (i >= kRttWarmup) v.push_back(monarch::bench::us_since(t0));
+  }
+  if (payload.size() != kRttSize) die("actor echo returned " + std::to_string(payload.size()) + " bytes");
+  report_rtt("monarch_actor", transport, v);
+}
+
 // The floor for any design that delivers replies on an I/O thread (as the channel's Listener
 // does): the raw echo, but a second thread receives the reply and wakes the caller through
-// ReplySignal. With `epoll`, that thread waits like the channel's asio loop does: epoll_wait,
+// ReplyWait. With `epoll`, that thread waits like the channel's asio loop does: epoll_wait,
 // then non-blocking reads until EAGAIN. The difference to raw_socket is the cost of the extra
 // thread hop (and of the epoll pattern), not of anything in the channel.
 // With `epoll_echo` the echo process runs that loop too: the floor for the channel's whole
@@ -490,7 +528,7 @@ void rtt_monarch(const std::string& transport) {
 void rtt_raw_thread(const std::string& transport, bool epoll, bool epoll_echo = false) {
   Child c = Child::spawn({epoll_echo ? "raw_epoll_echo" : "raw_echo", transport});
   int fd = raw_connect(transport, c.expect("READY"));
-  ReplySignal got;
+  ReplyWait got;
   std::atomic<bool> stop{false};
   std::thread reader([&] {
     char buf[4096];
@@ -526,9 +564,9 @@ void rtt_raw_thread(const std::string& transport, bool epoll, bool epoll_echo = 
   v.reserve(kRttRounds);
   for (int i = 0; i < kRttWarmup + kRttRounds; ++i) {
     auto t0 = Clock::now();
-    uint32_t before = got.count.load(std::memory_order_acquire);
+    auto f = got.arm();
     write_full(fd, buf, sizeof buf);
-    got.wait_past(before, 0);
+    f.get();
     if (i >= kRttWarmup) v.push_back(monarch::bench::us_since(t0));
   }
   stop = true;
@@ -680,6 +718,7 @@ int main(int argc, char** argv) {
     if (enabled(("rtt raw_epoll_thread " + t).c_str())) rtt_raw_thread(t, true);
     if (enabled(("rtt raw_epoll_both " + t).c_str())) rtt_raw_thread(t, true, true);
     if (enabled(("rtt monarch " + t).c_str())) rtt_monarch(t);
+    if (enabled(("rtt monarch_actor " + t).c_str())) rtt_monarch_actor(t);
   }
   if (enabled("rtt caf tcp")) rtt_caf();
   for (size_t size : {size_t{64}, size_t{1} << 20}) {
