@@ -2,10 +2,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <future>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "monarch/actor/runtime.hpp"
+#include "monarch/config/config.hpp"
 
 using namespace std::chrono_literals;
 using monarch::ActorRef;
@@ -387,6 +390,48 @@ TEST(Blocking, BlockedWorkerGetsASpareSoOthersProgress) {
   auto c = proc.spawn<Child>("child");
   // With one worker, the waiter blocks it; the child's reply needs a spare worker.
   EXPECT_EQ(w.call(&Waiter::wait_on, c).get(10s), 7);
+}
+
+// Holds its worker until the test opens the gate. Not through Future::get, so the pool starts no
+// spare worker for it (a handler blocked in a library or a syscall looks the same).
+struct Holder : monarch::Actor {
+  void hold(std::shared_future<void> gate) { gate.wait(); }
+  MONARCH_ENDPOINTS(Holder, hold)
+};
+
+// SCHED-6: the spinning worker takes the first of two queued cells and blocks in its handler; the
+// second must not wait for it. Both arrive while a worker spins, so neither push woke the
+// sleeping worker; the pop that left the second behind must.
+TEST(Blocking, WorkQueuedBehindABlockingHandlerWakesTheSleepingWorker) {
+  auto& cfg = monarch::config::global();
+  struct Restore {
+    std::string v;
+    ~Restore() { monarch::config::global().set("actor.spin_us", v); }
+  } restore{std::to_string(cfg.integer("actor.spin_us"))};
+  cfg.set("actor.spin_us", "1000000");  // an idle worker spins up to 1 s (read by the pool below)
+  auto pool = std::make_shared<monarch::ThreadPoolScheduler>(2);
+  {
+    Proc proc(ProcOptions{.scheduler = pool});
+    auto holder = proc.spawn<Holder>("holder");
+    auto child = proc.spawn<Child>("child");
+    ASSERT_EQ(child.call(&Child::ping).get(10s), 7);
+    for (int round = 0; round < 50; ++round) {
+      // Idle pool: one worker spins, the other sleeps (SCHED-4).
+      auto deadline = std::chrono::steady_clock::now() + 10s;
+      while (!(pool->sleeping_workers() == 1 && pool->worker_spinning())) {
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "pool never went idle, round " << round;
+        std::this_thread::yield();
+      }
+      std::promise<void> gate;
+      holder.send(&Holder::hold, gate.get_future().share());
+      auto reply = child.call(&Child::ping);
+      bool answered = reply.wait_for(5s);
+      gate.set_value();
+      ASSERT_TRUE(answered) << "round " << round << ": the call waited behind the blocked handler";
+      EXPECT_EQ(reply.get(), 7);
+    }
+  }
+  pool->shutdown();
 }
 
 // --- scale ---------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ namespace monarch {
 // SCHED-4 At most one worker of a pool spins while idle; the others sleep at once.
 // SCHED-5 That worker first spins kSpinRounds pause rounds, then up to `actor.spin_us` yielding
 //         the CPU each round (spin_yield_until), then sleeps.
+// SCHED-6 A worker that takes a cell from the global queue and leaves more there wakes a sleeper
+//         when no worker spins.
 
 namespace {
 constexpr int kLifoStreak = 32;
@@ -53,6 +55,11 @@ ThreadPoolScheduler::~ThreadPoolScheduler() { shutdown(); }
 size_t ThreadPoolScheduler::num_workers() const {
   std::lock_guard lock(mu_);
   return workers_.size();
+}
+
+size_t ThreadPoolScheduler::sleeping_workers() const {
+  std::lock_guard lock(mu_);
+  return sleepers_;
 }
 
 void ThreadPoolScheduler::start_worker() {
@@ -90,11 +97,21 @@ void ThreadPoolScheduler::push_global(detail::Cell* c) {
 
 detail::Cell* ThreadPoolScheduler::pop_global() {
   if (queued_.load(std::memory_order_acquire) == 0) return nullptr;
-  std::lock_guard lock(mu_);
-  if (queue_.empty()) return nullptr;
-  detail::Cell* c = queue_.front();
-  queue_.pop_front();
-  queued_.fetch_sub(1, std::memory_order_release);
+  detail::Cell* c = nullptr;
+  bool wake = false;
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.empty()) return nullptr;
+    c = queue_.front();
+    queue_.pop_front();
+    queued_.fetch_sub(1, std::memory_order_release);
+    // SCHED-6: push_global woke nobody while a worker spun (SCHED-4), counting on the spinner.
+    // But the spinner takes one cell, and its handler may block for good; what is still queued
+    // must not wait for it. So whoever takes a cell and leaves more behind wakes a sleeper,
+    // unless another worker spins (it will see the rest).
+    wake = !queue_.empty() && sleepers_ > 0 && spinning_.load(std::memory_order_acquire) == 0;
+  }
+  if (wake) cv_.notify_one();
   return c;
 }
 

@@ -60,6 +60,10 @@ class ThreadPoolScheduler final : public Scheduler {
   void end_blocking() override;
 
   size_t num_workers() const;
+  /// Idle workers asleep, and whether one spins (SCHED-4..6 in scheduler.cpp). A snapshot, for
+  /// tests and diagnostics; callable from any thread.
+  size_t sleeping_workers() const;
+  bool worker_spinning() const { return spinning_.load(std::memory_order_acquire) != 0; }
   static constexpr size_t kMaxWorkers = 256;
 
  private:
