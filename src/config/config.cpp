@@ -41,7 +41,8 @@ const std::vector<KeyInfo> kKeys = {
     {"actor.batch", Kind::Int, "64", "messages an actor runs per activation before yielding"},
     {"actor.stop_timeout", Kind::Duration, "5s", "how long Proc shutdown waits for its actors"},
     {"actor.spin_us", Kind::Int, "50",
-     "an idle worker, or a thread blocked in Future::get, spins this many microseconds (yielding the CPU) before it sleeps; 0: sleep at once"},
+     "an idle worker, or a thread blocked in Future::get, spins this many microseconds "
+     "(yielding the CPU) before it sleeps; 0: sleep at once"},
     // mesh
     {"mesh.cast_fanout", Kind::Int, "16", "children per node of the cast tree"},
     {"mesh.heartbeat_interval", Kind::Duration, "250ms", "procs heartbeat to their owner this often"},
