@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "monarch/actor/runtime.hpp"
-#include "monarch/config/config.hpp"
+#include "testing/config_override.hpp"
 
 using namespace std::chrono_literals;
 using monarch::ActorRef;
@@ -403,12 +403,8 @@ struct Holder : monarch::Actor {
 // second must not wait for it. Both arrive while a worker spins, so neither push woke the
 // sleeping worker; the pop that left the second behind must.
 TEST(Blocking, WorkQueuedBehindABlockingHandlerWakesTheSleepingWorker) {
-  auto& cfg = monarch::config::global();
-  struct Restore {
-    std::string v;
-    ~Restore() { monarch::config::global().set("actor.spin_us", v); }
-  } restore{std::to_string(cfg.integer("actor.spin_us"))};
-  cfg.set("actor.spin_us", "1000000");  // an idle worker spins up to 1 s (read by the pool below)
+  // An idle worker spins up to 1 s (read by the pool below).
+  monarch::testing::IntConfigOverride spin("actor.spin_us", "1000000");
   auto pool = std::make_shared<monarch::ThreadPoolScheduler>(2);
   {
     Proc proc(ProcOptions{.scheduler = pool});

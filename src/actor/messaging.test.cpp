@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "monarch/actor/runtime.hpp"
-#include "monarch/config/config.hpp"
+#include "testing/config_override.hpp"
 
 using namespace std::chrono_literals;
 using monarch::ActorRef;
@@ -120,13 +120,7 @@ TEST(Messaging, GetWithTimeoutDoesNotConsume) {
 // WAIT-1: the spin before sleeping never outlasts the caller's deadline. SCHED-5: nor does an
 // idle worker's spin hold up the Proc's shutdown.
 TEST(Messaging, GetTimesOutOnTimeEvenWhenTheSpinIsLonger) {
-  auto& cfg = monarch::config::global();
-  const std::string before = std::to_string(cfg.integer("actor.spin_us"));
-  cfg.set("actor.spin_us", "1000000");  // 1 s
-  struct Restore {
-    std::string v;
-    ~Restore() { monarch::config::global().set("actor.spin_us", v); }
-  } restore{before};
+  monarch::testing::IntConfigOverride spin("actor.spin_us", "1000000");  // 1 s
   auto started = std::chrono::steady_clock::now();
   {
     Proc proc;  // its workers spin up to 1 s whenever idle
