@@ -15,9 +15,9 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/report.hpp"
@@ -46,7 +46,8 @@ caf::behavior leaf_fun(caf::event_based_actor*) {
 // cheapest gather idiom) and answer with the sum once all replies are in.
 class Gather : public caf::event_based_actor {
  public:
-  Gather(caf::actor_config& cfg, Leaves leaves) : caf::event_based_actor(cfg), leaves_(std::move(leaves)) {}
+  Gather(caf::actor_config& cfg, Leaves leaves)
+      : caf::event_based_actor(cfg), leaves_(std::move(leaves)) {}
 
   caf::behavior make_behavior() override {
     return {[this](go_atom, long x) {
@@ -111,8 +112,10 @@ void run_caf(int workers, const std::vector<int>& sizes, int warmup, int samples
         if (i >= warmup) us.push_back(t);
       }
       nlohmann::json params = {{"procs", 16}, {"per_proc", n / 16}, {"actors", n}};
-      report("cast_gather", impl, "p50", monarch::bench::percentile(us, 0.5), "us", "lower", params);
-      report("cast_gather", impl, "p99", monarch::bench::percentile(us, 0.99), "us", "lower", params);
+      report("cast_gather", impl, "p50", monarch::bench::percentile(us, 0.5), "us", "lower",
+             params);
+      report("cast_gather", impl, "p99", monarch::bench::percentile(us, 0.99), "us", "lower",
+             params);
       caf::anon_send_exit(gather, caf::exit_reason::user_shutdown);
       for (const auto& l : *leaves) caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
     }
@@ -123,10 +126,12 @@ void run_caf(int workers, const std::vector<int>& sizes, int warmup, int samples
     for (int i = 0; i < 5; ++i) {
       ms.push_back(timed_gather(self, gather) / 1e3);
       if (i == 0) {
-        report("idle_actor", impl, "memory", (rss_bytes() - before) / big, "bytes", "lower", {{"actors", big}});
+        report("idle_actor", impl, "memory", (rss_bytes() - before) / big, "bytes", "lower",
+               {{"actors", big}});
       }
     }
-    report("cast_100k", impl, "time", monarch::bench::percentile(ms, 0.5), "ms", "lower", {{"actors", big}});
+    report("cast_100k", impl, "time", monarch::bench::percentile(ms, 0.5), "ms", "lower",
+           {{"actors", big}});
     report("cast_100k", impl, "first", ms[0], "ms", "lower", {{"actors", big}});
     caf::anon_send_exit(gather, caf::exit_reason::user_shutdown);
     for (const auto& l : *leaves) caf::anon_send_exit(l, caf::exit_reason::user_shutdown);

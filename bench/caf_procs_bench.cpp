@@ -90,9 +90,9 @@ caf::behavior directory_fun(caf::event_based_actor* self) {
 
 struct Worker {
   pid_t pid = -1;
-  int fd = -1;         // read end of the worker's stdout pipe
-  std::string out{};   // what it wrote so far
-  uint16_t port = 0;   // 0 until "PORT n" was read
+  int fd = -1;        // read end of the worker's stdout pipe
+  std::string out{};  // what it wrote so far
+  uint16_t port = 0;  // 0 until "PORT n" was read
 };
 
 std::string self_exe() {
@@ -156,7 +156,8 @@ bool start_workers(size_t n, std::vector<Worker>& ws) {
   auto deadline = Clock::now() + std::chrono::milliseconds(kStartTimeoutMs);
   size_t ready = 0;
   while (ready < ws.size()) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) break;
     std::vector<pollfd> pfds;
     std::vector<size_t> idx;
@@ -185,7 +186,8 @@ bool start_workers(size_t n, std::vector<Worker>& ws) {
       unsigned port = 0;
       if (w.out.find('\n') != std::string::npos) {
         if (std::sscanf(w.out.c_str(), "PORT %u", &port) != 1 || port == 0 || port > 65535) {
-          std::fprintf(stderr, "bench_procs: caf worker %zu (pid %d) wrote '%s', not 'PORT n'; "
+          std::fprintf(stderr,
+                       "bench_procs: caf worker %zu (pid %d) wrote '%s', not 'PORT n'; "
                        "skipping the caf cast_gather_procs rows\n",
                        idx[j], static_cast<int>(w.pid), w.out.substr(0, w.out.find('\n')).c_str());
           stop_workers(ws);
@@ -223,8 +225,9 @@ bool run_client(const std::vector<Worker>& ws, const std::vector<size_t>& ks, in
   for (size_t i = 0; i < ws.size(); ++i) {
     auto dir = sys.middleman().remote_actor("127.0.0.1", ws[i].port);
     if (!dir) {
-      std::fprintf(stderr, "bench_procs: caf remote_actor to worker %zu (127.0.0.1:%u) failed: %s\n",
-                   i, static_cast<unsigned>(ws[i].port), sys.render(dir.error()).c_str());
+      std::fprintf(stderr,
+                   "bench_procs: caf remote_actor to worker %zu (127.0.0.1:%u) failed: %s\n", i,
+                   static_cast<unsigned>(ws[i].port), sys.render(dir.error()).c_str());
       return false;
     }
     dirs.push_back(*dir);
@@ -239,15 +242,16 @@ bool run_client(const std::vector<Worker>& ws, const std::vector<size_t>& ks, in
             .receive(
                 [&](const std::vector<caf::actor>& got) {
                   if (got.size() != k) {
-                    std::fprintf(stderr, "bench_procs: caf worker %zu gave %zu leaves, asked %zu\n", i,
-                                 got.size(), k);
+                    std::fprintf(stderr, "bench_procs: caf worker %zu gave %zu leaves, asked %zu\n",
+                                 i, got.size(), k);
                     ok = false;
                   }
                   leaves.insert(leaves.end(), got.begin(), got.end());
                 },
                 [&](caf::error& e) {
-                  std::fprintf(stderr, "bench_procs: caf worker %zu: asking for %zu leaves failed: %s\n",
-                               i, k, sys.render(e).c_str());
+                  std::fprintf(stderr,
+                               "bench_procs: caf worker %zu: asking for %zu leaves failed: %s\n", i,
+                               k, sys.render(e).c_str());
                   ok = false;
                 });
       }
@@ -265,11 +269,14 @@ bool run_client(const std::vector<Worker>& ws, const std::vector<size_t>& ks, in
                   sum += r;
                   ++got;
                 },
-                caf::after(std::chrono::seconds(30)) >> [&] {
-                  std::fprintf(stderr, "bench_procs: caf gather: %d of %d remote leaves answered, then "
-                               "none for 30 s\n", got, want);
-                  ok = false;
-                })
+                caf::after(std::chrono::seconds(30)) >>
+                    [&] {
+                      std::fprintf(stderr,
+                                   "bench_procs: caf gather: %d of %d remote leaves answered, then "
+                                   "none for 30 s\n",
+                                   got, want);
+                      ok = false;
+                    })
             .until([&] { return got == want || !ok; });
         if (ok && sum != want) {
           std::fprintf(stderr, "bench_procs: caf gather of %d leaves summed to %d\n", want, sum);
@@ -280,8 +287,10 @@ bool run_client(const std::vector<Worker>& ws, const std::vector<size_t>& ks, in
       if (!ok) break;
       nlohmann::json q = {{"procs", ws.size()}, {"actors_per_proc", k}, {"actors", leaves.size()}};
       using monarch::bench::percentile;
-      monarch::bench::report("cast_gather_procs", impl, "p50", percentile(us, 0.5), "us", "lower", q);
-      monarch::bench::report("cast_gather_procs", impl, "p99", percentile(us, 0.99), "us", "lower", q);
+      monarch::bench::report("cast_gather_procs", impl, "p50", percentile(us, 0.5), "us", "lower",
+                             q);
+      monarch::bench::report("cast_gather_procs", impl, "p99", percentile(us, 0.99), "us", "lower",
+                             q);
     }
     for (const auto& d : dirs) self->send_exit(d, caf::exit_reason::user_shutdown);
   }
@@ -313,7 +322,9 @@ void caf_cast_gather_procs(size_t procs, const std::vector<size_t>& ks, int warm
   std::vector<Worker> ws;
   if (!start_workers(procs, ws)) return;
   if (!run_client(ws, ks, warmup, iters)) {
-    std::fprintf(stderr, "bench_procs: caf cast_gather_procs stopped early; its remaining rows are skipped\n");
+    std::fprintf(
+        stderr,
+        "bench_procs: caf cast_gather_procs stopped early; its remaining rows are skipped\n");
   }
   stop_workers(ws);
 }

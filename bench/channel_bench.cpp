@@ -2,8 +2,8 @@
 //
 //   xproc_rtt     64 B round trip (p50/p99, us) to an echo process, over unix and tcp:
 //                 monarch (channel Sender/Listener), monarch_actor (a remote actor's call().get(),
-//                 64 B in and out) vs raw_socket (blocking ping-pong) vs caf_io (remote actor, tcp).
-//                 raw_thread / raw_epoll_thread / raw_epoll_both: raw sockets shaped like the
+//                 64 B in and out) vs raw_socket (blocking ping-pong) vs caf_io (remote actor,
+//                 tcp). raw_thread / raw_epoll_thread / raw_epoll_both: raw sockets shaped like the
 //                 channel (reply read by a second thread; with epoll loops), to show where the
 //                 time between raw_socket and monarch goes. Wherever a reply arrives on another
 //                 thread, the caller waits in monarch's Future::get(), as an actor call does
@@ -62,10 +62,10 @@ using monarch::bench::report;
 constexpr int kRttWarmup = 2000;
 constexpr int kRttRounds = 20000;
 constexpr size_t kRttSize = 64;
-constexpr double kStreamBudgetS = 2.0;          // per 64 B stream run
-constexpr uint64_t kSmallMsgs = 1'000'000;      // upper bound at 64 B
-constexpr uint64_t kLargeBytes = 2ull << 30;    // 2 GiB at 1 MiB
-constexpr uint32_t kEndMarker = 0xFFFFFFFFu;    // raw stream: end-of-stream length prefix
+constexpr double kStreamBudgetS = 2.0;        // per 64 B stream run
+constexpr uint64_t kSmallMsgs = 1'000'000;    // upper bound at 64 B
+constexpr uint64_t kLargeBytes = 2ull << 30;  // 2 GiB at 1 MiB
+constexpr uint32_t kEndMarker = 0xFFFFFFFFu;  // raw stream: end-of-stream length prefix
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "bench_channel: %s: %s\n", what.c_str(), std::strerror(errno));
@@ -78,14 +78,18 @@ ChannelOptions opts() {
   return o;
 }
 
-std::string text(const Bytes& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+std::string text(const Bytes& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
 Bytes bytes(const std::string& s) {
   Bytes b(s.size());
   std::memcpy(b.data(), s.data(), s.size());
   return b;
 }
 
-double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double secs(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 // Failure handler for the measuring side. Messages still unacknowledged when a Sender is
 // destroyed come back here with "sender destroyed" (documented behaviour), so only count them.
@@ -130,7 +134,8 @@ struct Child {
     for (auto& a : copy) argv.push_back(a.data());
     argv.push_back(nullptr);
     Child c;
-    if (posix_spawn(&c.pid, self.c_str(), &fa, nullptr, argv.data(), environ) != 0) die("posix_spawn");
+    if (posix_spawn(&c.pid, self.c_str(), &fa, nullptr, argv.data(), environ) != 0)
+      die("posix_spawn");
     posix_spawn_file_actions_destroy(&fa);
     close(fds[1]);
     c.out = fdopen(fds[0], "r");
@@ -157,7 +162,10 @@ struct Child {
     if (out != nullptr) std::fclose(out);
   }
   Child() = default;
-  Child(Child&& o) noexcept : pid(o.pid), out(o.out) { o.pid = -1; o.out = nullptr; }
+  Child(Child&& o) noexcept : pid(o.pid), out(o.out) {
+    o.pid = -1;
+    o.out = nullptr;
+  }
   Child& operator=(Child&&) = delete;
 };
 
@@ -434,7 +442,8 @@ int run_role(int argc, char** argv) {
 // ---------------------------------------------------------------------------------------------
 // xproc_rtt
 
-void report_rtt(const std::string& impl, const std::string& transport, const std::vector<double>& v) {
+void report_rtt(const std::string& impl, const std::string& transport,
+                const std::vector<double>& v) {
   nlohmann::json p = {{"transport", transport}, {"size", kRttSize}};
   report("xproc_rtt", impl, "p50", percentile(v, 0.50), "us", "lower", p);
   report("xproc_rtt", impl, "p99", percentile(v, 0.99), "us", "lower", p);
@@ -484,7 +493,8 @@ void rtt_monarch(const std::string& transport) {
   auto echo_addr = ChannelAddr::parse(c.expect("READY"));
   IoRuntime io;
   ReplyWait got;
-  auto l = Listener::serve(io, listen_addr(transport, "reply"), opts(), [&](Message&&) { got.notify(); });
+  auto l = Listener::serve(io, listen_addr(transport, "reply"), opts(),
+                           [&](Message&&) { got.notify(); });
   const std::string reply = l->bound_addr().to_string();
   auto s = Sender::connect(io, echo_addr, opts(), on_failure);
   std::vector<double> v;
@@ -514,7 +524,8 @@ void rtt_monarch_actor(const std::string& transport) {
     payload = echo.call(&EchoActor::echo, std::move(payload)).get();
     if (i >= kRttWarmup) v.push_back(monarch::bench::us_since(t0));
   }
-  if (payload.size() != kRttSize) die("actor echo returned " + std::to_string(payload.size()) + " bytes");
+  if (payload.size() != kRttSize)
+    die("actor echo returned " + std::to_string(payload.size()) + " bytes");
   report_rtt("monarch_actor", transport, v);
 }
 
@@ -573,7 +584,10 @@ void rtt_raw_thread(const std::string& transport, bool epoll, bool epoll_echo = 
   shutdown(fd, SHUT_RDWR);
   reader.join();
   close(fd);
-  report_rtt(epoll_echo ? "raw_epoll_both" : epoll ? "raw_epoll_thread" : "raw_thread", transport, v);
+  report_rtt(epoll_echo ? "raw_epoll_both"
+             : epoll    ? "raw_epoll_thread"
+                        : "raw_thread",
+             transport, v);
 }
 
 void rtt_caf() {
@@ -587,8 +601,12 @@ void rtt_caf() {
 // ---------------------------------------------------------------------------------------------
 // xproc_stream
 
-uint64_t stream_limit(size_t size) { return size <= 4096 ? kSmallMsgs : kLargeBytes / size; }
-double stream_budget(size_t size) { return size <= 4096 ? kStreamBudgetS : 2 * kStreamBudgetS; }
+uint64_t stream_limit(size_t size) {
+  return size <= 4096 ? kSmallMsgs : kLargeBytes / size;
+}
+double stream_budget(size_t size) {
+  return size <= 4096 ? kStreamBudgetS : 2 * kStreamBudgetS;
+}
 
 void report_stream(const std::string& impl, const std::string& transport, size_t size, uint64_t n,
                    double s, const std::string& done) {
@@ -599,7 +617,8 @@ void report_stream(const std::string& impl, const std::string& transport, size_t
                  impl.c_str(), transport.c_str(), rc, rb, n);
   }
   nlohmann::json p = {{"transport", transport}, {"size", size}};
-  std::printf("xproc_stream %s %s size=%zu: %lu msgs in %.3f s\n", impl.c_str(), transport.c_str(), size, n, s);
+  std::printf("xproc_stream %s %s size=%zu: %lu msgs in %.3f s\n", impl.c_str(), transport.c_str(),
+              size, n, s);
   if (size <= 4096) {
     report("xproc_stream", impl, "rate", static_cast<double>(n) / s, "msgs/s", "higher", p);
   } else {
@@ -724,9 +743,11 @@ int main(int argc, char** argv) {
   for (size_t size : {size_t{64}, size_t{1} << 20}) {
     for (std::string t : {"unix", "tcp"}) {
       if (enabled(("stream raw " + t + " " + std::to_string(size)).c_str())) stream_raw(t, size);
-      if (enabled(("stream monarch " + t + " " + std::to_string(size)).c_str())) stream_monarch(t, size);
+      if (enabled(("stream monarch " + t + " " + std::to_string(size)).c_str()))
+        stream_monarch(t, size);
     }
   }
-  std::printf("targets: rtt <= 1.5x raw_socket; >= 1M msgs/s at 64 B; 1 MiB >= 70%% of raw_socket GB/s\n");
+  std::printf(
+      "targets: rtt <= 1.5x raw_socket; >= 1M msgs/s at 64 B; 1 MiB >= 70%% of raw_socket GB/s\n");
   return 0;
 }

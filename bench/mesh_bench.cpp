@@ -13,11 +13,12 @@
 // Environment: MESH_BENCH_IMPL=monarch|caf runs one side only; MESH_BENCH_CAF_POLICY=stealing
 // runs CAF with its default work-stealing scheduler (reported as "caf_stealing"; default: CAF's
 // "sharing" policy, its faster one for this fan-out).
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "common/report.hpp"
@@ -57,7 +58,8 @@ void run_monarch() {
   opts.workers = kWorkers;
   for (int per_proc : {1, 64, 256}) {
     auto procs = monarch::mesh::ProcMesh::local({{"procs", kProcs}}, opts);
-    auto leaves = procs.spawn<Leaf>("leaf", monarch::ndslice::Extent{{"actors", static_cast<size_t>(per_proc)}});
+    auto leaves = procs.spawn<Leaf>(
+        "leaf", monarch::ndslice::Extent{{"actors", static_cast<size_t>(per_proc)}});
     const int n = kProcs * per_proc;
     nlohmann::json params = {{"procs", kProcs}, {"per_proc", per_proc}, {"actors", n}};
     std::vector<double> gather, reduce;
@@ -76,16 +78,21 @@ void run_monarch() {
       if (i >= kWarmup) reduce.push_back(us);
     }
     if (sink == 42) std::printf(" ");
-    report("cast_gather", "monarch", "p50", monarch::bench::percentile(gather, 0.5), "us", "lower", params);
-    report("cast_gather", "monarch", "p99", monarch::bench::percentile(gather, 0.99), "us", "lower", params);
-    report("cast_reduce", "monarch", "p50", monarch::bench::percentile(reduce, 0.5), "us", "lower", params);
-    report("cast_reduce", "monarch", "p99", monarch::bench::percentile(reduce, 0.99), "us", "lower", params);
+    report("cast_gather", "monarch", "p50", monarch::bench::percentile(gather, 0.5), "us", "lower",
+           params);
+    report("cast_gather", "monarch", "p99", monarch::bench::percentile(gather, 0.99), "us", "lower",
+           params);
+    report("cast_reduce", "monarch", "p50", monarch::bench::percentile(reduce, 0.5), "us", "lower",
+           params);
+    report("cast_reduce", "monarch", "p99", monarch::bench::percentile(reduce, 0.99), "us", "lower",
+           params);
   }
   {
     auto procs = monarch::mesh::ProcMesh::local({{"procs", kBigProcs}}, opts);
     // Warm the allocator's arenas and the procs, then measure what 100k idle actors add.
     double before = rss_bytes();
-    auto leaves = procs.spawn<Leaf>("leaf", monarch::ndslice::Extent{{"actors", static_cast<size_t>(kBigPerProc)}});
+    auto leaves = procs.spawn<Leaf>(
+        "leaf", monarch::ndslice::Extent{{"actors", static_cast<size_t>(kBigPerProc)}});
     const long n = static_cast<long>(leaves.size());
     std::vector<double> ms;
     for (int i = 0; i < 5; ++i) {
@@ -94,11 +101,12 @@ void run_monarch() {
       ms.push_back(monarch::bench::us_since(t0) / 1e3);
       if (sum != n) std::fprintf(stderr, "cast_100k: wrong sum %ld\n", sum);
       if (i == 0) {
-        report("idle_actor", "monarch", "memory", (rss_bytes() - before) / static_cast<double>(n), "bytes",
-               "lower", {{"actors", n}});
+        report("idle_actor", "monarch", "memory", (rss_bytes() - before) / static_cast<double>(n),
+               "bytes", "lower", {{"actors", n}});
       }
     }
-    report("cast_100k", "monarch", "time", monarch::bench::percentile(ms, 0.5), "ms", "lower", {{"actors", n}});
+    report("cast_100k", "monarch", "time", monarch::bench::percentile(ms, 0.5), "ms", "lower",
+           {{"actors", n}});
     report("cast_100k", "monarch", "first", ms[0], "ms", "lower", {{"actors", n}});
   }
 }

@@ -47,7 +47,9 @@ constexpr int kRuns = 10;
 constexpr int kWarmup = 10;  // cast_gather_procs iterations not timed, per mesh size
 const std::vector<size_t> kActorsPerProc = {1, 64, 256};
 
-int gather_iters(size_t actors_per_proc) { return actors_per_proc >= 256 ? 100 : 300; }
+int gather_iters(size_t actors_per_proc) {
+  return actors_per_proc >= 256 ? 100 : 300;
+}
 
 std::string self_exe() {
   char buf[4096];
@@ -93,7 +95,8 @@ int main(int argc, char** argv) {
     proc.register_name("probe", proc.spawn<Probe>("probe"));
   });
   if (argc >= 3 && std::strcmp(argv[1], "--role") == 0) {
-    if (argc == 4 && std::strcmp(argv[2], "caf_worker") == 0) return procs_bench::caf_worker_role(argv[3]);
+    if (argc == 4 && std::strcmp(argv[2], "caf_worker") == 0)
+      return procs_bench::caf_worker_role(argv[3]);
     std::printf("ready\n");
     return 0;
   }
@@ -120,10 +123,12 @@ int main(int argc, char** argv) {
   using monarch::bench::report;
   report("spawn_procs", "monarch", "p50", percentile(monarch_ms, 0.5), "ms", "lower", p);
   report("spawn_procs", "monarch", "max", percentile(monarch_ms, 1.0), "ms", "lower", p);
-  report("spawn_procs_first_call", "monarch", "p50", percentile(first_call_ms, 0.5), "ms", "lower", p);
+  report("spawn_procs_first_call", "monarch", "p50", percentile(first_call_ms, 0.5), "ms", "lower",
+         p);
   report("spawn_procs", "posix_spawn", "p50", percentile(peer_ms, 0.5), "ms", "lower", p);
 
-  // Cast + gather / reduce over worker processes (issue 5 target: 4096 actors on 16 procs <= 2 ms p50).
+  // Cast + gather / reduce over worker processes (issue 5 target: 4096 actors on 16 procs <= 2 ms
+  // p50).
   auto procs = host.spawn_procs({{"procs", kProcs}});
   for (size_t k : kActorsPerProc) {
     auto mesh = procs.spawn<Probe>("probe" + std::to_string(k), {{"actors", k}});

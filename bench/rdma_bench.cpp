@@ -12,8 +12,8 @@
 //       plain vector take the backend's route (rows above). Peer "memcpy" is measured in the same
 //       client process, interleaved with them size by size: the same sizes, the same destination
 //       (reads) / source (writes) buffer as the transfers, the other side page-aligned like
-//       the shm data, every page warm for both; each value is the best of 3 interleaved rounds. The ratio to memcpy is printed on stderr and by
-//       scripts/bench-report.py.
+//       the shm data, every page warm for both; each value is the best of 3 interleaved rounds. The
+//       ratio to memcpy is printed on stderr and by scripts/bench-report.py.
 //
 // BENCH_RDMA_ONLY=ucx|channel|local runs one group of rows with its peers.
 //
@@ -45,8 +45,8 @@ using bench::Clock;
 
 namespace {
 
-const std::vector<size_t> kSizes = {4u << 10, 64u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20,
-                                    256u << 20};
+const std::vector<size_t> kSizes = {4u << 10,  64u << 10, 1u << 20,  4u << 20,
+                                    16u << 20, 64u << 20, 256u << 20};
 constexpr size_t kMax = 256u << 20;
 
 std::string self_path() {
@@ -95,7 +95,8 @@ int role_owner(size_t size, bool alloc) {
 }
 
 /// Starts an owner of kMax bytes; its handle, or nullopt (reported on stderr).
-std::optional<rdma::RdmaHandle> start_owner(std::unique_ptr<testing::Subprocess>& owner, bool alloc) {
+std::optional<rdma::RdmaHandle> start_owner(std::unique_ptr<testing::Subprocess>& owner,
+                                            bool alloc) {
   std::vector<std::string> args = {"--owner", std::to_string(kMax)};
   if (alloc) args.push_back("alloc");
   owner = std::make_unique<testing::Subprocess>(self_path(), args);
@@ -128,11 +129,14 @@ int role_local_client() {
   for (size_t size : kSizes) {
     std::span<std::byte> buf(local.data(), size);
     // Rounds interleave the five measurements so that a noisy moment hits them alike; each keeps
-    // its best round. memcpy peer: reads land in `local` (like the transfers'), writes come from it.
+    // its best round. memcpy peer: reads land in `local` (like the transfers'), writes come from
+    // it.
     double copy_in = 0, copy_out = 0, shm_r = 0, shm_w = 0, cma_r = 0;
     for (int round = 0; round < 3; ++round) {
-      copy_in = std::max(copy_in, measure(size, [&] { std::memcpy(local.data(), other.data(), size); }));
-      copy_out = std::max(copy_out, measure(size, [&] { std::memcpy(other.data(), local.data(), size); }));
+      copy_in =
+          std::max(copy_in, measure(size, [&] { std::memcpy(local.data(), other.data(), size); }));
+      copy_out =
+          std::max(copy_out, measure(size, [&] { std::memcpy(other.data(), local.data(), size); }));
       shm_r = std::max(shm_r, measure(size, [&] { shm->read_into(buf).get(); }));
       shm_w = std::max(shm_w, measure(size, [&] { shm->write_from(buf).get(); }));
       cma_r = std::max(cma_r, measure(size, [&] { cma->read_into(buf).get(); }));
@@ -142,8 +146,9 @@ int role_local_client() {
       double value;
       double memcpy;
     };
-    for (const Row& r : {Row{"rdma_read_shm", shm_r, copy_in}, Row{"rdma_write_shm", shm_w, copy_out},
-                         Row{"rdma_read_cma", cma_r, copy_in}}) {
+    for (const Row& r :
+         {Row{"rdma_read_shm", shm_r, copy_in}, Row{"rdma_write_shm", shm_w, copy_out},
+          Row{"rdma_read_cma", cma_r, copy_in}}) {
       bench::report(r.bench, "monarch", "bandwidth", r.value, "GB/s", "higher", params(size));
       bench::report(r.bench, "memcpy", "bandwidth", r.memcpy, "GB/s", "higher", params(size));
       std::fprintf(stderr, "bench_rdma: %-15s %9zu B  %7.2f GB/s  memcpy %7.2f GB/s  ratio %.2f\n",
@@ -168,9 +173,11 @@ int role_client(const std::string& backend) {
   for (size_t size : kSizes) {
     std::span<std::byte> dst(local.data(), size);
     double r = measure(size, [&] { h.read_into(dst).get(); });
-    bench::report("rdma_read_" + backend, "monarch", "bandwidth", r, "GB/s", "higher", params(size));
+    bench::report("rdma_read_" + backend, "monarch", "bandwidth", r, "GB/s", "higher",
+                  params(size));
     double w = measure(size, [&] { h.write_from(dst).get(); });
-    bench::report("rdma_write_" + backend, "monarch", "bandwidth", w, "GB/s", "higher", params(size));
+    bench::report("rdma_write_" + backend, "monarch", "bandwidth", w, "GB/s", "higher",
+                  params(size));
   }
   std::fprintf(stderr, "bench_rdma: %s transport: %s\n", active.c_str(),
                rdma::active_transport().c_str());
@@ -258,8 +265,9 @@ double perftest(const std::string& test, size_t size, const std::string& tls) {
   double gbs = -1;
   for (int attempt = 0; attempt < 20 && gbs < 0; ++attempt) {
     ::usleep(100000);  // the server needs a moment to listen; retried, not assumed
-    std::string cmd = (tls.empty() ? std::string() : "UCX_TLS=" + tls + " ") + "ucx_perftest -p " + p + " -t " + test + " -s " + std::to_string(size) +
-                      " -n " + std::to_string(iters) + " localhost 2>/dev/null";
+    std::string cmd = (tls.empty() ? std::string() : "UCX_TLS=" + tls + " ") + "ucx_perftest -p " +
+                      p + " -t " + test + " -s " + std::to_string(size) + " -n " +
+                      std::to_string(iters) + " localhost 2>/dev/null";
     FILE* f = ::popen(cmd.c_str(), "r");
     if (f == nullptr) break;
     char line[512];
@@ -284,7 +292,8 @@ double perftest(const std::string& test, size_t size, const std::string& tls) {
 void perftest_peer() {
   const char* env = std::getenv("UCX_TLS");
   std::string ours = env != nullptr ? env : "tcp";
-  for (auto [impl, tls] : {std::pair{"ucx_perftest", ours}, std::pair{"ucx_perftest_shm", std::string()}}) {
+  for (auto [impl, tls] :
+       {std::pair{"ucx_perftest", ours}, std::pair{"ucx_perftest_shm", std::string()}}) {
     bool works[2] = {true, true};  // a test that fails once (e.g. ucp_put over tcp) is not retried
     for (size_t size : kSizes) {
       for (int t = 0; t < 2; ++t) {
@@ -293,8 +302,9 @@ void perftest_peer() {
         if (!works[t]) continue;
         double g = perftest(test, size, tls);
         if (g < 0) {
-          std::fprintf(stderr, "bench_rdma: ucx_perftest %s (UCX_TLS=%s) failed or absent; skipped\n",
-                       test, tls.empty() ? "default" : tls.c_str());
+          std::fprintf(stderr,
+                       "bench_rdma: ucx_perftest %s (UCX_TLS=%s) failed or absent; skipped\n", test,
+                       tls.empty() ? "default" : tls.c_str());
           works[t] = false;
           continue;
         }
@@ -331,7 +341,8 @@ int main(int argc, char** argv) {
   const char* only_env = std::getenv("BENCH_RDMA_ONLY");
   std::string only = only_env != nullptr ? only_env : "";
   if (!only.empty() && only != "ucx" && only != "channel" && only != "local") {
-    std::fprintf(stderr, "bench_rdma: BENCH_RDMA_ONLY=%s: expected ucx, channel or local\n", only.c_str());
+    std::fprintf(stderr, "bench_rdma: BENCH_RDMA_ONLY=%s: expected ucx, channel or local\n",
+                 only.c_str());
     return 2;
   }
   auto want = [&](const char* b) { return only.empty() || only == b; };

@@ -21,7 +21,9 @@ namespace mesh = monarch::mesh;
 struct Worker : monarch::Actor {
   explicit Worker(int base) : base_(base) {}
   int value(int x) { return base_ + x + static_cast<int>(mesh::Context::message_rank()); }
-  std::string hello(std::string who) { return "hello " + who + " from pid " + std::to_string(::getpid()); }
+  std::string hello(std::string who) {
+    return "hello " + who + " from pid " + std::to_string(::getpid());
+  }
   void add(int x) { base_ += x; }
   void exit_now(int code) { std::_Exit(code); }  // simulates a crashing process
   MONARCH_ENDPOINTS(Worker, value, hello, add, exit_now)
@@ -33,7 +35,9 @@ struct Controller : monarch::Actor {
   explicit Controller(mesh::HostMesh host) : host_(std::move(host)) {}
 
   // Spawns the procs from inside this actor, which makes it their owner.
-  mesh::ProcMesh start() { return host_.spawn_procs({{"replicas", 2}, {"gpus", 2}}, {.name = "tour"}); }
+  mesh::ProcMesh start() {
+    return host_.spawn_procs({{"replicas", 2}, {"gpus", 2}}, {.name = "tour"});
+  }
 
   // Completes with the next failure this actor handled.
   monarch::Future<std::string> next_failure() {
@@ -64,18 +68,19 @@ int main(int argc, char** argv) {
   mesh::ProcMesh procs = controller.call(&Controller::start).get(30s);
   std::printf("1. %zu procs, extent %s\n", procs.size(), procs.extent().to_string().c_str());
 
-  auto workers = procs.spawn<Worker>("worker", 100);  // one Worker per proc; does not block
+  auto workers = procs.spawn<Worker>("worker", 100);       // one Worker per proc; does not block
   auto values = workers.call(&Worker::value, 1).get(10s);  // ValueMesh<int> over the extent
   std::printf("2. call:      ");
   for (size_t r = 0; r < values.size(); ++r) std::printf("%d ", values[r]);
   std::printf("\n   reduce:    sum = %d (one reply, reduced in the cast tree)\n",
               workers.reduce(mesh::Sum{}, &Worker::value, 1).get(10s));
   auto one = workers.slice("replicas", 1).slice("gpus", 0);
-  std::printf("   call_one:  %s\n", one.call_one(&Worker::hello, std::string("main")).get(10s).c_str());
+  std::printf("   call_one:  %s\n",
+              one.call_one(&Worker::hello, std::string("main")).get(10s).c_str());
   std::printf("   choose:    %d\n", workers.choose(&Worker::value, 0).get(10s));
 
   auto replica1 = workers.slice("replicas", 1);
-  replica1.broadcast(&Worker::add, 1000);  // fire and forget, to a slice
+  replica1.broadcast(&Worker::add, 1000);                  // fire and forget, to a slice
   auto after = replica1.call(&Worker::value, 0).get(10s);  // FIFO per sender: sees the add
   std::printf("3. broadcast to replicas=1, then call: %d %d\n", after[0], after[1]);
 

@@ -21,7 +21,8 @@ struct Hello : monarch::Actor {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     const char* rank = std::getenv("MONARCH_RANK");  // the pod's completion index
-    return std::string(host) + " (pod index " + (rank ? rank : "?") + ", pid " + std::to_string(::getpid()) + ")";
+    return std::string(host) + " (pod index " + (rank ? rank : "?") + ", pid " +
+           std::to_string(::getpid()) + ")";
   }
   MONARCH_ENDPOINTS(Hello, where)
 };
@@ -46,13 +47,15 @@ int main(int argc, char** argv) {
   app.add_option("--memory", o.memory, "memory request per pod, e.g. 64Gi");
   app.add_option("--shm", o.shm_size, "size limit of /dev/shm, e.g. 16Gi");
   app.add_option("--secret", o.secret, "Secret with key MONARCH_SECRET, loaded into the pods' env");
-  app.add_option("--kubectl-arg", o.kubectl_args, "extra kubectl argument (repeatable), e.g. --context=c");
+  app.add_option("--kubectl-arg", o.kubectl_args,
+                 "extra kubectl argument (repeatable), e.g. --context=c");
   app.add_flag("--jobset", o.jobset, "render a JobSet instead of a Job");
   app.add_option("--procs", procs_per_pod, "procs per pod")->capture_default_str();
   app.add_option("--listen", listen, "client address the pods can reach, e.g. tcp://$MY_POD_IP:0");
   app.add_flag("--render", render, "print the manifests and exit");
   CLI11_PARSE(app, argc, argv);
-  o.gpu_vendor = vendor == "amd" ? monarch::launch::GpuVendor::amd : monarch::launch::GpuVendor::nvidia;
+  o.gpu_vendor =
+      vendor == "amd" ? monarch::launch::GpuVendor::amd : monarch::launch::GpuVendor::nvidia;
 
   try {
     monarch::launch::KubernetesJob job(o);

@@ -16,13 +16,16 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string listen;
   auto* agent = app.add_subcommand("agent", "run a host agent until SIGTERM or SIGINT");
-  agent->add_option("--listen", listen, "channel address, e.g. tcp://0.0.0.0:26600 or unix://@agent")
+  agent
+      ->add_option("--listen", listen, "channel address, e.g. tcp://0.0.0.0:26600 or unix://@agent")
       ->required();
-  auto* worker = app.add_subcommand("worker", "run as a worker proc (only when started by an agent)");
+  auto* worker =
+      app.add_subcommand("worker", "run as a worker proc (only when started by an agent)");
   CLI11_PARSE(app, argc, argv);
 
   if (*worker) {
-    std::fprintf(stderr, "monarch worker: not started by a host agent (MONARCH_WORKER_OWNER is not set)\n");
+    std::fprintf(stderr,
+                 "monarch worker: not started by a host agent (MONARCH_WORKER_OWNER is not set)\n");
     return 2;
   }
   try {

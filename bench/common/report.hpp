@@ -31,8 +31,8 @@ inline std::string results_path() {
 inline void report(const std::string& bench, const std::string& impl, const std::string& metric,
                    double value, const std::string& unit, const std::string& better,
                    nlohmann::json params = nlohmann::json::object()) {
-  nlohmann::json j = {{"bench", bench}, {"impl", impl},   {"metric", metric},
-                      {"value", value}, {"unit", unit},   {"better", better}};
+  nlohmann::json j = {{"bench", bench}, {"impl", impl}, {"metric", metric},
+                      {"value", value}, {"unit", unit}, {"better", better}};
   for (auto& [k, v] : params.items()) j[k] = v;
   std::ofstream out(results_path(), std::ios::app);
   out << j.dump() << "\n";

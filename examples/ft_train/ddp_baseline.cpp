@@ -10,13 +10,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -47,7 +46,9 @@ struct Options {
   int port = 0;
 };
 
-double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+double ms(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
 
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -142,7 +143,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.global_batch, "global batch (samples per step over all replicas)");
   app.add_option("--lr", o.lr, "Adam learning rate");
   app.add_option("--seed", o.seed, "model init and data order seed");
-  app.add_option("--eval-every", o.eval_every, "test-set evaluation period in steps")->check(CLI::PositiveNumber);
+  app.add_option("--eval-every", o.eval_every, "test-set evaluation period in steps")
+      ->check(CLI::PositiveNumber);
   app.add_option("--data", o.data_dir, "Fashion-MNIST directory");
   app.add_option("--metrics", o.metrics, "JSONL metrics output (rank 0)");
   app.add_option("--json-summary", o.json_summary, "summary JSON output");

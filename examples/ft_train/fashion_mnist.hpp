@@ -28,8 +28,8 @@ enum class Split { train, test };
 
 /// One split in memory.
 struct Dataset {
-  std::int64_t size = 0;             // N images
-  std::vector<float> images;         // N x 784, row-major 28x28, normalized (x/255 - 0.2860) / 0.3530
+  std::int64_t size = 0;      // N images
+  std::vector<float> images;  // N x 784, row-major 28x28, normalized (x/255 - 0.2860) / 0.3530
   std::vector<std::uint8_t> labels;  // N, each 0..9
 };
 

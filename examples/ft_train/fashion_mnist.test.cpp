@@ -47,11 +47,12 @@ class BrokenData : public ::testing::Test {
   void write_gz(const std::string& name, const std::vector<unsigned char>& bytes) {
     gzFile f = gzopen((dir_ / name).c_str(), "wb");
     ASSERT_NE(f, nullptr);
-    ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+    ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
+              static_cast<int>(bytes.size()));
     gzclose(f);
   }
-  static std::vector<unsigned char> idx(std::uint32_t magic, std::vector<std::uint32_t> dims, std::size_t payload,
-                                        unsigned char fill = 0) {
+  static std::vector<unsigned char> idx(std::uint32_t magic, std::vector<std::uint32_t> dims,
+                                        std::size_t payload, unsigned char fill = 0) {
     std::vector<unsigned char> b;
     dims.insert(dims.begin(), magic);
     for (auto v : dims) {
@@ -76,7 +77,9 @@ TEST_F(BrokenData, MissingDirectoryOrFileNamesThePackage) {
     ex::load_fashion_mnist("/nonexistent/fashion-mnist", ex::Split::train);
     FAIL();
   } catch (const ex::DatasetError& e) {
-    EXPECT_NE(std::string(e.what()).find("apt-get install dataset-fashion-mnist"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("apt-get install dataset-fashion-mnist"),
+              std::string::npos)
+        << e.what();
   }
   auto msg = load_error();
   EXPECT_NE(msg.find("t10k-images-idx3-ubyte.gz"), std::string::npos) << msg;
@@ -116,7 +119,8 @@ TEST(Sampler, EachEpochIsAPermutationFixedBySeedAndEpoch) {
   EXPECT_NE(e0, e1) << "epochs are reshuffled";
   // Random access (what a healed replica does) gives the same stream.
   for (std::int64_t p : {1500, 3, 999, 1000, 42}) {
-    EXPECT_EQ(same.at(p), p < 1000 ? e0[static_cast<std::size_t>(p)] : e1[static_cast<std::size_t>(p - 1000)]);
+    EXPECT_EQ(same.at(p),
+              p < 1000 ? e0[static_cast<std::size_t>(p)] : e1[static_cast<std::size_t>(p - 1000)]);
   }
   int differ = 0;
   for (std::int64_t p = 0; p < 1000; ++p) differ += other.at(p) != e0[static_cast<std::size_t>(p)];

@@ -21,18 +21,17 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <thread>
@@ -58,7 +57,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-int64_t now_ns() { return Clock::now().time_since_epoch().count(); }
+int64_t now_ns() {
+  return Clock::now().time_since_epoch().count();
+}
 
 struct TrainConfig {
   int64_t steps = 2000;
@@ -73,15 +74,16 @@ struct TrainConfig {
   uint16_t store_port = 0;
   int64_t collective_timeout_ms = 1000;
   int64_t step_timeout_ms = 10000;
-  int64_t eval_every = 50;        // accuracy on a test subset every this many steps (replica rank 0)
+  int64_t eval_every = 50;  // accuracy on a test subset every this many steps (replica rank 0)
   int64_t eval_samples = 2000;
   int64_t heal_chunk_bytes = 256 << 10;
-  int64_t sync_every = 1;  // > 1: DiLoCo mode, K local steps between state averages
+  int64_t sync_every = 1;               // > 1: DiLoCo mode, K local steps between state averages
   std::string store_namespace = "run";  // each run of the job gets its own keys in the shared store
   template <class A>
   void serialize(A& ar) {
-    ar(sync_every, store_namespace, steps, replicas, ranks, seed, global_batch, lr, hidden, data_dir, store_host, store_port,
-       collective_timeout_ms, step_timeout_ms, eval_every, eval_samples, heal_chunk_bytes);
+    ar(sync_every, store_namespace, steps, replicas, ranks, seed, global_batch, lr, hidden,
+       data_dir, store_host, store_port, collective_timeout_ms, step_timeout_ms, eval_every,
+       eval_samples, heal_chunk_bytes);
   }
 };
 
@@ -103,13 +105,13 @@ struct StepReport {
   uint64_t hash = 0;  // FlatState::hash() after a commit
   int64_t t_ns = 0;
   std::string error;
-  double accuracy = -1;  // on the test subset (or the whole test set when final)
-  bool final = false;    // the rank reached --steps and stops
+  double accuracy = -1;      // on the test subset (or the whole test set when final)
+  bool final = false;        // the rank reached --steps and stops
   uint64_t state_bytes = 0;  // final: size of the committed state
   template <class A>
   void serialize(A& ar) {
-    ar(state_bytes, replica_id, incarnation, rank, step, committed, loss, quorum_id, participants, healing, healed, donor,
-       heal_ms, heal_bytes, hash, t_ns, error, accuracy, final);
+    ar(state_bytes, replica_id, incarnation, rank, step, committed, loss, quorum_id, participants,
+       healing, healed, donor, heal_ms, heal_bytes, hash, t_ns, error, accuracy, final);
   }
 };
 
@@ -117,8 +119,8 @@ struct Controller;
 
 /// One rank of one replica group: a training thread plus the endpoints the controller uses.
 struct Trainer : monarch::Actor {
-  Trainer(TrainConfig cfg, ActorRef<Controller> controller, ActorRef<ft::Manager> manager, std::string replica_id,
-          int64_t incarnation)
+  Trainer(TrainConfig cfg, ActorRef<Controller> controller, ActorRef<ft::Manager> manager,
+          std::string replica_id, int64_t incarnation)
       : cfg_(std::move(cfg)),
         controller_(std::move(controller)),
         manager_(std::move(manager)),
@@ -132,7 +134,8 @@ struct Trainer : monarch::Actor {
     train_ = ex::load_fashion_mnist(cfg_.data_dir, ex::Split::train);
     test_ = ex::load_fashion_mnist(cfg_.data_dir, ex::Split::test);
     test_subset_.size = std::min<int64_t>(cfg_.eval_samples, test_.size);
-    test_subset_.images.assign(test_.images.begin(), test_.images.begin() + test_subset_.size * ex::kImagePixels);
+    test_subset_.images.assign(test_.images.begin(),
+                               test_.images.begin() + test_subset_.size * ex::kImagePixels);
     test_subset_.labels.assign(test_.labels.begin(), test_.labels.begin() + test_subset_.size);
     model_ = std::make_unique<ex::Model>(cfg_.seed, static_cast<int>(cfg_.hidden));
   }
@@ -141,7 +144,8 @@ struct Trainer : monarch::Actor {
   /// Starts the training thread as rank `rank` of the group. `kill_donor_mid_heal`: fault
   /// injection point "heal.after_first_chunk": ask the controller to kill the donor there.
   void start(int64_t rank, bool kill_donor_mid_heal) {
-    if (thread_.joinable()) throw monarch::UsageError("Trainer " + replica_id_ + ": already started");
+    if (thread_.joinable())
+      throw monarch::UsageError("Trainer " + replica_id_ + ": already started");
     rank_ = rank;
     kill_donor_mid_heal_ = kill_donor_mid_heal;
     thread_ = std::thread([this] { loop(); });
@@ -179,30 +183,45 @@ struct Trainer : monarch::Actor {
 enum class FaultKind { sigkill, sigstop, allreduce_throw, kill_donor_mid_heal };
 const char* fault_name(FaultKind k) {
   switch (k) {
-    case FaultKind::sigkill: return "sigkill";
-    case FaultKind::sigstop: return "sigstop";
-    case FaultKind::allreduce_throw: return "allreduce_exception";
-    case FaultKind::kill_donor_mid_heal: return "kill_donor_mid_heal";
+    case FaultKind::sigkill:
+      return "sigkill";
+    case FaultKind::sigstop:
+      return "sigstop";
+    case FaultKind::allreduce_throw:
+      return "allreduce_exception";
+    case FaultKind::kill_donor_mid_heal:
+      return "kill_donor_mid_heal";
   }
   return "?";
 }
 
 struct FaultRecord {
   FaultKind kind{};
-  int64_t step = 0;        // last committed step when injected
-  int64_t quorum_id = 0;   // quorum id when injected
+  int64_t step = 0;               // last committed step when injected
+  int64_t quorum_id = 0;          // quorum id when injected
   std::set<std::string> victims;  // replica ids hit (the donor joins for kill_donor_mid_heal)
   std::set<std::string> pending_rejoin;
   std::string note;
-  int64_t injected = 0, detected = 0, new_quorum = 0, survivors_resumed = 0, respawned = 0, healed = 0, rejoined = 0;
+  int64_t injected = 0, detected = 0, new_quorum = 0, survivors_resumed = 0, respawned = 0,
+          healed = 0, rejoined = 0;
   bool open() const { return !pending_rejoin.empty(); }
   json to_json(int64_t t0) const {
-    auto rel = [&](int64_t t) { return t ? json(static_cast<double>(t - t0) / 1e9) : json(nullptr); };
-    return json{{"fault", fault_name(kind)}, {"step", step}, {"victims", victims}, {"note", note},
-                {"injected_s", rel(injected)}, {"detected_s", rel(detected)}, {"new_quorum_s", rel(new_quorum)},
-                {"survivors_resumed_s", rel(survivors_resumed)}, {"respawned_s", rel(respawned)},
-                {"healed_s", rel(healed)}, {"rejoined_s", rel(rejoined)},
-                {"recovery_s", rejoined ? json(static_cast<double>(rejoined - injected) / 1e9) : json(nullptr)}};
+    auto rel = [&](int64_t t) {
+      return t ? json(static_cast<double>(t - t0) / 1e9) : json(nullptr);
+    };
+    return json{{"fault", fault_name(kind)},
+                {"step", step},
+                {"victims", victims},
+                {"note", note},
+                {"injected_s", rel(injected)},
+                {"detected_s", rel(detected)},
+                {"new_quorum_s", rel(new_quorum)},
+                {"survivors_resumed_s", rel(survivors_resumed)},
+                {"respawned_s", rel(respawned)},
+                {"healed_s", rel(healed)},
+                {"rejoined_s", rel(rejoined)},
+                {"recovery_s",
+                 rejoined ? json(static_cast<double>(rejoined - injected) / 1e9) : json(nullptr)}};
   }
 };
 
@@ -228,8 +247,9 @@ struct RunResult {
   std::string error;
   template <class A>
   void serialize(A& ar) {
-    ar(state_bytes, step_ms_p50, step_ms_p95, max_stall_where, name, steps, wall_s, test_accuracy, replicas_bitwise_equal, hash_mismatches, faults_injected,
-       survivor_restarts, respawns, max_survivor_stall_s, recovery_s, committed_samples_per_s, heal_gbps, error);
+    ar(state_bytes, step_ms_p50, step_ms_p95, max_stall_where, name, steps, wall_s, test_accuracy,
+       replicas_bitwise_equal, hash_mismatches, faults_injected, survivor_restarts, respawns,
+       max_survivor_stall_s, recovery_s, committed_samples_per_s, heal_gbps, error);
   }
 };
 
@@ -255,8 +275,12 @@ struct RunOptions {
 };
 
 struct Controller : monarch::Actor {
-  Controller(TrainConfig cfg, RunOptions run, mesh::HostMesh host, ActorRef<ft::Lighthouse> lighthouse)
-      : cfg_(std::move(cfg)), run_(std::move(run)), host_(std::move(host)), lighthouse_(std::move(lighthouse)),
+  Controller(TrainConfig cfg, RunOptions run, mesh::HostMesh host,
+             ActorRef<ft::Lighthouse> lighthouse)
+      : cfg_(std::move(cfg)),
+        run_(std::move(run)),
+        host_(std::move(host)),
+        lighthouse_(std::move(lighthouse)),
         rng_(cfg_.seed * 7919 + 17) {
     groups_.resize(static_cast<size_t>(cfg_.replicas));
     if (!run_.metrics_path.empty()) metrics_.open(run_.metrics_path, std::ios::trunc);
@@ -310,9 +334,12 @@ struct Controller : monarch::Actor {
   void respawn(int64_t r);
   bool supervise(const mesh::MeshFailure& f) override;
   /// A message to a dead replica (a start or a fault to arm): the group's MeshFailure follows.
-  void undeliverable(const monarch::DeliveryFailure& f) override { event(std::string("undeliverable: ") + f.what()); }
+  void undeliverable(const monarch::DeliveryFailure& f) override {
+    event(std::string("undeliverable: ") + f.what());
+  }
 
-  MONARCH_ENDPOINTS(Controller, spawn_all, start_all, done, shutdown, report, finish_now, kill_donor, respawn)
+  MONARCH_ENDPOINTS(Controller, spawn_all, start_all, done, shutdown, report, finish_now,
+                    kill_donor, respawn)
 
  private:
   struct Group {
@@ -325,7 +352,9 @@ struct Controller : monarch::Actor {
     bool arm_kill_donor = false;
   };
   static std::string replica_id(int64_t r) { return "replica" + std::to_string(r); }
-  static std::string mesh_name(int64_t r, int64_t inc) { return replica_id(r) + "-" + std::to_string(inc); }
+  static std::string mesh_name(int64_t r, int64_t inc) {
+    return replica_id(r) + "-" + std::to_string(inc);
+  }
 
   // Spawns group r's procs, manager and trainers. Initial spawn: waits until every trainer is
   // ready. Respawn: returns at once; the trainers start once ready (then() runs in this actor),
@@ -335,11 +364,13 @@ struct Controller : monarch::Actor {
     g.incarnation += 1;
     g.up = false;
     g.pids.clear();
-    g.procs = host_.spawn_procs({{"ranks", static_cast<size_t>(cfg_.ranks)}}, {.name = mesh_name(r, g.incarnation)});
-    auto managers = g.procs->slice("ranks", 0).spawn<ft::Manager>("manager", lighthouse_, replica_id(r), cfg_.ranks,
-                                                                  std::chrono::milliseconds(0));
-    g.trainers = g.procs->spawn<Trainer>("trainer", cfg_, self<Controller>(), managers.at(0), replica_id(r),
-                                         g.incarnation);
+    g.procs = host_.spawn_procs({{"ranks", static_cast<size_t>(cfg_.ranks)}},
+                                {.name = mesh_name(r, g.incarnation)});
+    auto managers = g.procs->slice("ranks", 0)
+                        .spawn<ft::Manager>("manager", lighthouse_, replica_id(r), cfg_.ranks,
+                                            std::chrono::milliseconds(0));
+    g.trainers = g.procs->spawn<Trainer>("trainer", cfg_, self<Controller>(), managers.at(0),
+                                         replica_id(r), g.incarnation);
     // pid() answers after Trainer::init (data loaded, model built): the group is ready to train.
     auto pids = g.trainers->call(&Trainer::pid);
     if (!respawned) {
@@ -351,7 +382,8 @@ struct Controller : monarch::Actor {
     bool arm = std::exchange(g.arm_kill_donor, false);
     (void)pids.then([this, r, inc = g.incarnation, arm](auto v) {
       auto& grp = groups_[static_cast<size_t>(r)];
-      if (grp.incarnation != inc || finished_) return;  // replaced again meanwhile, or the run ended
+      if (grp.incarnation != inc || finished_)
+        return;  // replaced again meanwhile, or the run ended
       for (size_t i = 0; i < v.size(); ++i) grp.pids.push_back(v[i]);
       start_group(r, arm);
       for (auto& f : faults_) {
@@ -410,7 +442,8 @@ struct Controller : monarch::Actor {
   // Survivor stalls: time between two steps of progress (commit, heal, finish) of the same group
   // incarnation, unless the group was itself hit by a fault in between.
   void note_progress(const StepReport& r) {
-    std::string key = r.replica_id + "/" + std::to_string(r.incarnation) + "/" + std::to_string(r.rank);
+    std::string key =
+        r.replica_id + "/" + std::to_string(r.incarnation) + "/" + std::to_string(r.rank);
     if (auto it = last_commit_at_.find(key); it != last_commit_at_.end()) {
       if (!is_victim_at(r.replica_id, it->second, r.t_ns)) {
         double gap = static_cast<double>(r.t_ns - it->second) / 1e9;
@@ -430,10 +463,14 @@ struct Controller : monarch::Actor {
   void finish(bool complete);
   // Writes one metrics line per committed step below `before` not written yet, in step order.
   void write_step_lines(int64_t before) {
-    for (auto it = steps_.upper_bound(written_upto_); it != steps_.end() && it->first < before; ++it) {
+    for (auto it = steps_.upper_bound(written_upto_); it != steps_.end() && it->first < before;
+         ++it) {
       const StepInfo& info = it->second;
-      json j{{"run", run_.name}, {"step", it->first}, {"participants", info.participants},
-             {"healing", info.healing}, {"quorum_id", info.quorum_id},
+      json j{{"run", run_.name},
+             {"step", it->first},
+             {"participants", info.participants},
+             {"healing", info.healing},
+             {"quorum_id", info.quorum_id},
              {"t_s", static_cast<double>(info.t_ns - t0_) / 1e9}};
       if (info.loss_n) j["loss"] = info.loss_sum / static_cast<double>(info.loss_n);
       if (info.accuracy >= 0) j["accuracy"] = info.accuracy;
@@ -487,7 +524,8 @@ struct Controller : monarch::Actor {
 
 void Controller::report(StepReport r) {
   auto gi = static_cast<size_t>(std::stoll(r.replica_id.substr(7)));
-  if (gi >= groups_.size() || r.incarnation != groups_[gi].incarnation) return;  // from a replaced group
+  if (gi >= groups_.size() || r.incarnation != groups_[gi].incarnation)
+    return;  // from a replaced group
   auto& g = groups_[gi];
   if (!r.error.empty()) {
     // A failed step during a recovery is expected; show each replica's first error per quorum.
@@ -506,8 +544,9 @@ void Controller::report(StepReport r) {
           if (!f.detected) f.detected = r.t_ns;
         }
       }
-      if (last_qid_ != 0) event("quorum " + std::to_string(r.quorum_id) + ": " + std::to_string(r.participants) +
-                                " participant(s), " + std::to_string(r.healing) + " healing");
+      if (last_qid_ != 0)
+        event("quorum " + std::to_string(r.quorum_id) + ": " + std::to_string(r.participants) +
+              " participant(s), " + std::to_string(r.healing) + " healing");
       last_qid_ = r.quorum_id;
     }
   }
@@ -515,7 +554,8 @@ void Controller::report(StepReport r) {
     heal_bytes_ += static_cast<double>(r.heal_bytes);
     heal_secs_ += r.heal_ms / 1e3;
     event(r.replica_id + " healed from " + r.donor + " at step " + std::to_string(r.step) + " (" +
-          std::to_string(r.heal_bytes >> 10) + " KiB in " + std::to_string(r.heal_ms).substr(0, 5) + " ms)");
+          std::to_string(r.heal_bytes >> 10) + " KiB in " + std::to_string(r.heal_ms).substr(0, 5) +
+          " ms)");
     for (auto& f : faults_) {
       if (f.open() && f.victims.count(r.replica_id) && !f.healed) f.healed = r.t_ns;
     }
@@ -539,7 +579,8 @@ void Controller::report(StepReport r) {
     s.t_ns = r.t_ns;
   } else if (s.hash != r.hash) {
     ++result_.hash_mismatches;
-    event("MISMATCH: " + r.replica_id + " committed step " + std::to_string(r.step) + " with a different state");
+    event("MISMATCH: " + r.replica_id + " committed step " + std::to_string(r.step) +
+          " with a different state");
   }
   ++s.reports;
   if (r.loss >= 0) s.loss_sum += r.loss, ++s.loss_n;
@@ -551,7 +592,8 @@ void Controller::report(StepReport r) {
 
   for (auto& f : faults_) {
     if (!f.open()) continue;
-    if (!f.victims.count(r.replica_id) && !f.survivors_resumed && r.quorum_id > f.quorum_id) f.survivors_resumed = r.t_ns;
+    if (!f.victims.count(r.replica_id) && !f.survivors_resumed && r.quorum_id > f.quorum_id)
+      f.survivors_resumed = r.t_ns;
     if (f.pending_rejoin.count(r.replica_id) && r.t_ns > f.injected && r.quorum_id > f.quorum_id) {
       f.pending_rejoin.erase(r.replica_id);
       if (!f.open()) {
@@ -572,10 +614,12 @@ void Controller::report(StepReport r) {
     if (run_.progress && (r.step / 10 != prev_progress_ / 10 || r.step == cfg_.steps)) {
       prev_progress_ = r.step;
       double loss = s.loss_n ? s.loss_sum / static_cast<double>(s.loss_n) : r.loss;
-      std::printf("\r%s %s: step %5lld/%lld  loss %.4f  participants %lld/%lld  quorum %lld  faults %zu   ",
-                  fmt_time(r.t_ns).c_str(), run_.name.c_str(), static_cast<long long>(r.step),
-                  static_cast<long long>(cfg_.steps), loss, static_cast<long long>(r.participants),
-                  static_cast<long long>(cfg_.replicas), static_cast<long long>(r.quorum_id), faults_.size());
+      std::printf(
+          "\r%s %s: step %5lld/%lld  loss %.4f  participants %lld/%lld  quorum %lld  faults %zu   ",
+          fmt_time(r.t_ns).c_str(), run_.name.c_str(), static_cast<long long>(r.step),
+          static_cast<long long>(cfg_.steps), loss, static_cast<long long>(r.participants),
+          static_cast<long long>(cfg_.replicas), static_cast<long long>(r.quorum_id),
+          faults_.size());
       std::fflush(stdout);
     }
     maybe_inject(r.step);
@@ -589,7 +633,8 @@ void Controller::maybe_inject(int64_t committed_step) {
   for (auto& g : groups_) {
     if (!g.up) return;
   }
-  if (steps_[committed_step].participants < cfg_.replicas) return;  // everyone back in the quorum first
+  if (steps_[committed_step].participants < cfg_.replicas)
+    return;  // everyone back in the quorum first
   inject(plan_[next_fault_++].second);
 }
 
@@ -614,7 +659,8 @@ void Controller::inject(FaultKind kind) {
       ::kill(pid, SIGSTOP);
       f.note = "SIGSTOP to " + id + " for " + std::to_string(run_.freeze_ms) + " ms, then SIGCONT";
       thaw_threads_.emplace_back([pid, ms = run_.freeze_ms] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(ms));  // the fault itself: a frozen process
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(ms));  // the fault itself: a frozen process
         ::kill(pid, SIGCONT);
       });
       break;
@@ -649,14 +695,16 @@ bool Controller::kill_donor(std::string healer, std::string donor) {
       f.pending_rejoin.insert(donor);
     }
   }
-  event("FAULT kill_donor_mid_heal: SIGKILL to donor " + donor + " while " + healer + " reads its state");
+  event("FAULT kill_donor_mid_heal: SIGKILL to donor " + donor + " while " + healer +
+        " reads its state");
   return true;
 }
 
 bool Controller::supervise(const mesh::MeshFailure& failure) {
   // Mesh names are "replica<r>-<incarnation>".
   auto dash = failure.mesh.rfind('-');
-  if (failure.mesh.rfind("replica", 0) != 0 || dash == std::string::npos) return false;  // not ours: fail fast
+  if (failure.mesh.rfind("replica", 0) != 0 || dash == std::string::npos)
+    return false;  // not ours: fail fast
   int64_t r = std::stoll(failure.mesh.substr(7, dash - 7));
   int64_t inc = std::stoll(failure.mesh.substr(dash + 1));
   auto& g = groups_.at(static_cast<size_t>(r));
@@ -708,7 +756,9 @@ void Controller::finish(bool complete) {
   result_.test_accuracy = finals_.empty() ? -1 : acc;
   result_.replicas_bitwise_equal = complete && hashes.size() == 1 && result_.hash_mismatches == 0;
   double span = static_cast<double>(last_commit_ns_ - first_commit_ns_) / 1e9;
-  if (span > 0) result_.committed_samples_per_s = static_cast<double>(max_committed_ * cfg_.global_batch) / span;
+  if (span > 0)
+    result_.committed_samples_per_s =
+        static_cast<double>(max_committed_ * cfg_.global_batch) / span;
   if (heal_secs_ > 0) result_.heal_gbps = heal_bytes_ / heal_secs_ / 1e9;
   std::vector<double> gaps;
   int64_t prev = 0;
@@ -720,7 +770,7 @@ void Controller::finish(bool complete) {
   result_.step_ms_p95 = percentile(gaps, 0.95);
   for (auto& f : faults_) result_.faults.push_back(f.to_json(t0_));
   if (steps_.count(cfg_.steps)) steps_[cfg_.steps].accuracy = acc;  // the final, whole test set
-  write_step_lines(std::numeric_limits<int64_t>::max());  // the remaining metric lines
+  write_step_lines(std::numeric_limits<int64_t>::max());            // the remaining metric lines
   for (auto& f : faults_) {
     if (f.open()) write_metrics(f.to_json(t0_));
   }
@@ -746,8 +796,8 @@ void Trainer::heal(const ft::QuorumResult& q, ft::FlatState& st, StepReport& rep
   if (!q.donor_state) throw std::runtime_error("heal: donor " + q.donor_id + " offered no state");
   const rdma::RdmaHandle& h = *q.donor_state;
   if (h.length != st.bytes().size()) {
-    throw std::runtime_error("heal: donor " + q.donor_id + " state is " + std::to_string(h.length) + " B, ours " +
-                             std::to_string(st.bytes().size()) + " B");
+    throw std::runtime_error("heal: donor " + q.donor_id + " state is " + std::to_string(h.length) +
+                             " B, ours " + std::to_string(st.bytes().size()) + " B");
   }
   std::vector<std::byte> buf(h.length);
   auto t = Clock::now();
@@ -769,8 +819,9 @@ void Trainer::heal(const ft::QuorumResult& q, ft::FlatState& st, StepReport& rep
   rest.submit(topts).get(wait);
   st.load_from(buf);
   if (st.step() != q.max_step) {
-    throw std::runtime_error("heal: state read from " + q.donor_id + " is at step " + std::to_string(st.step()) +
-                             ", quorum max_step is " + std::to_string(q.max_step));
+    throw std::runtime_error("heal: state read from " + q.donor_id + " is at step " +
+                             std::to_string(st.step()) + ", quorum max_step is " +
+                             std::to_string(q.max_step));
   }
   rep.healed = true;
   rep.donor = q.donor_id;
@@ -795,7 +846,8 @@ void Trainer::loop() {
     rdma::RdmaBuffer exposed(local_steps ? std::span<std::byte>(committed) : st.bytes(),
                              replica_id_ + ".r" + std::to_string(rank_) + ".state");
     // DiLoCo: everything after the 64-byte header is float state (parameters, Adam moments).
-    std::span<float> state_floats(reinterpret_cast<float*>(st.bytes().data() + 64), (st.bytes().size() - 64) / 4);
+    std::span<float> state_floats(reinterpret_cast<float*>(st.bytes().data() + 64),
+                                  (st.bytes().size() - 64) / 4);
     ft::AllreduceGroup group;
     ex::Sampler sampler(train.size, cfg_.seed);
     ft::AdamOptions adam;
@@ -807,7 +859,8 @@ void Trainer::loop() {
     bool final_sent = false;
     auto ask_quorum = [&] {
       return manager_
-          .call(&ft::Manager::quorum, rank_, st.step(), commit_failed, std::optional<rdma::RdmaHandle>(exposed.handle()))
+          .call(&ft::Manager::quorum, rank_, st.step(), commit_failed,
+                std::optional<rdma::RdmaHandle>(exposed.handle()))
           .get(step_timeout);
     };
     while (!stop_) {
@@ -857,12 +910,14 @@ void Trainer::loop() {
         try {
           if (q.quorum_id != qid) {
             qid = -1;
-            group.configure(cfg_.store_host, cfg_.store_port, cfg_.store_namespace + "/" + q.store_prefix,
+            group.configure(cfg_.store_host, cfg_.store_port,
+                            cfg_.store_namespace + "/" + q.store_prefix,
                             static_cast<int>(q.global_rank), static_cast<int>(q.global_world_size),
                             std::chrono::milliseconds(cfg_.collective_timeout_ms));
             qid = q.quorum_id;
           } else if (!group.configured()) {
-            throw std::runtime_error("allreduce group of quorum " + std::to_string(qid) + " is closed");
+            throw std::runtime_error("allreduce group of quorum " + std::to_string(qid) +
+                                     " is closed");
           }
           // Heal after joining the group: if the heal fails, abort() below makes the peers fail
           // at once instead of waiting out the collective timeout for a member that never came.
@@ -886,7 +941,8 @@ void Trainer::loop() {
           round = std::min(cfg_.sync_every, cfg_.steps - step0);
           if (!local_steps) {
             if (slot >= 0) {
-              auto idx = sampler.shard(position0, cfg_.global_batch, static_cast<int>(slot), static_cast<int>(slots));
+              auto idx = sampler.shard(position0, cfg_.global_batch, static_cast<int>(slot),
+                                       static_cast<int>(slots));
               rep.loss = model.forward_backward(train, idx);
             } else {
               st.zero_grads();
@@ -895,8 +951,8 @@ void Trainer::loop() {
             // DiLoCo round: `round` local Adam steps on this group's shares, no communication.
             double loss = 0;
             for (int64_t k = 0; k < round; ++k) {
-              auto idx = sampler.shard(position0 + k * cfg_.global_batch, cfg_.global_batch, static_cast<int>(slot),
-                                       static_cast<int>(slots));
+              auto idx = sampler.shard(position0 + k * cfg_.global_batch, cfg_.global_batch,
+                                       static_cast<int>(slot), static_cast<int>(slots));
               loss += model.forward_backward(train, idx);
               st.adam_step(adam);
             }
@@ -922,7 +978,9 @@ void Trainer::loop() {
           group.abort();  // peers blocked on this group fail now, not at their timeout
           qid = -1;
         }
-        bool commit = manager_.call(&ft::Manager::should_commit, rank_, step0 >= 0 ? step0 : st.step(), ok).get(step_timeout);
+        bool commit =
+            manager_.call(&ft::Manager::should_commit, rank_, step0 >= 0 ? step0 : st.step(), ok)
+                .get(step_timeout);
         if (commit && !local_steps) {
           st.adam_step(adam);
           st.set_data_position(position0 + cfg_.global_batch);
@@ -938,7 +996,8 @@ void Trainer::loop() {
           rep.committed = true;
           rep.hash = st.hash();
           if (q.replica_rank == 0 && rank_ == 0 && cfg_.eval_every > 0 &&
-              st.step() / cfg_.eval_every != (st.step() - 1 - (local_steps ? round - 1 : 0)) / cfg_.eval_every) {
+              st.step() / cfg_.eval_every !=
+                  (st.step() - 1 - (local_steps ? round - 1 : 0)) / cfg_.eval_every) {
             rep.accuracy = model.evaluate(test_subset);
           }
         } else if (rep.error.empty()) {
@@ -955,8 +1014,8 @@ void Trainer::loop() {
       send(std::move(rep));
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ft_train: %s rank %lld: fatal: %s\n", replica_id_.c_str(), static_cast<long long>(rank_),
-                 e.what());
+    std::fprintf(stderr, "ft_train: %s rank %lld: fatal: %s\n", replica_id_.c_str(),
+                 static_cast<long long>(rank_), e.what());
     std::fflush(stderr);
     std::_Exit(2);  // the controller's supervise() sees the exit and respawns the group
   }
@@ -965,7 +1024,8 @@ void Trainer::loop() {
 // ---------------------------------------------------------------------------------------------
 // main
 
-RunResult run_job(const mesh::HostMesh& host, TrainConfig cfg, RunOptions run, const ft::StoreServer& store) {
+RunResult run_job(const mesh::HostMesh& host, TrainConfig cfg, RunOptions run,
+                  const ft::StoreServer& store) {
   cfg.store_host = store.host();
   cfg.store_port = store.port();
   cfg.store_namespace = run.name;
@@ -976,12 +1036,15 @@ RunResult run_job(const mesh::HostMesh& host, TrainConfig cfg, RunOptions run, c
   controller.call(&Controller::spawn_all).get(spawn_timeout * 2);
   // Start training once the lighthouse has heard from every group, so the first quorum has all.
   auto deadline = Clock::now() + spawn_timeout;
-  while (lighthouse.call(&ft::Lighthouse::healthy).get(spawn_timeout).size() < static_cast<size_t>(cfg.replicas)) {
-    if (Clock::now() > deadline) throw std::runtime_error("the replica groups did not heartbeat the lighthouse in time");
+  while (lighthouse.call(&ft::Lighthouse::healthy).get(spawn_timeout).size() <
+         static_cast<size_t>(cfg.replicas)) {
+    if (Clock::now() > deadline)
+      throw std::runtime_error("the replica groups did not heartbeat the lighthouse in time");
     std::this_thread::sleep_for(20ms);  // polling the lighthouse's view, not waiting for a settle
   }
   controller.call(&Controller::start_all).get(spawn_timeout);
-  auto budget = std::chrono::milliseconds(cfg.step_timeout_ms) * 6 + std::chrono::seconds(cfg.steps) + 120s;
+  auto budget =
+      std::chrono::milliseconds(cfg.step_timeout_ms) * 6 + std::chrono::seconds(cfg.steps) + 120s;
   auto done = controller.call(&Controller::done);
   if (!done.wait_for(budget)) controller.call(&Controller::finish_now).get(spawn_timeout);
   RunResult res = done.get(spawn_timeout);
@@ -1009,7 +1072,8 @@ double memcpy_gbps(size_t bytes) {
 json summary_json(const RunResult& faulty, const RunResult* fault_free, double detection_s) {
   json j{{"faults_injected", faulty.faults_injected},
          {"survivor_restarts", faulty.survivor_restarts},
-         {"replicas_bitwise_equal", faulty.replicas_bitwise_equal && (!fault_free || fault_free->replicas_bitwise_equal)},
+         {"replicas_bitwise_equal",
+          faulty.replicas_bitwise_equal && (!fault_free || fault_free->replicas_bitwise_equal)},
          {"hash_mismatches", faulty.hash_mismatches},
          {"test_accuracy", faulty.test_accuracy},
          {"test_accuracy_fault_free", fault_free ? json(fault_free->test_accuracy) : json(nullptr)},
@@ -1021,7 +1085,8 @@ json summary_json(const RunResult& faulty, const RunResult* fault_free, double d
          {"recoveries", faulty.recovery_s.size()},
          {"respawns", faulty.respawns},
          {"committed_samples_per_s", faulty.committed_samples_per_s},
-         {"committed_samples_per_s_fault_free", fault_free ? json(fault_free->committed_samples_per_s) : json(nullptr)},
+         {"committed_samples_per_s_fault_free",
+          fault_free ? json(fault_free->committed_samples_per_s) : json(nullptr)},
          {"heal_gbps", faulty.heal_gbps},
          {"state_bytes", faulty.state_bytes},
          {"memcpy_gbps", memcpy_gbps(std::max<size_t>(faulty.state_bytes, 4096))},
@@ -1045,14 +1110,20 @@ void print_table(const RunResult* ff, const RunResult& fr, double detection_s) {
   };
   std::printf("\n== ft_train summary ==\n");
   row("", ff ? ff->name : "", fr.name);
-  row("test accuracy (%)", ff ? num(ff->test_accuracy * 100, 2) : "-", num(fr.test_accuracy * 100, 2));
+  row("test accuracy (%)", ff ? num(ff->test_accuracy * 100, 2) : "-",
+      num(fr.test_accuracy * 100, 2));
   row("replicas bitwise equal", ff ? (ff->replicas_bitwise_equal ? "yes" : "NO") : "-",
       fr.replicas_bitwise_equal ? "yes" : "NO");
-  row("faults injected", ff ? std::to_string(ff->faults_injected) : "-", std::to_string(fr.faults_injected));
-  row("survivor restarts", ff ? std::to_string(ff->survivor_restarts) : "-", std::to_string(fr.survivor_restarts));
-  row("max survivor stall (s)", ff ? num(ff->max_survivor_stall_s) : "-", num(fr.max_survivor_stall_s));
-  row("recovery p50 / p95 (s)", "-", num(percentile(fr.recovery_s, 0.5), 2) + " / " + num(percentile(fr.recovery_s, 0.95), 2));
-  row("committed samples/s", ff ? num(ff->committed_samples_per_s, 0) : "-", num(fr.committed_samples_per_s, 0));
+  row("faults injected", ff ? std::to_string(ff->faults_injected) : "-",
+      std::to_string(fr.faults_injected));
+  row("survivor restarts", ff ? std::to_string(ff->survivor_restarts) : "-",
+      std::to_string(fr.survivor_restarts));
+  row("max survivor stall (s)", ff ? num(ff->max_survivor_stall_s) : "-",
+      num(fr.max_survivor_stall_s));
+  row("recovery p50 / p95 (s)", "-",
+      num(percentile(fr.recovery_s, 0.5), 2) + " / " + num(percentile(fr.recovery_s, 0.95), 2));
+  row("committed samples/s", ff ? num(ff->committed_samples_per_s, 0) : "-",
+      num(fr.committed_samples_per_s, 0));
   row("wall time (s)", ff ? num(ff->wall_s, 1) : "-", num(fr.wall_s, 1));
   std::printf("  detection timeout %.2f s; stall bound %.2f s\n", detection_s, detection_s + 0.5);
 }
@@ -1067,27 +1138,33 @@ int main(int argc, char** argv) {
   RunOptions run;
   bool no_faults = false;
   std::string json_summary, out_dir = "ft_train_out";
-  CLI::App app{"ft_train: fault-tolerant elastic training on Fashion-MNIST (monarch-cpp's main job)"};
+  CLI::App app{
+      "ft_train: fault-tolerant elastic training on Fashion-MNIST (monarch-cpp's main job)"};
   app.add_option("--steps", cfg.steps, "training steps (committed)")->check(CLI::Range(1, 1000000));
   app.add_option("--replicas", cfg.replicas, "replica groups")->check(CLI::Range(1, 64));
   app.add_option("--ranks", cfg.ranks, "ranks per replica group")->check(CLI::Range(1, 16));
-  app.add_option("--faults", run.faults, "faults to inject in the faulty run")->check(CLI::Range(0, 1000));
+  app.add_option("--faults", run.faults, "faults to inject in the faulty run")
+      ->check(CLI::Range(0, 1000));
   app.add_option("--seed", cfg.seed, "seed of the model, the data order and the fault injector");
   app.add_flag("--no-faults", no_faults, "run only the fault-free run");
-  app.add_option("--sync-every", cfg.sync_every,
-                 "DiLoCo mode: K local Adam steps per group between averages of the whole state (1: "
-                 "gradient allreduce every step)")
+  app.add_option(
+         "--sync-every", cfg.sync_every,
+         "DiLoCo mode: K local Adam steps per group between averages of the whole state (1: "
+         "gradient allreduce every step)")
       ->check(CLI::Range(1, 10000));
-  app.add_option("--batch", cfg.global_batch, "global batch (samples per step, all groups)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--batch", cfg.global_batch, "global batch (samples per step, all groups)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--lr", cfg.lr, "Adam learning rate")->check(CLI::PositiveNumber);
   app.add_option("--data", cfg.data_dir, "Fashion-MNIST directory (Debian dataset-fashion-mnist)");
-  app.add_option("--freeze-ms", run.freeze_ms, "how long a SIGSTOP fault freezes its victim")->check(CLI::Range(1, 5000));
+  app.add_option("--freeze-ms", run.freeze_ms, "how long a SIGSTOP fault freezes its victim")
+      ->check(CLI::Range(1, 5000));
   app.add_option("--json-summary", json_summary, "write the summary JSON here");
   app.add_option("--out", out_dir, "directory for metrics JSONL and the PNG chart");
   app.add_flag("!--no-progress", run.progress, "no live progress line");
   CLI11_PARSE(app, argc, argv);
   if (cfg.global_batch < cfg.replicas * cfg.ranks) {
-    std::fprintf(stderr, "ft_train: --batch %lld is smaller than replicas x ranks\n", static_cast<long long>(cfg.global_batch));
+    std::fprintf(stderr, "ft_train: --batch %lld is smaller than replicas x ranks\n",
+                 static_cast<long long>(cfg.global_batch));
     return 2;
   }
 
@@ -1098,7 +1175,9 @@ int main(int argc, char** argv) {
     cfg.collective_timeout_ms = conf.duration("ft.collective_timeout").count();
     cfg.step_timeout_ms = conf.duration("ft.step_timeout").count();
     double detection_s = static_cast<double>(std::max(conf.duration("ft.collective_timeout"),
-                                                      conf.duration("ft.heartbeat_timeout")).count()) / 1e3;
+                                                      conf.duration("ft.heartbeat_timeout"))
+                                                 .count()) /
+                         1e3;
     // A SIGSTOP fault must outlast the lighthouse's heartbeat timeout (so the group is left out of
     // the quorum) but not the mesh's (which would declare the proc frozen and replace it).
     auto mesh_hb = conf.duration("mesh.heartbeat_timeout");
@@ -1114,10 +1193,12 @@ int main(int argc, char** argv) {
     ff_opts.name = "fault_free";
     ff_opts.faults = 0;
     ff_opts.metrics_path = out_dir + "/fault_free.jsonl";
-    std::printf("ft_train: %lld replica group(s) x %lld rank(s), %lld steps, global batch %lld, seed %llu\n",
-                static_cast<long long>(cfg.replicas), static_cast<long long>(cfg.ranks),
-                static_cast<long long>(cfg.steps), static_cast<long long>(cfg.global_batch),
-                static_cast<unsigned long long>(cfg.seed));
+    std::printf(
+        "ft_train: %lld replica group(s) x %lld rank(s), %lld steps, global batch %lld, seed "
+        "%llu\n",
+        static_cast<long long>(cfg.replicas), static_cast<long long>(cfg.ranks),
+        static_cast<long long>(cfg.steps), static_cast<long long>(cfg.global_batch),
+        static_cast<unsigned long long>(cfg.seed));
     fault_free = run_job(host, cfg, ff_opts, store);
     if (!no_faults && run.faults > 0) {
       run.name = "faulty";
@@ -1129,8 +1210,10 @@ int main(int argc, char** argv) {
     json summary = summary_json(main_run, &*fault_free, detection_s);
     if (faulty) {
       try {
-        ex::plot_loss_accuracy(out_dir + "/fault_free.jsonl", out_dir + "/faulty.jsonl", out_dir + "/ft_train.png");
-        std::printf("  chart: %s/ft_train.png; metrics: %s/{fault_free,faulty}.jsonl\n", out_dir.c_str(), out_dir.c_str());
+        ex::plot_loss_accuracy(out_dir + "/fault_free.jsonl", out_dir + "/faulty.jsonl",
+                               out_dir + "/ft_train.png");
+        std::printf("  chart: %s/ft_train.png; metrics: %s/{fault_free,faulty}.jsonl\n",
+                    out_dir.c_str(), out_dir.c_str());
       } catch (const std::exception& e) {
         std::printf("  (no chart: %s)\n", e.what());
       }

@@ -12,7 +12,9 @@
 
 namespace monarch::ft::example {
 
-void init_torch_worker(int threads) { torch::set_num_threads(threads); }
+void init_torch_worker(int threads) {
+  torch::set_num_threads(threads);
+}
 
 namespace {
 
@@ -66,8 +68,12 @@ struct Model::Impl {
 Model::Model(std::uint64_t seed, int hidden) : impl_(std::make_unique<Impl>(seed, hidden)) {}
 Model::~Model() = default;
 
-FlatState& Model::state() noexcept { return impl_->state; }
-const FlatState& Model::state() const noexcept { return impl_->state; }
+FlatState& Model::state() noexcept {
+  return impl_->state;
+}
+const FlatState& Model::state() const noexcept {
+  return impl_->state;
+}
 
 double Model::forward_backward(const Dataset& data, std::span<const std::int64_t> indices) {
   if (indices.empty()) throw std::invalid_argument("Model::forward_backward: empty batch");

@@ -27,7 +27,9 @@ TEST(Model, SameSeedSameStateDifferentSeedDifferent) {
   auto start = std::chrono::steady_clock::now();
   std::uint64_t h = 0;
   for (int i = 0; i < 20; ++i) h = a.state().hash();
-  auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 20;
+  auto us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
+      20;
   std::printf("FlatState::hash over %zu bytes: %.0f us (%llx)\n", a.state().bytes().size(), us,
               static_cast<unsigned long long>(h));
 }

@@ -1,10 +1,9 @@
 // gnuplot chart of two metrics runs (plot.hpp).
 #include "plot.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -29,15 +28,18 @@ Series read_jsonl(const std::string& path) {
     try {
       j = nlohmann::json::parse(line);
     } catch (const std::exception& e) {
-      throw std::runtime_error("plot: " + path + ":" + std::to_string(lineno) + " is not JSON: " + e.what());
+      throw std::runtime_error("plot: " + path + ":" + std::to_string(lineno) +
+                               " is not JSON: " + e.what());
     }
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) continue;
     long step = j["step"].get<long>();
-    if (j.contains("loss") && j["loss"].is_number()) s.loss.emplace_back(step, j["loss"].get<double>());
+    if (j.contains("loss") && j["loss"].is_number())
+      s.loss.emplace_back(step, j["loss"].get<double>());
     if (j.contains("accuracy") && j["accuracy"].is_number()) {
       s.accuracy.emplace_back(step, 100.0 * j["accuracy"].get<double>());
     }
-    if (j.contains("fault") && j["fault"].is_string()) s.faults.emplace_back(step, j["fault"].get<std::string>());
+    if (j.contains("fault") && j["fault"].is_string())
+      s.faults.emplace_back(step, j["fault"].get<std::string>());
   }
   return s;
 }
@@ -89,17 +91,20 @@ void plot_loss_accuracy(const std::string& fault_free_jsonl, const std::string& 
       << ", graph 1 nohead dashtype 3 linecolor rgb '#aa0000'\n";
   }
   g << "set ylabel 'training loss'\n"
-    << "plot " << quoted(clean_dat) << " index 0 using 1:2 with lines linewidth 2 title 'fault-free', "
-    << quoted(faulty_dat) << " index 0 using 1:2 with lines linewidth 2 dashtype 2 title 'with faults ("
+    << "plot " << quoted(clean_dat)
+    << " index 0 using 1:2 with lines linewidth 2 title 'fault-free', " << quoted(faulty_dat)
+    << " index 0 using 1:2 with lines linewidth 2 dashtype 2 title 'with faults ("
     << faulty.faults.size() << ")'\n"
     << "set ylabel 'test accuracy (%)'\nset key bottom right\n"
-    << "plot " << quoted(clean_dat) << " index 1 using 1:2 with linespoints linewidth 2 title 'fault-free', "
-    << quoted(faulty_dat) << " index 1 using 1:2 with linespoints linewidth 2 dashtype 2 title 'with faults'\n"
+    << "plot " << quoted(clean_dat)
+    << " index 1 using 1:2 with linespoints linewidth 2 title 'fault-free', " << quoted(faulty_dat)
+    << " index 1 using 1:2 with linespoints linewidth 2 dashtype 2 title 'with faults'\n"
     << "unset multiplot\n";
   g.close();
 
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    throw std::runtime_error("plot: gnuplot not found: install it with `apt-get install gnuplot-nox`");
+    throw std::runtime_error(
+        "plot: gnuplot not found: install it with `apt-get install gnuplot-nox`");
   }
   const std::string cmd = "gnuplot " + shell_quoted(script) + " 2>&1";
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("plot: `" + cmd + "` failed");

@@ -52,7 +52,8 @@ struct ChildStoppedEnvelope final : Envelope {
 
 struct ChildEventEnvelope final : Envelope {
   std::shared_ptr<const ActorSupervisionEvent> event;
-  explicit ChildEventEnvelope(std::shared_ptr<const ActorSupervisionEvent> e) : event(std::move(e)) {
+  explicit ChildEventEnvelope(std::shared_ptr<const ActorSupervisionEvent> e)
+      : event(std::move(e)) {
     system = true;
   }
   void invoke(Cell& c) override { c.on_child_event(event); }
@@ -64,9 +65,12 @@ struct ChildEventEnvelope final : Envelope {
 
 struct MeshFailureEnvelope final : Envelope {
   std::shared_ptr<const MeshFailure> failure;
-  explicit MeshFailureEnvelope(std::shared_ptr<const MeshFailure> f) : failure(std::move(f)) { system = true; }
+  explicit MeshFailureEnvelope(std::shared_ptr<const MeshFailure> f) : failure(std::move(f)) {
+    system = true;
+  }
   void invoke(Cell& c) override {
-    if (c.actor() == nullptr) return bounce(DeliveryFailure(c.id(), "<supervise mesh>", "owner is gone"));
+    if (c.actor() == nullptr)
+      return bounce(DeliveryFailure(c.id(), "<supervise mesh>", "owner is gone"));
     bool handled = false;
     std::string why;
     try {
@@ -84,7 +88,9 @@ struct MeshFailureEnvelope final : Envelope {
 
 }  // namespace
 
-size_t live_cells() noexcept { return g_live_cells.load(); }
+size_t live_cells() noexcept {
+  return g_live_cells.load();
+}
 
 void post_mesh_failure(Cell* owner, std::shared_ptr<const MeshFailure> failure) {
   owner->post(new MeshFailureEnvelope(std::move(failure)));
@@ -93,7 +99,9 @@ void post_mesh_failure(Cell* owner, std::shared_ptr<const MeshFailure> failure) 
 void post_child_event(Cell* owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
   owner->post(new ChildEventEnvelope(std::move(ev)));
 }
-size_t current_message_rank() noexcept { return tls_message_rank; }
+size_t current_message_rank() noexcept {
+  return tls_message_rank;
+}
 
 Cell::Cell(Proc& proc, ActorId id, Cell* parent, std::type_index type, Factory factory)
     : proc_(&proc),
@@ -114,7 +122,9 @@ Cell::~Cell() {
   g_live_cells.fetch_sub(1, std::memory_order_relaxed);
 }
 
-std::string Cell::type_name() const { return demangle(type_.name()); }
+std::string Cell::type_name() const {
+  return demangle(type_.name());
+}
 
 void Cell::schedule() {
   add_ref();
@@ -183,7 +193,8 @@ void Cell::resume(size_t max_messages) {
     ++n;
     dispatch(e);
   }
-  if (n >= max_messages && mailbox_.consumer_nonempty()) {  // more queued: yield the worker, stay scheduled (CELL-1)
+  if (n >= max_messages &&
+      mailbox_.consumer_nonempty()) {  // more queued: yield the worker, stay scheduled (CELL-1)
     schedule();
     return;
   }
@@ -235,8 +246,8 @@ void Cell::dispatch(Envelope* e) {
   if (record_steps_) last_endpoint_ = std::string(e->endpoint());
   Lifecycle st = state();
   bool dead = st == Lifecycle::Stopped || st == Lifecycle::Failed;
-  bool refuse = !e->system && (st == Lifecycle::Stopping ||
-                               killed_.load(std::memory_order_relaxed));
+  bool refuse =
+      !e->system && (st == Lifecycle::Stopping || killed_.load(std::memory_order_relaxed));
   if (dead || refuse) {
     e->bounce(failure_for(*e, nullptr));
     return;
@@ -320,7 +331,8 @@ void Cell::on_child_event(std::shared_ptr<const ActorSupervisionEvent> ev) {
 
 void Cell::finish_stop() {
   std::optional<ActorSupervisionEvent> reason = failure_;
-  if (!reason && killed_.load()) reason = ActorSupervisionEvent{id_, type_name(), "killed", nullptr};
+  if (!reason && killed_.load())
+    reason = ActorSupervisionEvent{id_, type_name(), "killed", nullptr};
   if (actor_ != nullptr) {
     try {
       actor_->cleanup(reason);
@@ -374,13 +386,23 @@ namespace {
 thread_local Cell* tls_current = nullptr;
 }
 
-Cell* current_cell() noexcept { return tls_current; }
+Cell* current_cell() noexcept {
+  return tls_current;
+}
 
-CurrentCell::CurrentCell(Cell* c) noexcept : prev_(tls_current) { tls_current = c; }
-CurrentCell::~CurrentCell() { tls_current = prev_; }
+CurrentCell::CurrentCell(Cell* c) noexcept : prev_(tls_current) {
+  tls_current = c;
+}
+CurrentCell::~CurrentCell() {
+  tls_current = prev_;
+}
 
-void cell_add_ref(Cell* c) noexcept { c->add_ref(); }
-void cell_release(Cell* c) noexcept { c->release(); }
+void cell_add_ref(Cell* c) noexcept {
+  c->add_ref();
+}
+void cell_release(Cell* c) noexcept {
+  c->release();
+}
 
 namespace {
 struct ClosureEnvelope final : Envelope {
@@ -409,7 +431,9 @@ struct UndeliverableEnvelope final : Envelope {
 };
 }  // namespace
 
-void post_closure(Cell* c, UniqueFunction<void()> fn) { c->post(new ClosureEnvelope(std::move(fn))); }
+void post_closure(Cell* c, UniqueFunction<void()> fn) {
+  c->post(new ClosureEnvelope(std::move(fn)));
+}
 
 void route_undeliverable(Cell* sender, Proc* proc, const DeliveryFailure& f) noexcept {
   try {

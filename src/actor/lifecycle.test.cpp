@@ -89,7 +89,9 @@ TEST(Lifecycle, ChildrenStopBeforeTheirParent) {  // CELL-4
   EXPECT_EQ(g.state(), Lifecycle::Stopped);
   EXPECT_EQ(c1.state(), Lifecycle::Stopped);
   auto lines = log.get();
-  auto pos = [&](const std::string& s) { return std::find(lines.begin(), lines.end(), s) - lines.begin(); };
+  auto pos = [&](const std::string& s) {
+    return std::find(lines.begin(), lines.end(), s) - lines.begin();
+  };
   EXPECT_LT(pos("g:cleanup"), pos("c1:cleanup"));
   EXPECT_LT(pos("c1:cleanup"), pos("p:cleanup"));
   EXPECT_EQ(pos("p:cleanup"), static_cast<long>(lines.size()) - 1);
@@ -415,7 +417,8 @@ TEST(Blocking, WorkQueuedBehindABlockingHandlerWakesTheSleepingWorker) {
       // Idle pool: one worker spins, the other sleeps (SCHED-4).
       auto deadline = std::chrono::steady_clock::now() + 10s;
       while (!(pool->sleeping_workers() == 1 && pool->worker_spinning())) {
-        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "pool never went idle, round " << round;
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+            << "pool never went idle, round " << round;
         std::this_thread::yield();
       }
       std::promise<void> gate;

@@ -49,9 +49,7 @@ struct Relay : monarch::Actor {
       return v * 10;
     });
   }
-  Task<int> failing_await() {
-    co_return co_await counter.call(&Counter::boom, 1);
-  }
+  Task<int> failing_await() { co_return co_await counter.call(&Counter::boom, 1); }
   bool touched() const { return touched_in_actor; }
   MONARCH_ENDPOINTS(Relay, via_await, via_then, failing_await, touched)
   ActorRef<Counter> counter;
@@ -89,7 +87,8 @@ TEST(Messaging, HandlerExceptionBecomesActorErrorAndActorLives) {
   }
   EXPECT_EQ(c.call(&Counter::incr, 1).get(), 1);  // still alive
   // The reply is sent from inside the handler, so the state may still read Processing.
-  EXPECT_THAT(c.state(), ::testing::AnyOf(monarch::Lifecycle::Idle, monarch::Lifecycle::Processing));
+  EXPECT_THAT(c.state(),
+              ::testing::AnyOf(monarch::Lifecycle::Idle, monarch::Lifecycle::Processing));
 }
 
 TEST(Messaging, EmptyRefsAndNonStdExceptionsAreReportedClearly) {

@@ -57,7 +57,8 @@ Proc::~Proc() {
 
 DeterministicScheduler& Proc::test_scheduler() {
   auto* d = dynamic_cast<DeterministicScheduler*>(scheduler_.get());
-  if (d == nullptr) throw UsageError("Proc::test_scheduler: this Proc was not created with deterministic = true");
+  if (d == nullptr)
+    throw UsageError("Proc::test_scheduler: this Proc was not created with deterministic = true");
   return *d;
 }
 
@@ -126,10 +127,13 @@ void Proc::unregister_cell(detail::Cell* c) {
   }
 }
 
-size_t Proc::num_actors() const { return live_.load(std::memory_order_relaxed); }
+size_t Proc::num_actors() const {
+  return live_.load(std::memory_order_relaxed);
+}
 
 void Proc::register_cell(const std::string& name, detail::Cell* c) {
-  if (c == nullptr) throw UsageError("Proc::register_name('" + name + "'): empty or unknown ActorRef");
+  if (c == nullptr)
+    throw UsageError("Proc::register_name('" + name + "'): empty or unknown ActorRef");
   std::lock_guard lock(mu_);
   if (names_.count(name) != 0) {
     throw UsageError("Proc::register_name: name '" + name + "' is already taken by " +
@@ -144,7 +148,8 @@ detail::CellPtr Proc::lookup_cell(const std::string& name, std::type_index type)
   if (it == names_.end()) return {};
   if (it->second->type() != type) {
     throw UsageError("Proc::lookup('" + name + "'): actor " + it->second->id().to_string() +
-                     " is a " + it->second->type_name() + ", not a " + detail::demangle(type.name()));
+                     " is a " + it->second->type_name() + ", not a " +
+                     detail::demangle(type.name()));
   }
   return it->second;
 }
@@ -182,7 +187,8 @@ void Proc::begin_shutdown() {
   {
     std::lock_guard lock(mu_);
     roots.reserve(root_count_);
-    for (auto* c = root_head_; c != nullptr; c = c->root_next) roots.push_back(detail::CellPtr::share(c));
+    for (auto* c = root_head_; c != nullptr; c = c->root_next)
+      roots.push_back(detail::CellPtr::share(c));
   }
   for (auto& c : roots) c->request_stop_nowait(false);
 }
@@ -220,7 +226,9 @@ Cell* spawn_remote_cell(Proc& proc, ActorId id, std::type_index type, Cell::Fact
   return c;
 }
 
-const std::string& proc_name(Proc& p) { return p.name(); }
+const std::string& proc_name(Proc& p) {
+  return p.name();
+}
 
 PortId next_port_id(Proc& proc, Cell* cell) {
   ActorId owner = cell != nullptr ? cell->id() : ActorId{proc.name(), "client", 0};

@@ -81,8 +81,8 @@ class Registry {
 
   mutable std::mutex mu_;
   std::deque<std::unique_ptr<Chunk>> chunks_;
-  uint64_t base_ = 0;  // chunk index of chunks_.front()
-  uint64_t high_ = 0;  // one past the highest uid inserted
+  uint64_t base_ = 0;                           // chunk index of chunks_.front()
+  uint64_t high_ = 0;                           // one past the highest uid inserted
   std::unordered_map<uint64_t, Cell*> sparse_;  // remotely spawned actors
 };
 

@@ -41,8 +41,12 @@ std::unordered_map<std::type_index, std::unordered_map<std::string, std::shared_
 
 }  // namespace
 
-DecodingScope::DecodingScope(Proc* p) : prev(tls_decoding) { tls_decoding = p; }
-DecodingScope::~DecodingScope() { tls_decoding = prev; }
+DecodingScope::DecodingScope(Proc* p) : prev(tls_decoding) {
+  tls_decoding = p;
+}
+DecodingScope::~DecodingScope() {
+  tls_decoding = prev;
+}
 
 std::shared_ptr<RemoteInvoker> find_invoker(std::type_index type, const std::string& endpoint) {
   std::lock_guard lock(g_invokers_mu);
@@ -52,7 +56,9 @@ std::shared_ptr<RemoteInvoker> find_invoker(std::type_index type, const std::str
   return e == t->second.end() ? nullptr : e->second;
 }
 
-Proc* decoding_proc() noexcept { return tls_decoding; }
+Proc* decoding_proc() noexcept {
+  return tls_decoding;
+}
 
 namespace {
 std::mutex& factories_mu() {
@@ -103,15 +109,22 @@ WireError WireError::from(const std::exception_ptr& e) {
 
 std::exception_ptr WireError::to_exception_ptr() const {
   switch (kind) {
-    case 1: return std::make_exception_ptr(ActorError(actor, endpoint, message));
-    case 2: return std::make_exception_ptr(DeliveryFailure(actor, endpoint, message));
-    case 3: return std::make_exception_ptr(UsageError(message));
-    case 5: return std::make_exception_ptr(SupervisionError(actor, message));
-    default: return std::make_exception_ptr(Error(message));
+    case 1:
+      return std::make_exception_ptr(ActorError(actor, endpoint, message));
+    case 2:
+      return std::make_exception_ptr(DeliveryFailure(actor, endpoint, message));
+    case 3:
+      return std::make_exception_ptr(UsageError(message));
+    case 5:
+      return std::make_exception_ptr(SupervisionError(actor, message));
+    default:
+      return std::make_exception_ptr(Error(message));
   }
 }
 
-void WireError::rethrow() const { std::rethrow_exception(to_exception_ptr()); }
+void WireError::rethrow() const {
+  std::rethrow_exception(to_exception_ptr());
+}
 
 }  // namespace detail
 
@@ -127,16 +140,18 @@ void Proc::start_remote() {
   // A peer may send as soon as we are bound (it may have learnt the address out of band), so
   // on_message waits for the address and name written below (Remote::wait_started).
   std::lock_guard hold(r->start_mu);
-  remote_->listener = channel::Listener::serve(*remote_->io, channel::ChannelAddr::parse(options_.listen),
-                                               options_.channel,
-                                               [r](channel::Message&& m) { r->on_message(std::move(m)); });
+  remote_->listener = channel::Listener::serve(
+      *remote_->io, channel::ChannelAddr::parse(options_.listen), options_.channel,
+      [r](channel::Message&& m) { r->on_message(std::move(m)); });
   remote_->address = remote_->listener->bound_addr().to_string();
   options_.name = remote_->address;
   r->started.store(true, std::memory_order_release);
 }
 
 void Proc::stop_remote() {
-  if (remote_) remote_->shutdown(std::min<std::chrono::milliseconds>(options_.stop_timeout, std::chrono::milliseconds(2000)));
+  if (remote_)
+    remote_->shutdown(std::min<std::chrono::milliseconds>(options_.stop_timeout,
+                                                          std::chrono::milliseconds(2000)));
 }
 
 void Proc::declare_proc_failed(const std::string& proc_addr, const std::string& cause) {
@@ -151,7 +166,8 @@ bool Proc::proc_failed(const std::string& proc_addr) const {
   return remote_ && remote_->is_failed(proc_addr);
 }
 
-void Proc::forward_supervision(const ActorId& owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
+void Proc::forward_supervision(const ActorId& owner,
+                               std::shared_ptr<const ActorSupervisionEvent> ev) {
   if (!remote_) return on_root_event(*ev);
   remote_->send_event(owner, std::move(ev));
 }
@@ -170,7 +186,9 @@ void Proc::stop_remote_child(const ActorId& id, bool kill) {
   }
 }
 
-std::string Proc::address() const { return remote_ ? remote_->address : std::string(); }
+std::string Proc::address() const {
+  return remote_ ? remote_->address : std::string();
+}
 
 Proc::Remote& Proc::remote() {
   if (!remote_) {
@@ -186,14 +204,15 @@ Future<ActorId> Proc::remote_lookup_id(const std::string& proc_addr, const std::
   Promise<ActorId> p;
   auto f = p.get_future();
   auto& r = remote();
-  uint64_t id = r.add_pending(ActorId{proc_addr, name, 0}, [p = std::move(p)](detail::RemoteResult&& res) mutable {
-    if (res.error) return p.set_error(res.error);
-    try {
-      p.set_value(wire::decode<ActorId>(res.payload));
-    } catch (...) {
-      p.set_error(std::current_exception());
-    }
-  });
+  uint64_t id = r.add_pending(ActorId{proc_addr, name, 0},
+                              [p = std::move(p)](detail::RemoteResult&& res) mutable {
+                                if (res.error) return p.set_error(res.error);
+                                try {
+                                  p.set_value(wire::decode<ActorId>(res.payload));
+                                } catch (...) {
+                                  p.set_error(std::current_exception());
+                                }
+                              });
   RemoteHeader h;
   h.kind = RemoteKind::Lookup;
   h.dest = ActorId{proc_addr, name, 0};
@@ -203,7 +222,8 @@ Future<ActorId> Proc::remote_lookup_id(const std::string& proc_addr, const std::
   try {
     r.send(proc_addr, h, {});
   } catch (...) {
-    if (auto handler = r.take_pending(id)) handler(detail::RemoteResult{{}, std::current_exception()});
+    if (auto handler = r.take_pending(id))
+      handler(detail::RemoteResult{{}, std::current_exception()});
   }
   return f;
 }

@@ -105,10 +105,12 @@ struct Proc::Remote {
   std::unordered_map<uint64_t, std::string> tombstones;  // guarded by mu
   std::deque<uint64_t> tombstone_order;                  // guarded by mu
   // uids for actors this Proc spawns elsewhere (kRemoteSpawnBit | random base + counter).
-  std::atomic<uint64_t> next_spawn{std::random_device{}() * 0x9E3779B97F4A7C15ULL ^ std::random_device{}()};
+  std::atomic<uint64_t> next_spawn{std::random_device{}() * 0x9E3779B97F4A7C15ULL ^
+                                   std::random_device{}()};
 
   uint64_t next_spawn_uid() {
-    return detail::kRemoteSpawnBit | (next_spawn.fetch_add(1, std::memory_order_relaxed) & ~detail::kRemoteSpawnBit);
+    return detail::kRemoteSpawnBit |
+           (next_spawn.fetch_add(1, std::memory_order_relaxed) & ~detail::kRemoteSpawnBit);
   }
 
   void add_tombstone(uint64_t uid, std::string why) {
@@ -137,10 +139,10 @@ struct Proc::Remote {
     // leaves no entry behind.
     auto target = channel::ChannelAddr::parse(addr);
     auto quiet = std::make_shared<std::atomic<bool>>(false);
-    auto s = channel::Sender::connect(*io, target, opts,
-                                      [this, addr, quiet](channel::Message&& m, const std::string& why) {
-                                        on_returned(std::move(m), addr, why, quiet->load());
-                                      });
+    auto s = channel::Sender::connect(
+        *io, target, opts, [this, addr, quiet](channel::Message&& m, const std::string& why) {
+          on_returned(std::move(m), addr, why, quiet->load());
+        });
     s->on_close([this, addr](const std::string& why) { on_link_closed(addr, why); });
     senders[addr] = s;
     forgotten[addr] = std::move(quiet);
@@ -179,7 +181,8 @@ struct Proc::Remote {
     spdlog::warn("monarch: {}: proc {} declared failed ({}); {} pending calls fail", address, addr,
                  cause, lost.size());
     for (auto& call : lost) {
-      call.handler(detail::RemoteResult{{}, std::make_exception_ptr(SupervisionError(call.dest, cause))});
+      call.handler(
+          detail::RemoteResult{{}, std::make_exception_ptr(SupervisionError(call.dest, cause))});
     }
     if (link) link->close("proc " + addr + " declared failed: " + cause);
   }
@@ -225,7 +228,8 @@ struct Proc::Remote {
     }
     for (auto& call : lost) {
       call.handler(detail::RemoteResult{
-          {}, std::make_exception_ptr(DeliveryFailure(call.dest, "", "link to proc closed: " + why))});
+          {},
+          std::make_exception_ptr(DeliveryFailure(call.dest, "", "link to proc closed: " + why))});
     }
   }
   detail::ReplyHandler take_pending(uint64_t id) {
@@ -275,10 +279,12 @@ struct Proc::Remote {
 
   // A message this Proc sent could not be delivered (channel failure: CH-3, CH-4).
   // `quiet`: the link was closed by forget(): the peer is gone by design.
-  void on_returned(channel::Message&& m, const std::string& to, const std::string& why, bool quiet) {
+  void on_returned(channel::Message&& m, const std::string& to, const std::string& why,
+                   bool quiet) {
     {
       std::lock_guard lock(mu);
-      if (closed) {  // this Proc is shutting down: its actors are gone; pending calls already failed
+      if (closed) {  // this Proc is shutting down: its actors are gone; pending calls already
+                     // failed
         spdlog::debug("monarch: {}: message returned during shutdown: {}", address, why);
         return;
       }
@@ -294,16 +300,18 @@ struct Proc::Remote {
     if (quiet) {
       // REM-1 still holds for calls (one outcome); the rest is dropped: its receiver went away
       // when asked to, so its sender learns nothing it did not ask for.
-      if ((h.kind == RemoteKind::Call || h.kind == RemoteKind::Lookup || h.kind == RemoteKind::Stop) &&
+      if ((h.kind == RemoteKind::Call || h.kind == RemoteKind::Lookup ||
+           h.kind == RemoteKind::Stop) &&
           h.request_id != 0) {
-        if (auto r = take_pending(h.request_id)) r(detail::RemoteResult{{}, std::make_exception_ptr(f)});
+        if (auto r = take_pending(h.request_id))
+          r(detail::RemoteResult{{}, std::make_exception_ptr(f)});
         return;
       }
       spdlog::debug("monarch: {}: message to forgotten proc {} dropped: {}", address, to, why);
       return;
     }
-    bool spawn_or_send = h.kind == RemoteKind::Spawn || h.kind == RemoteKind::Send ||
-                         h.kind == RemoteKind::PortSend;
+    bool spawn_or_send =
+        h.kind == RemoteKind::Spawn || h.kind == RemoteKind::Send || h.kind == RemoteKind::PortSend;
     if (spawn_or_send && is_failed(h.dest.proc)) {
       // REM-5: the Proc was declared failed by the mesh layer, which reports that failure to the
       // owners itself; messages merely unacknowledged when the link closed are not news.
@@ -315,14 +323,17 @@ struct Proc::Remote {
       case RemoteKind::Lookup:
       case RemoteKind::Stop:
         if (h.request_id == 0) return;
-        if (auto r = take_pending(h.request_id)) r(detail::RemoteResult{{}, std::make_exception_ptr(f)});
+        if (auto r = take_pending(h.request_id))
+          r(detail::RemoteResult{{}, std::make_exception_ptr(f)});
         return;
       case RemoteKind::Send:
-      case RemoteKind::PortSend: return local_bounce(h.sender, f);
+      case RemoteKind::PortSend:
+        return local_bounce(h.sender, f);
       case RemoteKind::Spawn:
-        return deliver_event(h.sender, std::make_shared<const ActorSupervisionEvent>(ActorSupervisionEvent{
-                                           h.dest, detail::type_of_key(h.endpoint),
-                                           "spawn in proc " + h.dest.proc + " failed: " + why, nullptr}));
+        return deliver_event(h.sender,
+                             std::make_shared<const ActorSupervisionEvent>(ActorSupervisionEvent{
+                                 h.dest, detail::type_of_key(h.endpoint),
+                                 "spawn in proc " + h.dest.proc + " failed: " + why, nullptr}));
       case RemoteKind::Supervise: {
         std::shared_ptr<const ActorSupervisionEvent> ev;
         try {
@@ -337,11 +348,11 @@ struct Proc::Remote {
         // A reply (or an undeliverable report) to a caller's proc. If the mesh layer declared that
         // proc failed, its callers are gone and it was reported already (REM-5).
         if (is_failed(to)) {
-          spdlog::debug("monarch: {} to failed proc {} dropped: {}", h.kind == RemoteKind::Reply ? "reply" : "report",
-                        to, why);
+          spdlog::debug("monarch: {} to failed proc {} dropped: {}",
+                        h.kind == RemoteKind::Reply ? "reply" : "report", to, why);
         } else {
-          spdlog::warn("monarch: {} (request {}) to proc {} lost: {}", h.kind == RemoteKind::Reply ? "reply" : "report",
-                       h.request_id, to, why);
+          spdlog::warn("monarch: {} (request {}) to proc {} lost: {}",
+                       h.kind == RemoteKind::Reply ? "reply" : "report", h.request_id, to, why);
         }
     }
   }
@@ -383,11 +394,13 @@ struct Proc::Remote {
   }
 
   // SUP-R3: the owner cannot hear the failure: log it, then this Proc's fault hook decides.
-  void owner_unreachable(const ActorId& owner, const std::shared_ptr<const ActorSupervisionEvent>& ev,
+  void owner_unreachable(const ActorId& owner,
+                         const std::shared_ptr<const ActorSupervisionEvent>& ev,
                          const std::string& why) {
-    spdlog::error("monarch: cannot report the failure of {} to its owner {} ({}); using the fault "
-                  "hook of proc {}",
-                  ev->actor.to_string(), owner.to_string(), why, address);
+    spdlog::error(
+        "monarch: cannot report the failure of {} to its owner {} ({}); using the fault "
+        "hook of proc {}",
+        ev->actor.to_string(), owner.to_string(), why, address);
     proc->on_root_event(*ev);
   }
 
@@ -395,13 +408,15 @@ struct Proc::Remote {
   void on_spawn(const RemoteHeader& h, channel::Bytes payload) {
     std::string type = detail::type_of_key(h.endpoint);
     auto refuse = [&](const std::string& cause) {
-      std::string why = "spawn of " + type + " '" + h.dest.name + "' in proc " + address + " failed: " + cause;
+      std::string why =
+          "spawn of " + type + " '" + h.dest.name + "' in proc " + address + " failed: " + cause;
       add_tombstone(h.dest.uid, why);
       send_event(h.sender, std::make_shared<const ActorSupervisionEvent>(
                                ActorSupervisionEvent{h.dest, type, why, nullptr}));
     };
     if (h.dest.proc != address) return refuse("it was addressed to proc " + h.dest.proc);
-    if ((h.dest.uid & detail::kRemoteSpawnBit) == 0) return refuse("bad uid " + std::to_string(h.dest.uid));
+    if ((h.dest.uid & detail::kRemoteSpawnBit) == 0)
+      return refuse("bad uid " + std::to_string(h.dest.uid));
     const detail::RemoteFactory* f = detail::find_remote_factory(h.endpoint);
     if (f == nullptr) {
       return refuse("no factory for " + h.endpoint +
@@ -416,7 +431,8 @@ struct Proc::Remote {
                     detail::describe_exception(std::current_exception()));
     }
     try {
-      detail::CellPtr::adopt(detail::spawn_remote_cell(*proc, h.dest, f->type, std::move(make), h.sender));
+      detail::CellPtr::adopt(
+          detail::spawn_remote_cell(*proc, h.dest, f->type, std::move(make), h.sender));
     } catch (...) {
       refuse(detail::describe_exception(std::current_exception()));
     }
@@ -427,7 +443,8 @@ struct Proc::Remote {
     try {
       ev = detail::decode_event(payload);
     } catch (const std::exception& e) {
-      spdlog::error("monarch: dropping a malformed supervision event from {}: {}", h.reply_proc, e.what());
+      spdlog::error("monarch: dropping a malformed supervision event from {}: {}", h.reply_proc,
+                    e.what());
       return;
     }
     deliver_event(h.dest, std::move(ev));
@@ -445,7 +462,8 @@ struct Proc::Remote {
     }
     auto done = c->request_stop(h.endpoint == "kill");
     if (id == 0) return;
-    done.on_complete([this, to, id](detail::State<void>&) { reply(to, id, detail::RemoteResult{}); });
+    done.on_complete(
+        [this, to, id](detail::State<void>&) { reply(to, id, detail::RemoteResult{}); });
   }
 
   // A message from another Proc (io thread).
@@ -463,7 +481,8 @@ struct Proc::Remote {
     detail::DecodingScope scope(proc);
     switch (h.kind) {
       case RemoteKind::Call:
-      case RemoteKind::Send: return on_request(h, std::move(payload));
+      case RemoteKind::Send:
+        return on_request(h, std::move(payload));
       case RemoteKind::Reply: {
         auto r = take_pending(h.request_id);
         if (!r) return;
@@ -482,11 +501,16 @@ struct Proc::Remote {
           return;
         }
       }
-      case RemoteKind::Lookup: return on_lookup(h);
-      case RemoteKind::PortSend: return on_port_send(h, std::move(payload));
-      case RemoteKind::Spawn: return on_spawn(h, std::move(payload));
-      case RemoteKind::Supervise: return on_supervise(h, payload);
-      case RemoteKind::Stop: return on_stop(h);
+      case RemoteKind::Lookup:
+        return on_lookup(h);
+      case RemoteKind::PortSend:
+        return on_port_send(h, std::move(payload));
+      case RemoteKind::Spawn:
+        return on_spawn(h, std::move(payload));
+      case RemoteKind::Supervise:
+        return on_supervise(h, payload);
+      case RemoteKind::Stop:
+        return on_stop(h);
     }
   }
 
@@ -516,12 +540,15 @@ struct Proc::Remote {
   void on_request(const RemoteHeader& h, channel::Bytes payload) {
     bool is_call = h.kind == RemoteKind::Call;
     auto fail = [&](const DeliveryFailure& f) {
-      if (is_call) return reply(h.reply_proc, h.request_id, detail::RemoteResult{{}, std::make_exception_ptr(f)});
+      if (is_call)
+        return reply(h.reply_proc, h.request_id,
+                     detail::RemoteResult{{}, std::make_exception_ptr(f)});
       bounce_to_sender(h.reply_proc, h.sender, f);
     };
     detail::CellPtr c = proc->find(h.dest);
     if (!c) {
-      std::string why = h.dest.uid & detail::kRemoteSpawnBit ? tombstone(h.dest.uid) : std::string();
+      std::string why =
+          h.dest.uid & detail::kRemoteSpawnBit ? tombstone(h.dest.uid) : std::string();
       return fail(DeliveryFailure(h.dest, h.endpoint, why.empty() ? "unknown actor" : why));
     }
     auto inv = detail::find_invoker(c->type(), h.endpoint);
@@ -538,11 +565,14 @@ struct Proc::Remote {
     uint64_t id = h.request_id;
     ActorId sender = h.sender;
     req.reply = [this, to, id](detail::RemoteResult&& r) { reply(to, id, std::move(r)); };
-    req.bounce_send = [this, to, sender](const DeliveryFailure& f) { bounce_to_sender(to, sender, f); };
+    req.bounce_send = [this, to, sender](const DeliveryFailure& f) {
+      bounce_to_sender(to, sender, f);
+    };
     try {
       (*inv)(*c.get(), std::move(req));
     } catch (const std::exception& e) {
-      fail(DeliveryFailure(h.dest, h.endpoint, std::string("cannot decode arguments: ") + e.what()));
+      fail(
+          DeliveryFailure(h.dest, h.endpoint, std::string("cannot decode arguments: ") + e.what()));
     }
   }
 
@@ -590,11 +620,11 @@ struct Proc::Remote {
     links.clear();
     io.reset();
     for (auto& [id, call] : left) {
-      call.handler(detail::RemoteResult{{}, std::make_exception_ptr(DeliveryFailure(
-                                     ActorId{}, "", "proc " + address + " shut down"))});
+      call.handler(detail::RemoteResult{{},
+                                        std::make_exception_ptr(DeliveryFailure(
+                                            ActorId{}, "", "proc " + address + " shut down"))});
     }
   }
 };
-
 
 }  // namespace monarch

@@ -50,7 +50,9 @@ ThreadPoolScheduler::ThreadPoolScheduler(size_t workers, size_t batch)
   for (size_t i = 0; i < n; ++i) start_worker();
 }
 
-ThreadPoolScheduler::~ThreadPoolScheduler() { shutdown(); }
+ThreadPoolScheduler::~ThreadPoolScheduler() {
+  shutdown();
+}
 
 size_t ThreadPoolScheduler::num_workers() const {
   std::lock_guard lock(mu_);
@@ -208,16 +210,22 @@ namespace {
 thread_local DeterministicScheduler* tls_det = nullptr;
 }
 
-DeterministicScheduler::DeterministicScheduler() : prev_(tls_det) { tls_det = this; }
+DeterministicScheduler::DeterministicScheduler() : prev_(tls_det) {
+  tls_det = this;
+}
 
 DeterministicScheduler::~DeterministicScheduler() {
   shutdown();
   if (tls_det == this) tls_det = prev_;
 }
 
-DeterministicScheduler* DeterministicScheduler::current() noexcept { return tls_det; }
+DeterministicScheduler* DeterministicScheduler::current() noexcept {
+  return tls_det;
+}
 
-void DeterministicScheduler::schedule(detail::Cell* c) { ready_.push_back(c); }
+void DeterministicScheduler::schedule(detail::Cell* c) {
+  ready_.push_back(c);
+}
 
 void DeterministicScheduler::shutdown() {
   while (!ready_.empty()) {

@@ -29,8 +29,8 @@ namespace monarch::detail {
 
 std::string demangle(const char* mangled) {
   int status = 0;
-  std::unique_ptr<char, void (*)(void*)> out(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
-                                             std::free);
+  std::unique_ptr<char, void (*)(void*)> out(
+      abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
   return status == 0 && out ? std::string(out.get()) : std::string(mangled);
 }
 
@@ -54,8 +54,8 @@ std::string endpoint_label(const std::string& type_name, const char* registered)
 
 std::string timeout_message(const StateBase& s) {
   if (s.completer != nullptr) {
-    return "Future::get: timed out waiting for a reply from actor " + s.completer->id().to_string() +
-           " (the future is still valid)";
+    return "Future::get: timed out waiting for a reply from actor " +
+           s.completer->id().to_string() + " (the future is still valid)";
   }
   return "Future::get: timed out waiting for the result (the future is still valid)";
 }

@@ -82,8 +82,10 @@ ChannelAddr ChannelAddr::parse(std::string_view text) {
   for (size_t at = text.find('@'); at != std::string_view::npos; at = text.find('@', at + 1)) {
     if (at > 0 && starts_with_scheme(text.substr(at + 1)) && starts_with_scheme(text)) {
       auto rest = text.substr(at + 1);
-      for (size_t more = rest.find('@'); more != std::string_view::npos; more = rest.find('@', more + 1)) {
-        if (starts_with_scheme(rest.substr(more + 1))) bad(text, "more than one '@' between addresses");
+      for (size_t more = rest.find('@'); more != std::string_view::npos;
+           more = rest.find('@', more + 1)) {
+        if (starts_with_scheme(rest.substr(more + 1)))
+          bad(text, "more than one '@' between addresses");
       }
       auto dial = parse_one(text, text.substr(0, at));
       auto bind = parse_one(text, rest);
@@ -98,8 +100,12 @@ ChannelAddr ChannelAddr::parse(std::string_view text) {
 std::string ChannelAddr::to_string() const {
   std::string s;
   switch (transport) {
-    case Transport::Inproc: s = "inproc://" + name; break;
-    case Transport::Unix: s = abstract ? "unix://@" + name : "unix://" + name; break;
+    case Transport::Inproc:
+      s = "inproc://" + name;
+      break;
+    case Transport::Unix:
+      s = abstract ? "unix://@" + name : "unix://" + name;
+      break;
     case Transport::Tcp:
       s = host.find(':') != std::string::npos ? "tcp://[" + host + "]:" : "tcp://" + host + ":";
       s += std::to_string(port);

@@ -26,12 +26,12 @@
 
 #include <asio.hpp>
 #include <atomic>
-#include <random>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -248,7 +248,9 @@ IoRuntime::~IoRuntime() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-void* IoRuntime::context() { return &impl_->ctx; }
+void* IoRuntime::context() {
+  return &impl_->ctx;
+}
 
 IoRuntime& IoRuntime::shared() {
   static IoRuntime rt;
@@ -257,7 +259,9 @@ IoRuntime& IoRuntime::shared() {
 
 namespace {
 
-asio::io_context& ctx_of(IoRuntime& io) { return *static_cast<asio::io_context*>(io.context()); }
+asio::io_context& ctx_of(IoRuntime& io) {
+  return *static_cast<asio::io_context*>(io.context());
+}
 
 // Runs fn on the io thread and waits for it (or runs inline when already on it).
 template <class F>
@@ -312,7 +316,8 @@ struct InprocSender final : Sender {
         if (auto l = it->second.lock()) h = l->handler;
       }
     }
-    for (auto& sp : m.shared_parts) m.parts.emplace_back(sp.bytes.begin(), sp.bytes.end());  // receivers own parts
+    for (auto& sp : m.shared_parts)
+      m.parts.emplace_back(sp.bytes.begin(), sp.bytes.end());  // receivers own parts
     m.shared_parts.clear();
     std::string why = is_closed ? "link closed" : "no inproc listener named '" + target.name + "'";
     asio::post(ctx, [h, m = std::move(m), fail = on_failure, why]() mutable {
@@ -445,8 +450,8 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
           ss = SessionState{auth.header.incarnation, 0};  // a new or restarted sender
         }
         std::vector<Bytes> none;
-        co_await write_frame(c->sock, header(FrameKind::Accept, session, incarnation, ss.last_delivered),
-                             none);
+        co_await write_frame(
+            c->sock, header(FrameKind::Accept, session, incarnation, ss.last_delivered), none);
       }
       c->session = session;
       c->state = &sessions[session];
@@ -467,7 +472,8 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
       }
     } catch (const wire::FrameError& e) {
       rejected.fetch_add(1);
-      spdlog::warn("channel {}: dropping connection from {}: {}", bound.to_string(), peer, e.what());
+      spdlog::warn("channel {}: dropping connection from {}: {}", bound.to_string(), peer,
+                   e.what());
     } catch (const std::system_error& e) {
       // EOF, reset, or closed by us: the sender reconnects if it wants to.
       spdlog::debug("channel {}: connection from {} ended: {}", bound.to_string(), peer, e.what());
@@ -488,8 +494,8 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
         }
         if (f.header.seq <= ss.last_delivered) return;  // duplicate after a resend (CH-2)
         if (f.header.seq != ss.last_delivered + 1) {
-          throw wire::FrameError("sequence gap: got " + std::to_string(f.header.seq) +
-                                 " after " + std::to_string(ss.last_delivered));
+          throw wire::FrameError("sequence gap: got " + std::to_string(f.header.seq) + " after " +
+                                 std::to_string(ss.last_delivered));
         }
         ss.last_delivered = f.header.seq;
         Message m{std::move(f.parts)};
@@ -503,8 +509,11 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
         }
         return;
       }
-      case FrameKind::Heartbeat: return;
-      case FrameKind::Close: c.open = false; return;
+      case FrameKind::Heartbeat:
+        return;
+      case FrameKind::Close:
+        c.open = false;
+        return;
       default:
         throw wire::FrameError(std::string("unexpected ") + wire::to_string(f.header.kind) +
                                " frame after handshake");
@@ -565,7 +574,8 @@ std::unique_ptr<Listener> Listener::serve(IoRuntime& io, const ChannelAddr& addr
     l->handler = std::make_shared<Listener::Handler>(std::move(handler));
     std::lock_guard lock(g_inproc_mu);
     auto& slot = g_inproc[addr.name];
-    if (!slot.expired()) throw ChannelError("inproc address " + addr.to_string() + " already in use");
+    if (!slot.expired())
+      throw ChannelError("inproc address " + addr.to_string() + " already in use");
     slot = l;
     // The registry holds a weak reference; the caller owns the listener.
     struct Owner final : Listener {
@@ -592,7 +602,8 @@ std::unique_ptr<Listener> Listener::serve(IoRuntime& io, const ChannelAddr& addr
     try {
       Endpoint ep = to_endpoint(ctx, local);
       core->acceptor.open(ep.protocol());
-      if (local.transport == Transport::Tcp) core->acceptor.set_option(Acceptor::reuse_address(true));
+      if (local.transport == Transport::Tcp)
+        core->acceptor.set_option(Acceptor::reuse_address(true));
       if (local.transport == Transport::Unix && !local.abstract) ::unlink(local.name.c_str());
       core->acceptor.bind(ep);
       if (local.transport == Transport::Unix && !local.abstract) {
@@ -665,9 +676,9 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   // (re)connect sets it, so resends always go out before anything new.
   int direct_fd = -1;
   bool writer_busy = true;
-  Bytes tail;                          // unwritten end of a frame the direct path began writing
-  Clock::time_point last_send{};       // of the previous send() (direct path pacing)
-  Bytes direct_prefix;                 // reused encode buffer for the direct path
+  Bytes tail;                     // unwritten end of a frame the direct path began writing
+  Clock::time_point last_send{};  // of the previous send() (direct path pacing)
+  Bytes direct_prefix;            // reused encode buffer for the direct path
   std::vector<std::span<const std::byte>> direct_spans;
 
   // IoRuntime thread only.
@@ -719,15 +730,16 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     }
     auto self = shared_from_this();
     if (!accepted) {
-      asio::post(ctx, [self, m = std::move(m)]() mutable { self->fail(std::move(m), self->reason()); });
+      asio::post(ctx,
+                 [self, m = std::move(m)]() mutable { self->fail(std::move(m), self->reason()); });
       return;
     }
     if (post) asio::post(ctx, [self] { self->wake.cancel(); });
   }
 
   // Direct path: only small messages (their unwritten end is copied into tail), only when the
-  // previous send() was at least kDirectIdle ago. Back-to-back sends (streaming) are queued instead,
-  // so the writer batches them into few large writes.
+  // previous send() was at least kDirectIdle ago. Back-to-back sends (streaming) are queued
+  // instead, so the writer batches them into few large writes.
   static constexpr size_t kDirectMaxBytes = 64 * 1024;
   static constexpr size_t kDirectMaxParts = 64;
   static constexpr auto kDirectIdle = std::chrono::microseconds(5);
@@ -813,7 +825,8 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
     for (auto& p : q) all.push_back(std::move(p));
     if (!all.empty()) {
       spdlog::log(quiet ? spdlog::level::debug : spdlog::level::warn,
-                  "channel to {}: link closed with {} message(s) undelivered: {}", addr.to_string(), all.size(), why);
+                  "channel to {}: link closed with {} message(s) undelivered: {}", addr.to_string(),
+                  all.size(), why);
     }
     pending_count.store(0);
     if (sock) {
@@ -834,9 +847,8 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
 
   awaitable<void> watchdog() {
     auto self = shared_from_this();
-    auto period = std::clamp<std::chrono::milliseconds>(opt.delivery_timeout / 4,
-                                                        std::chrono::milliseconds(1),
-                                                        std::chrono::milliseconds(250));
+    auto period = std::clamp<std::chrono::milliseconds>(
+        opt.delivery_timeout / 4, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
     while (!closed) {
       tick.expires_after(period);
       asio::error_code ec;
@@ -917,7 +929,8 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
       proof = compute_hmac(secret, hello.parts[0], session, process_incarnation());
     }
     std::vector<Bytes> auth_parts{proof};
-    co_await write_frame(*sock, header(FrameKind::Auth, session, process_incarnation(), 0), auth_parts);
+    co_await write_frame(*sock, header(FrameKind::Auth, session, process_incarnation(), 0),
+                         auth_parts);
     wire::Frame reply = co_await read_frame(*sock, dec, buf);
     if (reply.header.kind == FrameKind::Reject) {
       std::string why = reply.parts.empty() ? "" : bytes_text(reply.parts[0]);

@@ -1,4 +1,6 @@
 // Channels in one process: addresses, transports, security, malformed input, limits.
+#include "monarch/channel/channel.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -10,13 +12,12 @@
 #include <cstring>
 #include <mutex>
 
-#include "monarch/channel/channel.hpp"
 #include "test_util.hpp"
 
 using namespace monarch::channel;
 using namespace std::chrono_literals;
-using monarch::channel::testing::Inbox;
 using monarch::channel::testing::bytes;
+using monarch::channel::testing::Inbox;
 using monarch::channel::testing::text;
 using monarch::channel::testing::unique_name;
 using ::testing::HasSubstr;
@@ -91,7 +92,8 @@ TEST_P(Transports, DeliversInOrderExactlyOnce) {
   Inbox inbox;
   auto l = Listener::serve(io, ChannelAddr::parse(GetParam()), opts(), inbox.handler());
   std::atomic<int> failures{0};
-  auto s = Sender::connect(io, l->bound_addr(), opts(), [&](Message&&, const std::string&) { ++failures; });
+  auto s = Sender::connect(io, l->bound_addr(), opts(),
+                           [&](Message&&, const std::string&) { ++failures; });
   constexpr int kN = 5000;
   for (int i = 0; i < kN; ++i) s->send(Message{{bytes(std::to_string(i))}});
   ASSERT_TRUE(inbox.wait_for_count(kN, 20s)) << "got " << inbox.count();
@@ -163,8 +165,8 @@ TEST(Channel, SharedPartsArriveAfterOwnedPartsAndAreReleasedOnceAcknowledged) {
       EXPECT_EQ(text(m.parts[0]), "m" + std::to_string(i));
       EXPECT_TRUE(m.parts[1] == *payload);
       EXPECT_TRUE(m.parts[2].empty());  // a null shared part arrives as an empty part
-      EXPECT_TRUE(std::equal(m.parts[3].begin(), m.parts[3].end(), region.begin() + static_cast<long>(i),
-                             region.end()));
+      EXPECT_TRUE(std::equal(m.parts[3].begin(), m.parts[3].end(),
+                             region.begin() + static_cast<long>(i), region.end()));
     }
     // The sender holds the shared buffer and the lease only until the receiver acknowledged them.
     ASSERT_TRUE(monarch::channel::testing::wait_until([&] { return s->pending() == 0; }, 10s));
@@ -178,7 +180,8 @@ TEST(Channel, OversizeSendIsAnErrorAtTheSenderAndTheLinkSurvives) {
   Inbox inbox;
   ChannelOptions o = opts();
   o.max_frame_bytes = 1024;
-  auto l = Listener::serve(io, ChannelAddr::parse("unix://@" + unique_name("o")), o, inbox.handler());
+  auto l =
+      Listener::serve(io, ChannelAddr::parse("unix://@" + unique_name("o")), o, inbox.handler());
   auto s = Sender::connect(io, l->bound_addr(), o, nullptr);
   s->send(Message{{bytes("before")}});
   try {
@@ -242,7 +245,8 @@ void raw_send(const std::string& abstract_name, const std::string& data, bool re
   sa.sun_family = AF_UNIX;
   sa.sun_path[0] = '\0';
   std::memcpy(sa.sun_path + 1, abstract_name.data(), abstract_name.size());
-  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + abstract_name.size());
+  socklen_t len =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + abstract_name.size());
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), len), 0);
   if (read_hello) {
     char buf[256];
@@ -288,10 +292,11 @@ TEST(Channel, ReconnectsAndResendsToANewListenerOnTheSameAddress) {  // CH-2, CH
   auto l1 = Listener::serve(io, ChannelAddr::parse(addr), opts(), first.handler());
   std::mutex mu;
   std::vector<std::string> failed;
-  auto s = Sender::connect(io, ChannelAddr::parse(addr), opts(), [&](Message&& m, const std::string& why) {
-    std::lock_guard lock(mu);
-    failed.push_back(text(m.parts[0]) + ": " + why);
-  });
+  auto s = Sender::connect(io, ChannelAddr::parse(addr), opts(),
+                           [&](Message&& m, const std::string& why) {
+                             std::lock_guard lock(mu);
+                             failed.push_back(text(m.parts[0]) + ": " + why);
+                           });
   for (int i = 0; i < 10; ++i) s->send(Message{{bytes(std::to_string(i))}});
   ASSERT_TRUE(first.wait_for_count(10, 10s));
   ASSERT_TRUE(monarch::channel::testing::wait_until([&] { return s->pending() == 0; }, 10s));

@@ -16,7 +16,9 @@
 using namespace monarch::channel;
 
 namespace {
-std::string text(const Bytes& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+std::string text(const Bytes& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -56,9 +56,11 @@ TEST_F(MultiProcess, PingPongOverUnixAndTcp) {
     Peer echo("echo", addr);
     auto echo_addr = ChannelAddr::parse(echo.listening());
     Inbox replies;
-    auto me = Listener::serve(io, ChannelAddr::parse(addr.starts_with("tcp") ? "tcp://127.0.0.1:0"
-                                                                              : "unix://@" + unique_name("me")),
-                              opts(), replies.handler());
+    auto me = Listener::serve(
+        io,
+        ChannelAddr::parse(addr.starts_with("tcp") ? "tcp://127.0.0.1:0"
+                                                   : "unix://@" + unique_name("me")),
+        opts(), replies.handler());
     auto s = Sender::connect(io, echo_addr, opts(), nullptr);
     std::string reply_to = me->bound_addr().to_string();
     for (int i = 0; i < 200; ++i) {
@@ -78,11 +80,12 @@ TEST_F(MultiProcess, ReceiverKilledMidStreamAndRestartedLosesAndDuplicatesNothin
   std::mutex mu;
   std::set<int> failed;
   std::vector<std::string> reasons;
-  auto s = Sender::connect(io, ChannelAddr::parse(addr), opts(), [&](Message&& m, const std::string& why) {
-    std::lock_guard lock(mu);
-    failed.insert(std::stoi(text(m.parts[0])));
-    reasons.push_back(why);
-  });
+  auto s = Sender::connect(io, ChannelAddr::parse(addr), opts(),
+                           [&](Message&& m, const std::string& why) {
+                             std::lock_guard lock(mu);
+                             failed.insert(std::stoi(text(m.parts[0])));
+                             reasons.push_back(why);
+                           });
   constexpr int kN = 4000;
   int next = 0;
   for (; next < kN / 2; ++next) s->send(Message{{bytes(std::to_string(next))}});
@@ -97,7 +100,8 @@ TEST_F(MultiProcess, ReceiverKilledMidStreamAndRestartedLosesAndDuplicatesNothin
   for (; next < kN; ++next) s->send(Message{{bytes(std::to_string(next))}});
   Peer second("recv", addr);
   second.listening();
-  ASSERT_TRUE(wait_until([&] { return s->pending() == 0; }, 30s)) << s->pending() << " still pending";
+  ASSERT_TRUE(wait_until([&] { return s->pending() == 0; }, 30s))
+      << s->pending() << " still pending";
   for (auto& m : first->drain_messages()) a.push_back(m);
   std::vector<std::string> b;
   while (b.size() + a.size() < static_cast<size_t>(kN)) {
@@ -139,11 +143,12 @@ TEST_F(MultiProcess, FrozenReceiverPastDeliveryTimeoutReturnsEveryMessage) {  //
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::string> failed;
-  auto s = Sender::connect(io, ChannelAddr::parse(addr), o, [&](Message&& m, const std::string& why) {
-    std::lock_guard lock(mu);
-    failed.push_back(text(m.parts[0]) + " | " + why);
-    cv.notify_all();
-  });
+  auto s =
+      Sender::connect(io, ChannelAddr::parse(addr), o, [&](Message&& m, const std::string& why) {
+        std::lock_guard lock(mu);
+        failed.push_back(text(m.parts[0]) + " | " + why);
+        cv.notify_all();
+      });
   s->send(Message{{bytes("warm-up")}});
   ASSERT_EQ(peer.line(10s).value_or(""), "MSG warm-up");
   ASSERT_TRUE(wait_until([&] { return s->pending() == 0; }, 10s));

@@ -128,8 +128,9 @@ TEST_P(SendPaths, DirectAndQueuedWritesKeepPerSenderOrderWithoutLossOrDuplicates
       for (uint32_t i = 0; i < kPerThread; ++i) {
         // Mostly small; some medium (direct-path eligible); a few large (always queued).
         uint32_t dice = rng() % 100;
-        size_t size = dice < 85 ? rng() % 256 : dice < 98 ? 4096 + rng() % (60 << 10)
-                                                           : (70 << 10) + rng() % (200 << 10);
+        size_t size = dice < 85   ? rng() % 256
+                      : dice < 98 ? 4096 + rng() % (60 << 10)
+                                  : (70 << 10) + rng() % (200 << 10);
         s->send(make(t, i, size, rng() % 10 == 0));
         // Pauses long enough for the link to go idle (direct path) mixed with bursts (queued).
         if (rng() % 4 != 0) spin_for(std::chrono::microseconds(rng() % 100));

@@ -7,9 +7,8 @@
 #include <fstream>
 #include <functional>
 #include <limits>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 extern char** environ;
 
@@ -27,7 +26,8 @@ const std::vector<KeyInfo> kKeys = {
     {"channel.max_frame_bytes", Kind::Bytes, "64MiB",
      "largest message, bytes (sum of parts); larger sends throw at the sender"},
     {"channel.unix_socket_buffer", Kind::Bytes, "1MiB",
-     "SO_SNDBUF/SO_RCVBUF of unix-socket connections (0: system default; capped by net.core.*mem_max)"},
+     "SO_SNDBUF/SO_RCVBUF of unix-socket connections (0: system default; capped by "
+     "net.core.*mem_max)"},
     {"channel.ack_every", Kind::Int, "256", "the receiver acknowledges after this many messages"},
     {"channel.ack_interval", Kind::Duration, "5ms", "... or after this long, whichever first"},
     {"channel.reconnect_initial", Kind::Duration, "1ms", "first reconnect backoff; doubles"},
@@ -45,7 +45,8 @@ const std::vector<KeyInfo> kKeys = {
      "(yielding the CPU) before it sleeps; 0: sleep at once"},
     // mesh
     {"mesh.cast_fanout", Kind::Int, "16", "children per node of the cast tree"},
-    {"mesh.heartbeat_interval", Kind::Duration, "250ms", "procs heartbeat to their owner this often"},
+    {"mesh.heartbeat_interval", Kind::Duration, "250ms",
+     "procs heartbeat to their owner this often"},
     {"mesh.heartbeat_timeout", Kind::Duration, "2s",
      "no heartbeat for this long: the proc is declared frozen (MeshFailure)"},
     {"mesh.spawn_timeout", Kind::Duration, "30s",
@@ -61,7 +62,8 @@ const std::vector<KeyInfo> kKeys = {
     {"ft.quorum_join_timeout", Kind::Duration, "500ms",
      "how long the lighthouse waits for stragglers before forming a quorum"},
     {"ft.min_replicas", Kind::Int, "1", "a quorum needs at least this many replica groups"},
-    {"ft.heartbeat_interval", Kind::Duration, "100ms", "replica groups heartbeat the lighthouse this often"},
+    {"ft.heartbeat_interval", Kind::Duration, "100ms",
+     "replica groups heartbeat the lighthouse this often"},
     {"ft.heartbeat_timeout", Kind::Duration, "1s",
      "a group without a heartbeat for this long is left out of the next quorum"},
     // rdma (data plane, docs/data-plane.md)
@@ -71,7 +73,8 @@ const std::vector<KeyInfo> kKeys = {
     {"rdma.chunk_bytes", Kind::Bytes, "1MiB", "channel backend: bytes per chunk message"},
     {"rdma.streams", Kind::Int, "2", "channel backend: parallel links per owner"},
     {"rdma.ack_every", Kind::Int, "1",
-     "channel backend: links acknowledge after this many messages (chunks are sent from the buffers, which are held until acknowledged)"},
+     "channel backend: links acknowledge after this many messages (chunks are sent from the "
+     "buffers, which are held until acknowledged)"},
     {"rdma.listen", Kind::String, "",
      "channel address the data plane serves on (empty: a private abstract unix socket)"},
     {"rdma.ucx_tls", Kind::String, "",
@@ -96,11 +99,16 @@ const Order kOrder[] = {
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::Duration: return "duration";
-    case Kind::Bytes: return "size";
-    case Kind::Int: return "integer";
-    case Kind::Bool: return "boolean";
-    case Kind::String: return "string";
+    case Kind::Duration:
+      return "duration";
+    case Kind::Bytes:
+      return "size";
+    case Kind::Int:
+      return "integer";
+    case Kind::Bool:
+      return "boolean";
+    case Kind::String:
+      return "string";
   }
   return "?";
 }
@@ -153,9 +161,11 @@ std::pair<uint64_t, std::string> number_and_unit(std::string_view text, const ch
   std::string t = trim(text);
   uint64_t n = 0;
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
-  if (ec == std::errc::result_out_of_range) throw ConfigError(std::string(what) + " '" + t + "' is too large");
+  if (ec == std::errc::result_out_of_range)
+    throw ConfigError(std::string(what) + " '" + t + "' is too large");
   if (ec != std::errc() || p == t.data()) {
-    throw ConfigError(std::string(what) + " '" + t + "' does not start with a non-negative integer");
+    throw ConfigError(std::string(what) + " '" + t +
+                      "' does not start with a non-negative integer");
   }
   std::string unit = trim(std::string_view(p, static_cast<size_t>(t.data() + t.size() - p)));
   return {n, unit};
@@ -170,7 +180,9 @@ uint64_t checked_mul(uint64_t n, uint64_t f, std::string_view text, const char* 
 
 }  // namespace
 
-const std::vector<KeyInfo>& keys() { return kKeys; }
+const std::vector<KeyInfo>& keys() {
+  return kKeys;
+}
 
 std::string env_name(std::string_view key) {
   std::string out = "MONARCH_";
@@ -201,8 +213,8 @@ std::chrono::milliseconds parse_duration(std::string_view text) {
 uint64_t parse_bytes(std::string_view text) {
   auto [n, unit] = number_and_unit(text, "size");
   static const std::pair<std::string_view, uint64_t> kUnits[] = {
-      {"", 1},          {"B", 1},           {"KiB", 1ull << 10}, {"MiB", 1ull << 20},
-      {"GiB", 1ull << 30}, {"KB", 1000},    {"MB", 1000'000},    {"GB", 1000'000'000}};
+      {"", 1},      {"B", 1},         {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30},
+      {"KB", 1000}, {"MB", 1000'000}, {"GB", 1000'000'000}};
   for (const auto& [u, f] : kUnits) {
     if (unit == u) return checked_mul(n, f, text, "size");
   }
@@ -226,7 +238,8 @@ Config& Config::operator=(const Config& other) {
   return *this;
 }
 
-void Config::put(std::string_view key, std::string_view value, const std::string& source, bool check) {
+void Config::put(std::string_view key, std::string_view value, const std::string& source,
+                 bool check) {
   const KeyInfo* k = find_key(key);
   if (k == nullptr) throw ConfigError(unknown_key_message(key, source == "runtime" ? "" : source));
   Entry e;
@@ -266,7 +279,8 @@ void Config::put(std::string_view key, std::string_view value, const std::string
     }
   } catch (const ConfigError& err) {
     throw ConfigError("config: bad value for '" + std::string(key) + "' (a " + kind_name(k->kind) +
-                      (source == "default" ? std::string() : ", from " + source) + "): " + err.what());
+                      (source == "default" ? std::string() : ", from " + source) +
+                      "): " + err.what());
   }
   e.text = v;
   if (!check) {
@@ -375,7 +389,8 @@ void Config::merge_json_text(std::string_view text, const std::string& source) {
 void Config::merge_file(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) {
-    throw ConfigError("config: cannot read config file " + path.string() + ": " + std::strerror(errno));
+    throw ConfigError("config: cannot read config file " + path.string() + ": " +
+                      std::strerror(errno));
   }
   std::stringstream ss;
   ss << in.rdbuf();
@@ -384,8 +399,8 @@ void Config::merge_file(const std::filesystem::path& path) {
 
 void Config::merge_env(const char* const* envp) {
   if (envp == nullptr) envp = environ;
-  static const char* kSections[] = {"MONARCH_CHANNEL_", "MONARCH_ACTOR_", "MONARCH_MESH_", "MONARCH_FT_",
-                                     "MONARCH_RDMA_"};
+  static const char* kSections[] = {"MONARCH_CHANNEL_", "MONARCH_ACTOR_", "MONARCH_MESH_",
+                                    "MONARCH_FT_", "MONARCH_RDMA_"};
   std::lock_guard lock(mu_);
   auto saved = values_;
   try {
@@ -453,13 +468,14 @@ void Config::validate() const {
     throw ConfigError("config: " + show("channel.reconnect_initial") + " must not exceed " +
                       show("channel.reconnect_max"));
   }
-  for (std::string_view k : {"channel.ack_every", "mesh.cast_fanout", "actor.batch",
-                             "channel.max_frame_bytes", "channel.ack_interval",
-                             "mesh.heartbeat_interval", "channel.handshake_timeout",
-                             "rdma.timeout", "rdma.chunk_bytes", "rdma.streams", "rdma.ack_every"}) {
+  for (std::string_view k :
+       {"channel.ack_every", "mesh.cast_fanout", "actor.batch", "channel.max_frame_bytes",
+        "channel.ack_interval", "mesh.heartbeat_interval", "channel.handshake_timeout",
+        "rdma.timeout", "rdma.chunk_bytes", "rdma.streams", "rdma.ack_every"}) {
     if (value(k).number == 0) throw ConfigError("config: " + show(k) + " must be greater than 0");
   }
-  if (std::string_view b = value("rdma.backend").text; b != "auto" && b != "ucx" && b != "channel") {
+  if (std::string_view b = value("rdma.backend").text;
+      b != "auto" && b != "ucx" && b != "channel") {
     throw ConfigError("config: " + show("rdma.backend") + " must be auto, ucx or channel");
   }
   if (value("actor.spin_us").number > 1000000) {

@@ -1,12 +1,12 @@
 #include "monarch/config/config.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 using monarch::config::Config;
@@ -67,10 +67,10 @@ TEST(Config, LayersApplyInOrderDefaultsFileEnvRuntime) {
   std::filesystem::remove(path);
   EXPECT_EQ(c.duration("mesh.heartbeat_timeout"), 3s);  // file
   EXPECT_EQ(c.source("mesh.heartbeat_timeout"), "file " + path.string());
-  EXPECT_EQ(c.integer("channel.ack_every"), 100);        // file, flat form
-  EXPECT_EQ(c.integer("mesh.cast_fanout"), 4);           // env beats file
+  EXPECT_EQ(c.integer("channel.ack_every"), 100);  // file, flat form
+  EXPECT_EQ(c.integer("mesh.cast_fanout"), 4);     // env beats file
   EXPECT_EQ(c.source("mesh.cast_fanout"), "env MONARCH_MESH_CAST_FANOUT");
-  c.set("mesh.cast_fanout", "32");                       // runtime beats env
+  c.set("mesh.cast_fanout", "32");  // runtime beats env
   EXPECT_EQ(c.integer("mesh.cast_fanout"), 32);
   EXPECT_EQ(c.source("mesh.cast_fanout"), "runtime");
 }

@@ -11,7 +11,8 @@ QuorumRules rules_from(const LighthouseOptions& o) {
   auto& cfg = config::global();
   QuorumRules r;
   r.min_replicas = o.min_replicas > 0 ? o.min_replicas : cfg.integer("ft.min_replicas");
-  r.join_timeout = o.join_timeout.count() > 0 ? o.join_timeout : cfg.duration("ft.quorum_join_timeout");
+  r.join_timeout =
+      o.join_timeout.count() > 0 ? o.join_timeout : cfg.duration("ft.quorum_join_timeout");
   r.heartbeat_timeout =
       o.heartbeat_timeout.count() > 0 ? o.heartbeat_timeout : cfg.duration("ft.heartbeat_timeout");
   return r;
@@ -50,7 +51,8 @@ void Lighthouse::init() {
 
 void Lighthouse::cleanup(const std::optional<ActorSupervisionEvent>&) {
   ticker_.stop();
-  for (auto& [id, p] : waiting_) p.set_error(QuorumError("lighthouse stopped before a quorum formed for " + id));
+  for (auto& [id, p] : waiting_)
+    p.set_error(QuorumError("lighthouse stopped before a quorum formed for " + id));
   waiting_.clear();
 }
 
@@ -76,17 +78,24 @@ Future<Quorum> Lighthouse::quorum(QuorumMember member) {
 void Lighthouse::evict(std::string replica_id, std::string reason) {
   state_.evict(replica_id);
   if (auto it = waiting_.find(replica_id); it != waiting_.end()) {
-    it->second.set_error(QuorumError(fmt::format("{} evicted from the quorum: {}", replica_id, reason)));
+    it->second.set_error(
+        QuorumError(fmt::format("{} evicted from the quorum: {}", replica_id, reason)));
     waiting_.erase(it);
   }
   try_form();
 }
 
-Quorum Lighthouse::last_quorum() const { return state_.previous().value_or(Quorum{}); }
+Quorum Lighthouse::last_quorum() const {
+  return state_.previous().value_or(Quorum{});
+}
 
-std::vector<std::string> Lighthouse::healthy() const { return state_.healthy(Clock::now()); }
+std::vector<std::string> Lighthouse::healthy() const {
+  return state_.healthy(Clock::now());
+}
 
-void Lighthouse::tick() { try_form(); }
+void Lighthouse::tick() {
+  try_form();
+}
 
 void Lighthouse::try_form() {
   if (state_.pending() == 0) return;
@@ -128,7 +137,8 @@ QuorumResult result_for(const Quorum& q, const std::string& replica_id, int64_t 
   if (auto donor = q.donor_for(replica_id)) {
     r.heal = true;
     r.donor_id = donor->replica_id;
-    if (static_cast<size_t>(rank) < donor->state.size()) r.donor_state = donor->state[static_cast<size_t>(rank)];
+    if (static_cast<size_t>(rank) < donor->state.size())
+      r.donor_state = donor->state[static_cast<size_t>(rank)];
   }
   return r;
 }
@@ -138,9 +148,12 @@ Manager::Manager(ActorRef<Lighthouse> lighthouse, std::string replica_id, int64_
     : lighthouse_(std::move(lighthouse)),
       replica_id_(std::move(replica_id)),
       world_size_(world_size),
-      heartbeat_interval_(heartbeat_interval.count() > 0 ? heartbeat_interval
-                                                         : config::global().duration("ft.heartbeat_interval")) {
-  if (world_size_ < 1) throw UsageError(fmt::format("Manager {}: world_size must be >= 1, got {}", replica_id_, world_size_));
+      heartbeat_interval_(heartbeat_interval.count() > 0
+                              ? heartbeat_interval
+                              : config::global().duration("ft.heartbeat_interval")) {
+  if (world_size_ < 1)
+    throw UsageError(
+        fmt::format("Manager {}: world_size must be >= 1, got {}", replica_id_, world_size_));
   if (replica_id_.empty()) throw UsageError("Manager: empty replica_id");
 }
 
@@ -150,11 +163,14 @@ void Manager::init() {
   });
 }
 
-void Manager::cleanup(const std::optional<ActorSupervisionEvent>&) { heartbeat_.stop(); }
+void Manager::cleanup(const std::optional<ActorSupervisionEvent>&) {
+  heartbeat_.stop();
+}
 
 void Manager::check_rank(int64_t rank, const char* what) const {
   if (rank < 0 || rank >= world_size_) {
-    throw UsageError(fmt::format("Manager {}::{}: rank {} is outside [0, {})", replica_id_, what, rank, world_size_));
+    throw UsageError(fmt::format("Manager {}::{}: rank {} is outside [0, {})", replica_id_, what,
+                                 rank, world_size_));
   }
 }
 
@@ -162,7 +178,8 @@ Future<QuorumResult> Manager::quorum(int64_t rank, int64_t step, bool commit_fai
                                      std::optional<rdma::RdmaHandle> state) {
   check_rank(rank, "quorum");
   if (auto it = asks_.find(rank); it != asks_.end()) {
-    it->second.reply.set_error(QuorumError(fmt::format("{} rank {}: quorum request replaced", replica_id_, rank)));
+    it->second.reply.set_error(
+        QuorumError(fmt::format("{} rank {}: quorum request replaced", replica_id_, rank)));
     asks_.erase(it);
   }
   QuorumAsk ask{step, commit_failed, std::move(state), Promise<QuorumResult>()};
@@ -209,7 +226,8 @@ Future<QuorumResult> Manager::quorum(int64_t rank, int64_t step, bool commit_fai
 Future<bool> Manager::should_commit(int64_t rank, int64_t step, bool ok) {
   check_rank(rank, "should_commit");
   if (auto it = votes_.find(rank); it != votes_.end()) {
-    it->second.reply.set_error(QuorumError(fmt::format("{} rank {}: commit vote replaced", replica_id_, rank)));
+    it->second.reply.set_error(
+        QuorumError(fmt::format("{} rank {}: commit vote replaced", replica_id_, rank)));
     votes_.erase(it);
   }
   Vote v{step, ok, Promise<bool>()};

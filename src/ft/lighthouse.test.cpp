@@ -32,7 +32,8 @@ monarch::rdma::RdmaHandle fake_state(const std::string& name) {
 struct LighthouseTest : ::testing::Test {
   Proc proc;
   ActorRef<Lighthouse> lh = proc.spawn<Lighthouse>(
-      "lighthouse", LighthouseOptions{.min_replicas = 1, .join_timeout = 200ms, .heartbeat_timeout = 600ms});
+      "lighthouse",
+      LighthouseOptions{.min_replicas = 1, .join_timeout = 200ms, .heartbeat_timeout = 600ms});
 
   ActorRef<Manager> manager(const std::string& id, int64_t world = 1) {
     auto m = proc.spawn<Manager>("manager." + id, lh, id, world, 50ms);
@@ -77,7 +78,8 @@ TEST_F(LighthouseTest, OneBadVoteFailsTheCommitForTheWholeGroup) {
   EXPECT_FALSE(v2.get(5s));
   // Next step, all ok.
   std::vector<Future<bool>> ok;
-  for (int64_t r = 0; r < 3; ++r) ok.push_back(g.call(&Manager::should_commit, r, int64_t{6}, true));
+  for (int64_t r = 0; r < 3; ++r)
+    ok.push_back(g.call(&Manager::should_commit, r, int64_t{6}, true));
   for (auto& f : ok) EXPECT_TRUE(f.get(5s));
   EXPECT_THAT([&] { g.call(&Manager::should_commit, int64_t{3}, int64_t{6}, true).get(5s); },
               ::testing::ThrowsMessage<monarch::ActorError>(HasSubstr("rank 3 is outside [0, 3)")));
@@ -116,11 +118,13 @@ TEST_F(LighthouseTest, EvictionFailsThePendingRequestAndLetsTheOthersGoOn) {
   // The request travels test -> manager -> lighthouse; wait until it is there (with a deadline).
   auto deadline = std::chrono::steady_clock::now() + 5s;
   while (lh.call(&Lighthouse::pending).get(5s) == 0) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "b's request never reached the lighthouse";
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "b's request never reached the lighthouse";
     std::this_thread::yield();
   }
   lh.call(&Lighthouse::evict, std::string("b"), std::string("proc exited with code 3")).get(5s);
-  EXPECT_THAT([&] { fb2.get(5s); }, ::testing::ThrowsMessage<QuorumError>(HasSubstr("proc exited with code 3")));
+  EXPECT_THAT([&] { fb2.get(5s); },
+              ::testing::ThrowsMessage<QuorumError>(HasSubstr("proc exited with code 3")));
   // b's manager still heartbeats; stop it so that it is not healthy any more.
   b.stop().get(5s);
   lh.call(&Lighthouse::evict, std::string("b"), std::string("stopped")).get(5s);
@@ -140,7 +144,8 @@ TEST_F(LighthouseTest, AGroupWhoseHeartbeatsStopIsLeftOutAfterTheHeartbeatTimeou
   auto ra = ask(a, 0, 1).get(5s);
   auto waited = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(ra.participants, (std::vector<std::string>{"a"}));
-  EXPECT_GE(waited, 150ms) << "a had to wait: join timeout (200 ms) or b's heartbeat timeout (600 ms)";
+  EXPECT_GE(waited, 150ms)
+      << "a had to wait: join timeout (200 ms) or b's heartbeat timeout (600 ms)";
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 #include "monarch/ft/quorum.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <stdexcept>
-
-#include <fmt/format.h>
 
 namespace monarch::ft {
 
@@ -24,7 +24,8 @@ std::vector<std::string> Quorum::up_to_date() const {
 
 std::optional<QuorumMember> Quorum::donor_for(const std::string& replica_id) const {
   int64_t me = rank_of(replica_id);
-  if (me < 0) throw std::out_of_range("Quorum::donor_for: " + replica_id + " is not in " + to_string());
+  if (me < 0)
+    throw std::out_of_range("Quorum::donor_for: " + replica_id + " is not in " + to_string());
   if (participants[static_cast<size_t>(me)].step == max_step) return std::nullopt;
   std::vector<const QuorumMember*> donors, healers;
   for (const auto& p : participants) (p.step == max_step ? donors : healers).push_back(&p);
@@ -50,7 +51,8 @@ std::string Quorum::to_string() const {
 
 QuorumState::QuorumState(QuorumRules rules) : rules_(rules) {
   if (rules_.min_replicas < 1) {
-    throw std::invalid_argument(fmt::format("QuorumRules: min_replicas must be >= 1, got {}", rules_.min_replicas));
+    throw std::invalid_argument(
+        fmt::format("QuorumRules: min_replicas must be >= 1, got {}", rules_.min_replicas));
   }
 }
 
@@ -86,14 +88,17 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
     return std::nullopt;
   };
   std::vector<std::string> live = healthy(now);
-  auto is_live = [&](const std::string& id) { return std::binary_search(live.begin(), live.end(), id); };
+  auto is_live = [&](const std::string& id) {
+    return std::binary_search(live.begin(), live.end(), id);
+  };
   std::vector<const QuorumMember*> candidates;  // Q-1 (pending_ is ordered by replica_id)
   for (const auto& [id, m] : pending_) {
     if (is_live(id)) candidates.push_back(&m);
   }
   if (candidates.empty()) return fail("no healthy group has asked");
   auto is_candidate = [&](const std::string& id) {
-    return std::any_of(candidates.begin(), candidates.end(), [&](auto* c) { return c->replica_id == id; });
+    return std::any_of(candidates.begin(), candidates.end(),
+                       [&](auto* c) { return c->replica_id == id; });
   };
 
   std::string reason;
@@ -111,7 +116,8 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
     bool all_joined = std::all_of(live.begin(), live.end(), is_candidate);
     bool timed_out = first_pending_ && now - *first_pending_ >= rules_.join_timeout;
     if (!all_joined && !timed_out) {
-      return fail(fmt::format("waiting for {} healthy group(s) to join", live.size() - candidates.size()));
+      return fail(
+          fmt::format("waiting for {} healthy group(s) to join", live.size() - candidates.size()));
     }
     reason = all_joined ? "all healthy joined" : "join timeout";
   }
@@ -125,9 +131,12 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
     failed_commit = failed_commit || c->commit_failed;
   }
   //
-  bool same_members = previous_ && previous_->participants.size() == q.participants.size() &&
-                      std::equal(q.participants.begin(), q.participants.end(), previous_->participants.begin(),
-                                 [](const QuorumMember& a, const QuorumMember& b) { return a.replica_id == b.replica_id; });
+  bool same_members =
+      previous_ && previous_->participants.size() == q.participants.size() &&
+      std::equal(q.participants.begin(), q.participants.end(), previous_->participants.begin(),
+                 [](const QuorumMember& a, const QuorumMember& b) {
+                   return a.replica_id == b.replica_id;
+                 });
   int64_t prev_id = previous_ ? previous_->quorum_id : 0;
   q.quorum_id = (same_members && !failed_commit) ? prev_id : prev_id + 1;
 

@@ -8,7 +8,8 @@ namespace monarch::launch {
 namespace {
 
 [[noreturn]] void bad(std::string_view all, std::string_view part, const std::string& why) {
-  throw HostlistError("bad hostlist '" + std::string(all) + "': '" + std::string(part) + "': " + why);
+  throw HostlistError("bad hostlist '" + std::string(all) + "': '" + std::string(part) +
+                      "': " + why);
 }
 
 bool all_digits(std::string_view s) {
@@ -39,16 +40,20 @@ std::vector<std::string> expand_ranges(std::string_view all, std::string_view bo
   size_t pos = 0;
   while (pos <= body.size()) {
     size_t comma = body.find(',', pos);
-    std::string_view r = body.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    std::string_view r =
+        body.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
     size_t dash = r.find('-');
     std::string_view lo_s = r.substr(0, dash);
     std::string_view hi_s = dash == std::string_view::npos ? lo_s : r.substr(dash + 1);
     if (!all_digits(lo_s) || !all_digits(hi_s)) {
-      bad(all, "[" + std::string(body) + "]", "range '" + std::string(r) + "' is not N or N-M with digits");
+      bad(all, "[" + std::string(body) + "]",
+          "range '" + std::string(r) + "' is not N or N-M with digits");
     }
     uint64_t lo = to_number(all, lo_s), hi = to_number(all, hi_s);
-    if (hi < lo) bad(all, "[" + std::string(body) + "]", "range '" + std::string(r) + "' runs backwards");
-    if (hi - lo >= 1'000'000) bad(all, "[" + std::string(body) + "]", "range '" + std::string(r) + "' is too large");
+    if (hi < lo)
+      bad(all, "[" + std::string(body) + "]", "range '" + std::string(r) + "' runs backwards");
+    if (hi - lo >= 1'000'000)
+      bad(all, "[" + std::string(body) + "]", "range '" + std::string(r) + "' is too large");
     for (uint64_t v = lo; v <= hi; ++v) out.push_back(padded(v, lo_s.size()));
     if (comma == std::string_view::npos) break;
     pos = comma + 1;
@@ -79,7 +84,8 @@ void expand_item(std::string_view all, std::string_view item, std::vector<std::s
       pos = close + 1;
       continue;
     }
-    if (std::isspace(static_cast<unsigned char>(c)) != 0) bad(all, item, "whitespace in a host name");
+    if (std::isspace(static_cast<unsigned char>(c)) != 0)
+      bad(all, item, "whitespace in a host name");
     for (auto& a : acc) a += c;
     ++pos;
   }

@@ -16,7 +16,8 @@ TEST(Hostlist, PlainNamesAndCommaLists) {
 }
 
 TEST(Hostlist, RangesKeepZeroPadding) {
-  EXPECT_THAT(expand_hostlist("node[01-04,07]"), ElementsAre("node01", "node02", "node03", "node04", "node07"));
+  EXPECT_THAT(expand_hostlist("node[01-04,07]"),
+              ElementsAre("node01", "node02", "node03", "node04", "node07"));
   EXPECT_THAT(expand_hostlist("n[001-003],m5"), ElementsAre("n001", "n002", "n003", "m5"));
   EXPECT_THAT(expand_hostlist("n[8-11]"), ElementsAre("n8", "n9", "n10", "n11"));
   EXPECT_THAT(expand_hostlist("n[098-101]"), ElementsAre("n098", "n099", "n100", "n101"));

@@ -35,14 +35,17 @@ constexpr const char* kJobLabel = "monarch/job";
 constexpr const char* kIndexKey = "batch.kubernetes.io/job-completion-index";
 
 // Container states that will not get better by waiting: the launch fails at once.
-const std::set<std::string> kFatalWaiting = {"ErrImagePull",         "ImagePullBackOff",
-                                             "InvalidImageName",     "CrashLoopBackOff",
-                                             "CreateContainerError", "CreateContainerConfigError",
-                                             "RunContainerError"};
+const std::set<std::string> kFatalWaiting = {
+    "ErrImagePull",         "ImagePullBackOff",           "InvalidImageName", "CrashLoopBackOff",
+    "CreateContainerError", "CreateContainerConfigError", "RunContainerError"};
 
-std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
+std::string ms(std::chrono::milliseconds d) {
+  return std::to_string(d.count()) + " ms";
+}
 
-bool lower_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+bool lower_alnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
 
 // A DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit; a
 // DNS-1035 label (`letter_first`) starts with a letter. (Hand-written: gcc 12's std::regex trips
@@ -55,12 +58,14 @@ bool dns_label(const std::string& s, bool letter_first) {
 
 void validate(const KubernetesOptions& o) {
   if (o.name.empty() || o.name.size() > 52 || !dns_label(o.name, true)) {
-    throw UsageError("KubernetesJob: name '" + o.name +
-                     "' must be a DNS-1035 label (lowercase letters, digits, '-'; starts with a letter) "
-                     "of at most 52 characters");
+    throw UsageError(
+        "KubernetesJob: name '" + o.name +
+        "' must be a DNS-1035 label (lowercase letters, digits, '-'; starts with a letter) "
+        "of at most 52 characters");
   }
   if (o.ns.empty() || o.ns.size() > 63 || !dns_label(o.ns, false)) {
-    throw UsageError("KubernetesJob " + o.name + ": namespace '" + o.ns + "' is not a DNS-1123 label");
+    throw UsageError("KubernetesJob " + o.name + ": namespace '" + o.ns +
+                     "' is not a DNS-1123 label");
   }
   if (o.image.empty()) throw UsageError("KubernetesJob " + o.name + ": image is empty");
   if (o.replicas == 0) throw UsageError("KubernetesJob " + o.name + ": replicas is 0");
@@ -71,24 +76,29 @@ void validate(const KubernetesOptions& o) {
       throw UsageError("KubernetesJob " + o.name + ": env entry '" + e + "' is not KEY=VALUE");
     }
   }
-  if (o.poll_interval.count() <= 0 || o.ready_timeout.count() <= 0 || o.kubectl_timeout.count() <= 0) {
-    throw UsageError("KubernetesJob " + o.name + ": poll_interval, ready_timeout and kubectl_timeout must be > 0");
+  if (o.poll_interval.count() <= 0 || o.ready_timeout.count() <= 0 ||
+      o.kubectl_timeout.count() <= 0) {
+    throw UsageError("KubernetesJob " + o.name +
+                     ": poll_interval, ready_timeout and kubectl_timeout must be > 0");
   }
 }
 
 json pod_template(const KubernetesOptions& o) {
   const std::string port = std::to_string(o.agent_port);
   std::vector<std::string> command = o.command;
-  if (command.empty()) command = {"monarch", "agent", "--listen", "tcp://$(MONARCH_POD_IP):" + port};
+  if (command.empty())
+    command = {"monarch", "agent", "--listen", "tcp://$(MONARCH_POD_IP):" + port};
 
   json env = json::array();
   // The agent listens on the pod IP: its workers listen on the agent's host and report that
   // address to the client, so 0.0.0.0 would not do.
-  env.push_back({{"name", "MONARCH_POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}});
+  env.push_back(
+      {{"name", "MONARCH_POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}});
   // Same source as the JOB_COMPLETION_INDEX the Job controller adds.
   env.push_back({{"name", "MONARCH_RANK"},
                  {"valueFrom",
-                  {{"fieldRef", {{"fieldPath", std::string("metadata.annotations['") + kIndexKey + "']"}}}}}});
+                  {{"fieldRef",
+                    {{"fieldPath", std::string("metadata.annotations['") + kIndexKey + "']"}}}}}});
   env.push_back({{"name", "MONARCH_WORLD_SIZE"}, {"value", std::to_string(o.replicas)}});
   for (const auto& e : o.env) {
     auto eq = e.find('=');
@@ -100,12 +110,14 @@ json pod_template(const KubernetesOptions& o) {
       {"image", o.image},
       {"command", command},
       {"env", env},
-      {"ports", json::array({{{"name", "agent"}, {"containerPort", o.agent_port}, {"protocol", "TCP"}}})},
+      {"ports",
+       json::array({{{"name", "agent"}, {"containerPort", o.agent_port}, {"protocol", "TCP"}}})},
       // Ready = the agent accepts connections.
       {"readinessProbe", {{"tcpSocket", {{"port", o.agent_port}}}, {"periodSeconds", 2}}},
       {"volumeMounts", json::array({{{"name", "dshm"}, {"mountPath", "/dev/shm"}}})},
   };
-  if (!o.secret.empty()) container["envFrom"] = json::array({{{"secretRef", {{"name", o.secret}}}}});
+  if (!o.secret.empty())
+    container["envFrom"] = json::array({{{"secretRef", {{"name", o.secret}}}}});
   json resources = json::object();
   if (!o.cpu.empty()) resources["requests"]["cpu"] = o.cpu;
   if (!o.memory.empty()) resources["requests"]["memory"] = o.memory;
@@ -226,7 +238,8 @@ bool fatal(const PodInfo& p, const std::string& waiting) {
 // Pods
 
 std::string PodInfo::describe() const {
-  std::string s = "pod " + name + " (index " + std::to_string(index) + ") " + (phase.empty() ? "Unknown" : phase);
+  std::string s = "pod " + name + " (index " + std::to_string(index) + ") " +
+                  (phase.empty() ? "Unknown" : phase);
   if (deleting) s += ", being deleted";
   if (!detail.empty()) s += ": " + detail;
   return s;
@@ -269,7 +282,8 @@ std::vector<ParsedPod> parse_pods_full(const std::string& text) {
       if (c.value("type", "") == "Ready") p.info.ready = c.value("status", "") == "True";
     }
     std::vector<std::string> detail;
-    if (st.contains("reason")) detail.push_back(st.value("reason", "") + " (" + st.value("message", "") + ")");
+    if (st.contains("reason"))
+      detail.push_back(st.value("reason", "") + " (" + st.value("message", "") + ")");
     for (const auto& cs : st.value("containerStatuses", json::array())) {
       const json& state = cs.value("state", json::object());
       const std::string cname = "container " + cs.value("name", "?");
@@ -355,7 +369,8 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
   int fds[2] = {out[0], err[0]};
   std::string* bufs[2] = {&r.out, &r.err};
   while (open_fds > 0 || in_fd >= 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
       timed_out = true;
       break;
@@ -468,9 +483,11 @@ void KubernetesJob::State::report(size_t index, const std::string& cause) {
   }
   spdlog::warn("KubernetesJob {}: {}", opts.name, f.to_string());
   if (h && h(f)) return;
-  ActorSupervisionEvent ev{ActorId{client, "k8s." + opts.name, 0}, "KubernetesJob", f.to_string(), nullptr};
+  ActorSupervisionEvent ev{ActorId{client, "k8s." + opts.name, 0}, "KubernetesJob", f.to_string(),
+                           nullptr};
   if (hook) return hook(ev);
-  std::fprintf(stderr, "monarch: unhandled failure; exiting (fail fast)\n%s\n", ev.to_string().c_str());
+  std::fprintf(stderr, "monarch: unhandled failure; exiting (fail fast)\n%s\n",
+               ev.to_string().c_str());
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(1);
@@ -505,12 +522,13 @@ void KubernetesJob::State::watch() {
         auto it = std::find_if(listed.begin(), listed.end(),
                                [&](const ParsedPod& p) { return p.info.name == pod_names[r]; });
         if (it == listed.end()) {
-          failures.emplace_back(r, "pod " + pod_names[r] + " (index " + std::to_string(r) + ") deleted");
+          failures.emplace_back(
+              r, "pod " + pod_names[r] + " (index " + std::to_string(r) + ") deleted");
           continue;
         }
         pods[r] = it->info;
-        if (it->info.phase == "Failed" || it->info.phase == "Succeeded" || it->info.phase == "Unknown" ||
-            it->info.deleting) {
+        if (it->info.phase == "Failed" || it->info.phase == "Succeeded" ||
+            it->info.phase == "Unknown" || it->info.deleting) {
           failures.emplace_back(r, it->info.describe());
         }
       }
@@ -525,9 +543,13 @@ KubernetesJob::KubernetesJob(KubernetesOptions options) : state_(std::make_share
   state_->opts = std::move(options);
 }
 
-KubernetesJob::~KubernetesJob() { shutdown(); }
+KubernetesJob::~KubernetesJob() {
+  shutdown();
+}
 
-const KubernetesOptions& KubernetesJob::options() const { return state_->opts; }
+const KubernetesOptions& KubernetesJob::options() const {
+  return state_->opts;
+}
 
 std::vector<json> KubernetesJob::manifests() const {
   const auto& o = state_->opts;
@@ -540,7 +562,9 @@ std::vector<json> KubernetesJob::manifests() const {
            {"clusterIP", "None"},
            {"publishNotReadyAddresses", true},  // DNS names exist before the agents are Ready
            {"selector", {{kJobLabel, o.name}}},
-           {"ports", json::array({{{"name", "agent"}, {"port", o.agent_port}, {"targetPort", o.agent_port},
+           {"ports", json::array({{{"name", "agent"},
+                                   {"port", o.agent_port},
+                                   {"targetPort", o.agent_port},
                                    {"protocol", "TCP"}}})},
        }},
   };
@@ -562,9 +586,9 @@ std::vector<json> KubernetesJob::manifests() const {
            // Our Service already gives the pods DNS names; JobSet's own one would duplicate it.
            {"network", {{"enableDNSHostnames", false}}},
            {"failurePolicy", {{"maxRestarts", 0}}},
-           {"replicatedJobs", json::array({{{"name", "hosts"},
-                                            {"replicas", 1},
-                                            {"template", {{"spec", job_spec(o)}}}}})},
+           {"replicatedJobs",
+            json::array(
+                {{{"name", "hosts"}, {"replicas", 1}, {"template", {{"spec", job_spec(o)}}}}})},
        }},
   };
   return {service, jobset};
@@ -581,7 +605,8 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
   auto& s = *state_;
   const auto& o = s.opts;
   if (!host.listen.starts_with("tcp://")) {
-    throw UsageError("KubernetesJob " + o.name + ": launch needs HostOptions::listen = a tcp address the pods " +
+    throw UsageError("KubernetesJob " + o.name +
+                     ": launch needs HostOptions::listen = a tcp address the pods " +
                      "can reach (e.g. tcp://<client pod IP>:0), not '" + host.listen + "'");
   }
   {
@@ -611,19 +636,24 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
   const std::string kind = o.jobset ? "jobset" : "job";
   std::istringstream lines(applied.out);
   for (std::string line; std::getline(lines, line);) {
-    if (!line.starts_with(kind + ".") || !(line.ends_with(" unchanged") || line.ends_with(" configured"))) continue;
-    throw Error("KubernetesJob " + o.name + ": a " + (o.jobset ? "JobSet" : "Job") + " named " + o.name +
-                " already exists in namespace " + o.ns + " (kubectl apply: " + line + "); delete it (kubectl delete -n " +
-                o.ns + " " + kind + "/" + o.name + ") or choose another name");
+    if (!line.starts_with(kind + ".") ||
+        !(line.ends_with(" unchanged") || line.ends_with(" configured")))
+      continue;
+    throw Error("KubernetesJob " + o.name + ": a " + (o.jobset ? "JobSet" : "Job") + " named " +
+                o.name + " already exists in namespace " + o.ns + " (kubectl apply: " + line +
+                "); delete it (kubectl delete -n " + o.ns + " " + kind + "/" + o.name +
+                ") or choose another name");
   }
   {
     std::lock_guard lock(s.mu);
     s.applied = true;  // even a failed apply may have created some objects
   }
   if (applied.status != 0) {
-    fail("kubectl apply exited with " + std::to_string(applied.status) + ": " + last_line(applied.err));
+    fail("kubectl apply exited with " + std::to_string(applied.status) + ": " +
+         last_line(applied.err));
   }
-  spdlog::info("KubernetesJob {}: applied ({}); waiting for {} pod(s)", o.name, one_line(applied.out), o.replicas);
+  spdlog::info("KubernetesJob {}: applied ({}); waiting for {} pod(s)", o.name,
+               one_line(applied.out), o.replicas);
 
   const auto deadline = Clock::now() + o.ready_timeout;
   std::vector<PodInfo> ready;
@@ -642,7 +672,8 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
       if (p.info.index >= o.replicas) continue;
       if (fatal(p.info, p.waiting)) fail(p.info.describe());
       if (p.info.deleting) continue;  // a replacement may follow
-      if (!by_index[p.info.index] || (p.info.ready && !by_index[p.info.index]->ready)) by_index[p.info.index] = p.info;
+      if (!by_index[p.info.index] || (p.info.ready && !by_index[p.info.index]->ready))
+        by_index[p.info.index] = p.info;
     }
     bool all = std::all_of(by_index.begin(), by_index.end(), [](const std::optional<PodInfo>& p) {
       return p && p->ready && p->phase == "Running" && !p->ip.empty();
@@ -656,7 +687,8 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
       for (size_t i = 0; i < o.replicas; ++i) {
         if (!by_index[i]) {
           missing.push_back("index " + std::to_string(i) + ": no pod");
-        } else if (!by_index[i]->ready || by_index[i]->phase != "Running" || by_index[i]->ip.empty()) {
+        } else if (!by_index[i]->ready || by_index[i]->phase != "Running" ||
+                   by_index[i]->ip.empty()) {
           missing.push_back(by_index[i]->describe() + (by_index[i]->ready ? "" : ", not Ready"));
         }
       }
@@ -698,7 +730,8 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
 
 mesh::HostMesh KubernetesJob::hosts() const {
   std::lock_guard lock(state_->mu);
-  if (!state_->hosts) throw UsageError("KubernetesJob " + state_->opts.name + ": hosts() before launch()");
+  if (!state_->hosts)
+    throw UsageError("KubernetesJob " + state_->opts.name + ": hosts() before launch()");
   return *state_->hosts;
 }
 
@@ -735,9 +768,11 @@ bool KubernetesJob::shutdown() {
   const auto& o = s.opts;
   std::string workload = o.jobset ? "jobsets.jobset.x-k8s.io/" + o.name : "job/" + o.name;
   try {
-    auto r = s.run({"delete", "-n", o.ns, "service/" + o.name, workload, "--ignore-not-found", "--wait=false"});
+    auto r = s.run({"delete", "-n", o.ns, "service/" + o.name, workload, "--ignore-not-found",
+                    "--wait=false"});
     if (r.status == 0) return true;
-    spdlog::error("KubernetesJob {}: kubectl delete exited with {}: {}", o.name, r.status, last_line(r.err));
+    spdlog::error("KubernetesJob {}: kubectl delete exited with {}: {}", o.name, r.status,
+                  last_line(r.err));
   } catch (const std::exception& e) {
     spdlog::error("KubernetesJob {}: kubectl delete: {}", o.name, e.what());
   }

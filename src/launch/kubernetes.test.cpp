@@ -4,6 +4,8 @@
 //
 // This binary is also the worker of the HostMesh: main() calls bootstrap() first.
 // MONARCH_UPDATE_GOLDEN=1 rewrites the golden files instead of comparing.
+#include "monarch/launch/kubernetes.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -17,7 +19,6 @@
 #include <sstream>
 
 #include "testing/mesh_failures.hpp"
-#include "monarch/launch/kubernetes.hpp"
 #include "testing/subprocess.hpp"
 
 using namespace std::chrono_literals;
@@ -46,8 +47,12 @@ void worker_setup(monarch::Proc& proc, const monarch::mesh::WorkerInfo& info) {
   proc.register_name("worker", proc.spawn<Worker>("worker", info.rank));
 }
 
-std::string source(const std::string& rel) { return std::string(MONARCH_SOURCE_DIR) + "/" + rel; }
-std::string testdata(const std::string& f) { return source("src/launch/testdata/" + f); }
+std::string source(const std::string& rel) {
+  return std::string(MONARCH_SOURCE_DIR) + "/" + rel;
+}
+std::string testdata(const std::string& f) {
+  return source("src/launch/testdata/" + f);
+}
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
@@ -81,29 +86,35 @@ HostOptions fast() {
 class FakeApi {
  public:
   explicit FakeApi(const std::string& scenario = {})
-      : proc_("/usr/bin/python3", scenario.empty() ? std::vector<std::string>{source("scripts/fake-kube-api.py")}
-                                                   : std::vector<std::string>{source("scripts/fake-kube-api.py"),
-                                                                              "--scenario", testdata(scenario)}) {
+      : proc_("/usr/bin/python3",
+              scenario.empty() ? std::vector<std::string>{source("scripts/fake-kube-api.py")}
+                               : std::vector<std::string>{source("scripts/fake-kube-api.py"),
+                                                          "--scenario", testdata(scenario)}) {
     auto l = proc_.line(10s);
-    if (!l || !l->starts_with("LISTENING ")) throw std::runtime_error("fake-kube-api did not start");
+    if (!l || !l->starts_with("LISTENING "))
+      throw std::runtime_error("fake-kube-api did not start");
     url_ = l->substr(10);
-    kubeconfig_ = ::testing::TempDir() + "kubeconfig-" + std::to_string(::getpid()) + "-" + std::to_string(next_++);
-    std::ofstream(kubeconfig_) << "apiVersion: v1\nkind: Config\n"
-                               << "clusters:\n- name: fake\n  cluster:\n    server: " << url_ << "\n"
-                               << "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n"
-                               << "users:\n- name: fake\n  user: {}\n"
-                               << "current-context: fake\n";
+    kubeconfig_ = ::testing::TempDir() + "kubeconfig-" + std::to_string(::getpid()) + "-" +
+                  std::to_string(next_++);
+    std::ofstream(kubeconfig_)
+        << "apiVersion: v1\nkind: Config\n"
+        << "clusters:\n- name: fake\n  cluster:\n    server: " << url_ << "\n"
+        << "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n"
+        << "users:\n- name: fake\n  user: {}\n"
+        << "current-context: fake\n";
   }
   ~FakeApi() { std::remove(kubeconfig_.c_str()); }
   std::vector<std::string> kubectl_args() const { return {"--kubeconfig", kubeconfig_}; }
   // Control requests go through kubectl too: no HTTP client needed.
   void step(const std::string& name) const {
-    auto r = run_command({"kubectl", "--kubeconfig", kubeconfig_, "create", "--raw", "/_fake/step/" + name, "-f", "-"},
+    auto r = run_command({"kubectl", "--kubeconfig", kubeconfig_, "create", "--raw",
+                          "/_fake/step/" + name, "-f", "-"},
                          "{}", 20s);
     if (r.status != 0) throw std::runtime_error("fake step " + name + ": " + r.err);
   }
   json log() const {
-    auto r = run_command({"kubectl", "--kubeconfig", kubeconfig_, "get", "--raw", "/_fake/log"}, "", 20s);
+    auto r = run_command({"kubectl", "--kubeconfig", kubeconfig_, "get", "--raw", "/_fake/log"}, "",
+                         20s);
     if (r.status != 0) throw std::runtime_error("fake log: " + r.err);
     return json::parse(r.out);
   }
@@ -139,8 +150,8 @@ void check_golden(const std::string& file, const std::string& got) {
     std::ofstream(testdata(file)) << got;
     return;
   }
-  EXPECT_EQ(got, slurp(testdata(file))) << "rendered manifests differ from " << file
-                                        << " (MONARCH_UPDATE_GOLDEN=1 rewrites it)";
+  EXPECT_EQ(got, slurp(testdata(file)))
+      << "rendered manifests differ from " << file << " (MONARCH_UPDATE_GOLDEN=1 rewrites it)";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -241,7 +252,8 @@ TEST(KubernetesRender, KubectlClientDryRunAcceptsTheManifests) {
     std::ofstream(file) << job.render();
     std::vector<std::string> argv{"kubectl"};
     for (auto& a : api.kubectl_args()) argv.push_back(a);
-    argv.insert(argv.end(), {"apply", "--dry-run=client", "--validate=false", "-o", "yaml", "-f", file});
+    argv.insert(argv.end(),
+                {"apply", "--dry-run=client", "--validate=false", "-o", "yaml", "-f", file});
     auto r = run_command(argv, "", 30s);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_THAT(r.out, HasSubstr(jobset ? "kind: JobSet" : "completionMode: Indexed"));
@@ -276,11 +288,13 @@ TEST(KubernetesPods, ParseRecordedPodListsByIndex) {
   EXPECT_EQ(pods[1].index, 1u);
   EXPECT_EQ(pods[1].phase, "Failed");
   EXPECT_FALSE(pods[1].ready);
-  EXPECT_EQ(pods[1].describe(),
-            "pod trainers-1-q9w4z (index 1) Failed: container agent terminated: exit code 137 (Error)");
+  EXPECT_EQ(
+      pods[1].describe(),
+      "pod trainers-1-q9w4z (index 1) Failed: container agent terminated: exit code 137 (Error)");
   auto pending = monarch::launch::parse_pods(slurp(testdata("pods-imagepull.json")));
   EXPECT_EQ(pending[0].describe(),
-            "pod trainers-0-x7k2p (index 0) Pending: container agent waiting: ErrImagePull (failed to pull image "
+            "pod trainers-0-x7k2p (index 0) Pending: container agent waiting: ErrImagePull (failed "
+            "to pull image "
             "\"registry.example.com/monarch:nope\": not found)");
   EXPECT_THROW(monarch::launch::parse_pods("{not json"), monarch::Error);
 }
@@ -325,14 +339,14 @@ KubernetesOptions fake_options(const FakeApi& api, size_t replicas, uint16_t por
   return o;
 }
 
-
 TEST(KubernetesLaunch, AttachesToReadyPodsInIndexOrderAndReportsPodFailures) {
   REQUIRE_KUBECTL();
   // Two "pods": agents on 127.0.0.2 and 127.0.0.3 (the IPs in the recorded pod lists), one port.
   monarch::testing::Subprocess agent0(MONARCH_CLI, {"agent", "--listen", "tcp://127.0.0.2:0"});
   std::string a0 = agent0.listening();
   std::string port = a0.substr(a0.rfind(':') + 1);
-  monarch::testing::Subprocess agent1(MONARCH_CLI, {"agent", "--listen", "tcp://127.0.0.3:" + port});
+  monarch::testing::Subprocess agent1(MONARCH_CLI,
+                                      {"agent", "--listen", "tcp://127.0.0.3:" + port});
   agent1.listening();
   FakeApi api("scenario-attach.json");
 
@@ -404,7 +418,8 @@ TEST(KubernetesLaunch, AttachesToReadyPodsInIndexOrderAndReportsPodFailures) {
   EXPECT_EQ(api.count(log, "DELETE", "/api/v1/namespaces/monarch-test/services/trainers"), 1u);
   EXPECT_EQ(api.count(log, "DELETE", "/apis/batch/v1/namespaces/monarch-test/jobs/trainers"), 1u);
   EXPECT_TRUE(job.shutdown());  // idempotent: no second delete
-  EXPECT_EQ(api.count(api.log(), "DELETE", "/apis/batch/v1/namespaces/monarch-test/jobs/trainers"), 1u);
+  EXPECT_EQ(api.count(api.log(), "DELETE", "/apis/batch/v1/namespaces/monarch-test/jobs/trainers"),
+            1u);
 }
 
 TEST(KubernetesLaunch, UnhandledPodFailureGoesToTheFaultHook) {
@@ -412,7 +427,8 @@ TEST(KubernetesLaunch, UnhandledPodFailureGoesToTheFaultHook) {
   monarch::testing::Subprocess agent0(MONARCH_CLI, {"agent", "--listen", "tcp://127.0.0.2:0"});
   std::string a0 = agent0.listening();
   std::string port = a0.substr(a0.rfind(':') + 1);
-  monarch::testing::Subprocess agent1(MONARCH_CLI, {"agent", "--listen", "tcp://127.0.0.3:" + port});
+  monarch::testing::Subprocess agent1(MONARCH_CLI,
+                                      {"agent", "--listen", "tcp://127.0.0.3:" + port});
   agent1.listening();
   FakeApi api("scenario-attach.json");
   std::mutex mu;  // before the job: its watcher reports here until the job is gone
@@ -430,8 +446,10 @@ TEST(KubernetesLaunch, UnhandledPodFailureGoesToTheFaultHook) {
   std::unique_lock lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, 15s, [&] { return !events.empty(); }));
   EXPECT_EQ(events[0].actor_type, "KubernetesJob");
-  EXPECT_EQ(events[0].actor.to_string().find("k8s.trainers") != std::string::npos, true) << events[0].actor.to_string();
-  EXPECT_THAT(events[0].cause, HasSubstr("mesh trainers: rank [1] failed: pod trainers-1-q9w4z (index 1) Failed"));
+  EXPECT_EQ(events[0].actor.to_string().find("k8s.trainers") != std::string::npos, true)
+      << events[0].actor.to_string();
+  EXPECT_THAT(events[0].cause,
+              HasSubstr("mesh trainers: rank [1] failed: pod trainers-1-q9w4z (index 1) Failed"));
 }
 
 TEST(KubernetesLaunch, FailsNamingThePodWhenItsImageCannotBePulled) {
@@ -444,8 +462,10 @@ TEST(KubernetesLaunch, FailsNamingThePodWhenItsImageCannotBePulled) {
   } catch (const monarch::UsageError& e) {
     ADD_FAILURE() << e.what();
   } catch (const monarch::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("KubernetesJob trainers: pod trainers-0-x7k2p (index 0) Pending: container "
-                                    "agent waiting: ErrImagePull"));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr("KubernetesJob trainers: pod trainers-0-x7k2p (index 0) Pending: container "
+                  "agent waiting: ErrImagePull"));
   }
   // Nothing is left behind: the job was deleted before launch threw.
   auto log = api.log();
@@ -464,10 +484,14 @@ TEST(KubernetesLaunch, TimesOutNamingPodsThatAreNotReady) {
     ADD_FAILURE() << "launch succeeded";
   } catch (const monarch::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("pods not Ready within 500 ms"));
-    EXPECT_THAT(e.what(), HasSubstr("pod trainers-0-x7k2p (index 0) Pending: container agent waiting: ContainerCreating"));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr(
+            "pod trainers-0-x7k2p (index 0) Pending: container agent waiting: ContainerCreating"));
     EXPECT_THAT(e.what(), HasSubstr("index 2: no pod"));
   }
-  EXPECT_EQ(api.count(api.log(), "DELETE", "/apis/batch/v1/namespaces/monarch-test/jobs/trainers"), 1u);
+  EXPECT_EQ(api.count(api.log(), "DELETE", "/apis/batch/v1/namespaces/monarch-test/jobs/trainers"),
+            1u);
 }
 
 // A Job of that name left from an earlier run (or someone else's) is neither adopted nor deleted.
@@ -502,7 +526,8 @@ TEST(KubernetesLaunch, ApplyFailureCarriesKubectlsError) {
     job.launch(fast());
     ADD_FAILURE() << "launch succeeded";
   } catch (const monarch::Error& e) {
-    // kubectl's own stderr (1.20: "Error from server (NotFound): ...", 1.32: "error validating ...").
+    // kubectl's own stderr (1.20: "Error from server (NotFound): ...", 1.32: "error validating
+    // ...").
     EXPECT_THAT(e.what(), HasSubstr("KubernetesJob trainers: kubectl apply exited with 1: "));
     EXPECT_THAT(e.what(), HasSubstr("the server could not find the requested resource"));
   }

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,8 +21,6 @@
 #include <random>
 #include <sstream>
 #include <thread>
-
-#include <spdlog/spdlog.h>
 
 #include "monarch/actor/errors.hpp"
 #include "monarch/launch/hostlist.hpp"
@@ -73,7 +72,8 @@ SlurmJobState parse_squeue_json(const std::string& text, const std::string& job_
   try {
     doc = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    throw SlurmError("squeue --json for SLURM job " + job_id + ": output is not JSON (" + e.what() + ")");
+    throw SlurmError("squeue --json for SLURM job " + job_id + ": output is not JSON (" + e.what() +
+                     ")");
   }
   if (!doc.contains("jobs") || !doc["jobs"].is_array()) {
     throw SlurmError("squeue --json for SLURM job " + job_id + ": no 'jobs' array in its output");
@@ -82,7 +82,9 @@ SlurmJobState parse_squeue_json(const std::string& text, const std::string& job_
   std::vector<std::pair<uint64_t, const nlohmann::json*>> parts;  // (het offset, job)
   for (const auto& j : doc["jobs"]) {
     uint64_t jid = j.value("job_id", uint64_t{0});
-    uint64_t het = j.contains("het_job_id") && j["het_job_id"].is_number() ? j["het_job_id"].get<uint64_t>() : 0;
+    uint64_t het = j.contains("het_job_id") && j["het_job_id"].is_number()
+                       ? j["het_job_id"].get<uint64_t>()
+                       : 0;
     if (jid == id || (het != 0 && het == id)) {
       uint64_t off = j.contains("het_job_offset") && j["het_job_offset"].is_number()
                          ? j["het_job_offset"].get<uint64_t>()
@@ -95,14 +97,16 @@ SlurmJobState parse_squeue_json(const std::string& text, const std::string& job_
     st.gone = true;
     return st;
   }
-  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(parts.begin(), parts.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [off, j] : parts) {
     std::string state = (*j)["job_state"].is_string() ? (*j)["job_state"].get<std::string>() : "";
     std::string reason = j->contains("state_reason") && (*j)["state_reason"].is_string()
                              ? (*j)["state_reason"].get<std::string>()
                              : "";
     combine_state(st, state, reason);
-    st.nodelists.push_back(j->contains("nodes") && (*j)["nodes"].is_string() ? (*j)["nodes"].get<std::string>() : "");
+    st.nodelists.push_back(
+        j->contains("nodes") && (*j)["nodes"].is_string() ? (*j)["nodes"].get<std::string>() : "");
   }
   return st;
 }
@@ -112,13 +116,15 @@ SlurmJobState parse_squeue_text(const std::string& text, const std::string& job_
   for (const auto& line : split(text, '\n')) {
     if (line.empty()) continue;
     auto f = split(line, '|');
-    if (f.size() < 4) throw SlurmError("squeue for SLURM job " + job_id + ": unexpected line '" + line + "'");
+    if (f.size() < 4)
+      throw SlurmError("squeue for SLURM job " + job_id + ": unexpected line '" + line + "'");
     std::string id = f[0];
     uint64_t off = 0;
     if (auto plus = id.find('+'); plus != std::string::npos) {
       std::string o = id.substr(plus + 1);
       if (o.empty() || o.find_first_not_of("0123456789") != std::string::npos) {
-        throw SlurmError("squeue for SLURM job " + job_id + ": bad het job id in line '" + line + "'");
+        throw SlurmError("squeue for SLURM job " + job_id + ": bad het job id in line '" + line +
+                         "'");
       }
       off = std::stoull(o);
       id = id.substr(0, plus);
@@ -131,7 +137,8 @@ SlurmJobState parse_squeue_text(const std::string& text, const std::string& job_
     st.gone = true;
     return st;
   }
-  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(parts.begin(), parts.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [off, f] : parts) {
     combine_state(st, f[1], f[3]);
     st.nodelists.push_back(f[2] == "(null)" ? "" : f[2]);
@@ -142,8 +149,8 @@ SlurmJobState parse_squeue_text(const std::string& text, const std::string& job_
 }  // namespace detail
 
 bool is_final_state(const std::string& s) {
-  static const char* const kFinal[] = {"COMPLETED", "COMPLETING", "FAILED",    "CANCELLED",
-                                       "TIMEOUT",   "NODE_FAIL",  "PREEMPTED", "BOOT_FAIL",
+  static const char* const kFinal[] = {"COMPLETED", "COMPLETING",    "FAILED",       "CANCELLED",
+                                       "TIMEOUT",   "NODE_FAIL",     "PREEMPTED",    "BOOT_FAIL",
                                        "DEADLINE",  "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"};
   for (const char* f : kFinal) {
     if (s == f) return true;
@@ -166,10 +173,11 @@ std::string join(const std::vector<std::string>& argv) {
 
 // Runs argv (PATH lookup) with `extra_env` ("K=V", overriding ours), collects stdout/stderr,
 // kills it at `timeout`. Throws SlurmError when it cannot start or times out.
-CommandResult run_command(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
-                          milliseconds timeout) {
+CommandResult run_command(const std::vector<std::string>& argv,
+                          const std::vector<std::string>& extra_env, milliseconds timeout) {
   int out_pipe[2], err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw SlurmError("pipe for `" + join(argv) + "`: " + std::strerror(errno));
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0)
+    throw SlurmError("pipe for `" + join(argv) + "`: " + std::strerror(errno));
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
     ::close(out_pipe[0]);
     ::close(out_pipe[1]);
@@ -242,7 +250,8 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::vecto
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (timed_out) {
-    throw SlurmError("`" + join(argv) + "` did not finish within " + std::to_string(timeout.count()) + " ms");
+    throw SlurmError("`" + join(argv) + "` did not finish within " +
+                     std::to_string(timeout.count()) + " ms");
   }
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
@@ -296,11 +305,11 @@ void check_option_line(const std::string& field, const std::string& line) {
 
 struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
   SlurmOptions opt;
-  std::string tag;           // unique per SlurmJob, names the work dir
-  fs::path dir;              // <shared_dir>/job-<tag>
+  std::string tag;  // unique per SlurmJob, names the work dir
+  fs::path dir;     // <shared_dir>/job-<tag>
   std::string dir_str;
-  std::string id;            // job id after submit
-  std::string secret_env;    // "MONARCH_SECRET=..." handed to sbatch, or ""
+  std::string id;                          // job id after submit
+  std::string secret_env;                  // "MONARCH_SECRET=..." handed to sbatch, or ""
   mutable std::atomic<int> json_mode{-1};  // -1 unknown, 0 text, 1 json
   std::vector<std::vector<std::string>> nodes;
   std::vector<std::vector<std::string>> agents;
@@ -316,7 +325,10 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
   std::function<void(const MeshFailure&)> on_end;
   std::thread monitor;
 
-  std::string label() const { return "SLURM job " + (id.empty() ? std::string("(not submitted)") : id) + " '" + opt.job_name + "'"; }
+  std::string label() const {
+    return "SLURM job " + (id.empty() ? std::string("(not submitted)") : id) + " '" + opt.job_name +
+           "'";
+  }
 
   SlurmJobState query() const {
     int mode = json_mode.load();
@@ -331,19 +343,23 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
           if (mode == 1 || opt.squeue_json.value_or(false)) throw;
         }
       } else if (mode == 1 || opt.squeue_json.value_or(false)) {
-        if (r.err.find("Invalid job id") != std::string::npos) return SlurmJobState{{}, {}, {}, true};
-        throw SlurmError("`squeue --json` for " + label() + " failed (exit " + std::to_string(r.rc) + "): " + trim(r.err));
+        if (r.err.find("Invalid job id") != std::string::npos)
+          return SlurmJobState{{}, {}, {}, true};
+        throw SlurmError("`squeue --json` for " + label() + " failed (exit " +
+                         std::to_string(r.rc) + "): " + trim(r.err));
       }
       if (mode == -1) {
         spdlog::info("{}: `squeue --json` unsupported here; using `squeue -h -o`", label());
       }
       json_mode.store(0);
     }
-    CommandResult r = run_command({"squeue", "-h", "--states=all", "--jobs=" + id, "-o", "%i|%T|%N|%r"}, {},
-                                  opt.command_timeout);
+    CommandResult r =
+        run_command({"squeue", "-h", "--states=all", "--jobs=" + id, "-o", "%i|%T|%N|%r"}, {},
+                    opt.command_timeout);
     if (r.rc != 0) {
       if (r.err.find("Invalid job id") != std::string::npos) return SlurmJobState{{}, {}, {}, true};
-      throw SlurmError("`squeue` for " + label() + " failed (exit " + std::to_string(r.rc) + "): " + trim(r.err));
+      throw SlurmError("`squeue` for " + label() + " failed (exit " + std::to_string(r.rc) +
+                       "): " + trim(r.err));
     }
     return detail::parse_squeue_text(r.out, id);
   }
@@ -401,7 +417,8 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
         size_t n = 0;
         for (const auto& a : agents) n += a.size();
         for (size_t r = 0; r < n; ++r) f.ranks.push_back(r);
-        f.cause = label() + " ended: " + ended_state + (st.reason.empty() || st.reason == "None" ? "" : " (reason " + st.reason + ")");
+        f.cause = label() + " ended: " + ended_state +
+                  (st.reason.empty() || st.reason == "None" ? "" : " (reason " + st.reason + ")");
         auto handler = on_end;
         lock.unlock();
         if (handler) {
@@ -427,20 +444,23 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
 
 SlurmJob::SlurmJob(SlurmOptions options) : impl_(std::make_shared<Impl>()) {
   auto& o = options;
-  if (o.groups.empty()) throw UsageError("SlurmOptions::groups is empty: ask for at least one group");
+  if (o.groups.empty())
+    throw UsageError("SlurmOptions::groups is empty: ask for at least one group");
   for (size_t g = 0; g < o.groups.size(); ++g) {
     const auto& gr = o.groups[g];
     std::string where = "SlurmOptions::groups[" + std::to_string(g) + "]";
     if (gr.nodes == 0) throw UsageError(where + ".nodes is 0");
     if (gr.tasks_per_node == 0) throw UsageError(where + ".tasks_per_node is 0");
-    for (const auto& l : gr.extra_sbatch) check_option_line("groups[" + std::to_string(g) + "].extra_sbatch", l);
+    for (const auto& l : gr.extra_sbatch)
+      check_option_line("groups[" + std::to_string(g) + "].extra_sbatch", l);
     check_option_line("groups[" + std::to_string(g) + "].partition", gr.partition);
   }
   for (const auto& l : o.extra_sbatch) check_option_line("extra_sbatch", l);
   check_option_line("job_name", o.job_name);
   check_option_line("time_limit", o.time_limit);
   if (o.agent_host.find('\'') != std::string::npos || o.agent_host.empty()) {
-    throw UsageError("SlurmOptions::agent_host '" + o.agent_host + "' must be non-empty and free of single quotes");
+    throw UsageError("SlurmOptions::agent_host '" + o.agent_host +
+                     "' must be non-empty and free of single quotes");
   }
   if (o.poll_interval.count() <= 0) throw UsageError("SlurmOptions::poll_interval must be > 0 ms");
   if (o.agent_program.empty()) {
@@ -449,11 +469,13 @@ SlurmJob::SlurmJob(SlurmOptions options) : impl_(std::make_shared<Impl>()) {
   }
   if (o.shared_dir.empty()) {
     const char* d = std::getenv("MONARCH_SLURM_SHARED_DIR");
-    o.shared_dir = d != nullptr && *d != '\0' ? std::string(d) : (fs::current_path() / ".monarch-slurm").string();
+    o.shared_dir = d != nullptr && *d != '\0' ? std::string(d)
+                                              : (fs::current_path() / ".monarch-slurm").string();
   }
   o.shared_dir = fs::absolute(o.shared_dir).string();
   if (o.shared_dir.find_first_of(" \t\n'\"") != std::string::npos) {
-    throw UsageError("SlurmOptions::shared_dir '" + o.shared_dir + "' must not contain spaces or quotes (it goes into #SBATCH lines)");
+    throw UsageError("SlurmOptions::shared_dir '" + o.shared_dir +
+                     "' must not contain spaces or quotes (it goes into #SBATCH lines)");
   }
   if (o.squeue_json.has_value()) impl_->json_mode.store(*o.squeue_json ? 1 : 0);
   impl_->opt = std::move(o);
@@ -483,8 +505,10 @@ std::string SlurmJob::render_sbatch() const {
   std::ostringstream s;
   bool het = o.groups.size() > 1;
   s << "#!/bin/bash\n";
-  s << "# monarch-cpp SLURM launcher: one `monarch agent` per task. Each binds port 0 on its node and\n";
-  s << "# writes `LISTENING <address>` to " << dir << "/agent-<group>-<task>.out, which the client reads.\n";
+  s << "# monarch-cpp SLURM launcher: one `monarch agent` per task. Each binds port 0 on its node "
+       "and\n";
+  s << "# writes `LISTENING <address>` to " << dir
+    << "/agent-<group>-<task>.out, which the client reads.\n";
   for (size_t g = 0; g < o.groups.size(); ++g) {
     const auto& gr = o.groups[g];
     if (g > 0) s << "#SBATCH hetjob\n";
@@ -506,8 +530,10 @@ std::string SlurmJob::render_sbatch() const {
   s << "set -u\n";
   for (size_t g = 0; g < o.groups.size(); ++g) {
     std::string stem = dir + "/agent-" + std::to_string(g);
-    s << "srun" << (het ? " --het-group=" + std::to_string(g) : std::string()) << " --kill-on-bad-exit=0"
-      << " --output=" << detail::shell_quote(stem + "-%t.out") << " --error=" << detail::shell_quote(stem + "-%t.err")
+    s << "srun" << (het ? " --het-group=" + std::to_string(g) : std::string())
+      << " --kill-on-bad-exit=0"
+      << " --output=" << detail::shell_quote(stem + "-%t.out")
+      << " --error=" << detail::shell_quote(stem + "-%t.err")
       << " \\\n  /bin/sh -c 'exec \"$0\" agent --listen \"tcp://" << o.agent_host << ":0\"' "
       << detail::shell_quote(o.agent_program) << " &\n";
     s << "pids=\"${pids:-} $!\"\n";
@@ -532,22 +558,27 @@ std::string SlurmJob::submit() {
   // The agents (and the workers they start) need the client's channel secret.
   std::vector<std::string> env;
   auto& ch = im.opt.host.channel;
-  bool env_secret = (std::getenv("MONARCH_SECRET") != nullptr && *std::getenv("MONARCH_SECRET") != '\0') ||
-                    (std::getenv("MONARCH_SECRET_FILE") != nullptr && *std::getenv("MONARCH_SECRET_FILE") != '\0');
+  bool env_secret =
+      (std::getenv("MONARCH_SECRET") != nullptr && *std::getenv("MONARCH_SECRET") != '\0') ||
+      (std::getenv("MONARCH_SECRET_FILE") != nullptr &&
+       *std::getenv("MONARCH_SECRET_FILE") != '\0');
   if (ch.secret.empty() && !env_secret) ch.secret = random_hex(32);
   if (!ch.secret.empty()) env.push_back("MONARCH_SECRET=" + ch.secret);
-  CommandResult r = run_command({"sbatch", "--parsable", script.string()}, env, im.opt.command_timeout);
+  CommandResult r =
+      run_command({"sbatch", "--parsable", script.string()}, env, im.opt.command_timeout);
   if (r.rc != 0) {
-    throw SlurmError("`sbatch --parsable " + script.string() + "` failed (exit " + std::to_string(r.rc) +
-                     "): " + trim(r.err + r.out));
+    throw SlurmError("`sbatch --parsable " + script.string() + "` failed (exit " +
+                     std::to_string(r.rc) + "): " + trim(r.err + r.out));
   }
   std::string id = trim(r.out);
   id = id.substr(0, id.find(';'));  // "42;cluster" on federated setups
   if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos) {
-    throw SlurmError("sbatch printed no job id (stdout '" + trim(r.out) + "', stderr '" + trim(r.err) + "')");
+    throw SlurmError("sbatch printed no job id (stdout '" + trim(r.out) + "', stderr '" +
+                     trim(r.err) + "')");
   }
   im.id = id;
-  spdlog::info("{} submitted ({} group(s), work dir {})", im.label(), im.opt.groups.size(), im.dir.string());
+  spdlog::info("{} submitted ({} group(s), work dir {})", im.label(), im.opt.groups.size(),
+               im.dir.string());
   return id;
 }
 
@@ -564,26 +595,32 @@ SlurmJobState SlurmJob::wait_running() {
   while (true) {
     st = im.query();
     if (st.gone || is_final_state(st.state)) {
-      throw SlurmError(im.label() + " ended before it ran: " + (st.gone ? std::string("gone from squeue") : st.state) +
-                       (st.reason.empty() || st.reason == "None" ? "" : " (reason " + st.reason + ")") + im.batch_output());
+      throw SlurmError(
+          im.label() +
+          " ended before it ran: " + (st.gone ? std::string("gone from squeue") : st.state) +
+          (st.reason.empty() || st.reason == "None" ? "" : " (reason " + st.reason + ")") +
+          im.batch_output());
     }
     if (st.state == "RUNNING") break;
     if (Clock::now() >= deadline) {
-      throw SlurmError(im.label() + " not RUNNING within " + std::to_string(im.opt.start_timeout.count()) +
-                       " ms: " + st.state + (st.reason.empty() ? "" : " (reason " + st.reason + ")"));
+      throw SlurmError(im.label() + " not RUNNING within " +
+                       std::to_string(im.opt.start_timeout.count()) + " ms: " + st.state +
+                       (st.reason.empty() ? "" : " (reason " + st.reason + ")"));
     }
-    std::this_thread::sleep_for(im.opt.poll_interval);  // polling squeue: it has no event to wait on
+    std::this_thread::sleep_for(
+        im.opt.poll_interval);  // polling squeue: it has no event to wait on
   }
   if (st.nodelists.size() != im.opt.groups.size()) {
-    throw SlurmError(im.label() + ": squeue shows " + std::to_string(st.nodelists.size()) + " component(s), asked for " +
-                     std::to_string(im.opt.groups.size()));
+    throw SlurmError(im.label() + ": squeue shows " + std::to_string(st.nodelists.size()) +
+                     " component(s), asked for " + std::to_string(im.opt.groups.size()));
   }
   im.nodes.clear();
   for (size_t g = 0; g < st.nodelists.size(); ++g) {
     auto names = expand_hostlist(st.nodelists[g]);
     if (names.size() != im.opt.groups[g].nodes) {
-      throw SlurmError(im.label() + " group " + std::to_string(g) + ": nodelist '" + st.nodelists[g] + "' has " +
-                       std::to_string(names.size()) + " node(s), asked for " + std::to_string(im.opt.groups[g].nodes));
+      throw SlurmError(im.label() + " group " + std::to_string(g) + ": nodelist '" +
+                       st.nodelists[g] + "' has " + std::to_string(names.size()) +
+                       " node(s), asked for " + std::to_string(im.opt.groups[g].nodes));
     }
     im.nodes.push_back(std::move(names));
   }
@@ -615,7 +652,8 @@ std::vector<mesh::HostMesh> SlurmJob::start() {
           }
           if (im.agents[g][t].empty()) {
             ++missing;
-            if (first_missing.empty()) first_missing = "group " + std::to_string(g) + " task " + std::to_string(t);
+            if (first_missing.empty())
+              first_missing = "group " + std::to_string(g) + " task " + std::to_string(t);
           }
         }
       }
@@ -625,12 +663,16 @@ std::vector<mesh::HostMesh> SlurmJob::start() {
         std::string g0 = first_missing.substr(6, first_missing.find(' ', 6) - 6);
         std::string t0 = first_missing.substr(first_missing.rfind(' ') + 1);
         auto err = im.dir / ("agent-" + g0 + "-" + t0 + ".err");
-        std::string why = st.gone || is_final_state(st.state)
-                              ? "ended (" + (st.gone ? std::string("gone from squeue") : st.state) + ")"
-                              : "still " + st.state + " after " + std::to_string(im.opt.start_timeout.count()) + " ms";
+        std::string why =
+            st.gone || is_final_state(st.state)
+                ? "ended (" + (st.gone ? std::string("gone from squeue") : st.state) + ")"
+                : "still " + st.state + " after " + std::to_string(im.opt.start_timeout.count()) +
+                      " ms";
         std::string errtail = tail_of(err);
-        throw SlurmError(im.label() + " " + why + " before " + std::to_string(missing) + " agent(s) listened (first: " +
-                         first_missing + (errtail.empty() ? "" : ", its stderr: " + errtail) + ")" + im.batch_output());
+        throw SlurmError(im.label() + " " + why + " before " + std::to_string(missing) +
+                         " agent(s) listened (first: " + first_missing +
+                         (errtail.empty() ? "" : ", its stderr: " + errtail) + ")" +
+                         im.batch_output());
       }
       std::this_thread::sleep_for(im.opt.poll_interval);  // agents write files; nothing to wait on
     }
@@ -651,19 +693,24 @@ std::vector<mesh::HostMesh> SlurmJob::start() {
   return im.hosts;
 }
 
-const std::vector<std::vector<std::string>>& SlurmJob::nodes() const { return impl_->nodes; }
+const std::vector<std::vector<std::string>>& SlurmJob::nodes() const {
+  return impl_->nodes;
+}
 
 const std::vector<std::string>& SlurmJob::agents(size_t group) const {
-  if (group >= impl_->agents.size()) throw UsageError("SlurmJob::agents: no group " + std::to_string(group) + " (not started?)");
+  if (group >= impl_->agents.size())
+    throw UsageError("SlurmJob::agents: no group " + std::to_string(group) + " (not started?)");
   return impl_->agents[group];
 }
 
 const mesh::HostMesh& SlurmJob::hosts(size_t group) const {
-  if (group >= impl_->hosts.size()) throw UsageError("SlurmJob::hosts: no group " + std::to_string(group) + " (not started?)");
+  if (group >= impl_->hosts.size())
+    throw UsageError("SlurmJob::hosts: no group " + std::to_string(group) + " (not started?)");
   return impl_->hosts[group];
 }
 
-mesh::ProcMesh SlurmJob::spawn_procs(size_t group, const ndslice::Extent& per_host, mesh::SpawnOptions options) {
+mesh::ProcMesh SlurmJob::spawn_procs(size_t group, const ndslice::Extent& per_host,
+                                     mesh::SpawnOptions options) {
   std::weak_ptr<Impl> weak = impl_;
   auto user = std::move(options.on_failure);
   options.on_failure = [weak, user](const MeshFailure& f) {
@@ -690,7 +737,8 @@ void SlurmJob::cancel() {
   im.hosts.clear();  // our references to the agents; users' copies stay valid (and see them go)
   CommandResult r = run_command({"scancel", im.id}, {}, im.opt.command_timeout);
   if (r.rc != 0) {
-    throw SlurmError("`scancel " + im.id + "` for " + im.label() + " failed (exit " + std::to_string(r.rc) + "): " + trim(r.err));
+    throw SlurmError("`scancel " + im.id + "` for " + im.label() + " failed (exit " +
+                     std::to_string(r.rc) + "): " + trim(r.err));
   }
   auto deadline = Clock::now() + im.opt.cancel_timeout;
   SlurmJobState st;
@@ -698,18 +746,23 @@ void SlurmJob::cancel() {
     st = im.query();
     if (st.gone || (is_final_state(st.state) && st.state != "COMPLETING")) break;
     if (Clock::now() >= deadline) {
-      throw SlurmError(im.label() + " still " + st.state + " " + std::to_string(im.opt.cancel_timeout.count()) +
-                       " ms after scancel");
+      throw SlurmError(im.label() + " still " + st.state + " " +
+                       std::to_string(im.opt.cancel_timeout.count()) + " ms after scancel");
     }
     std::this_thread::sleep_for(im.opt.poll_interval);  // squeue polling
   }
   im.cancelled = true;
-  spdlog::info("{} cancelled ({})", im.label(), st.gone ? std::string("gone from squeue") : st.state);
+  spdlog::info("{} cancelled ({})", im.label(),
+               st.gone ? std::string("gone from squeue") : st.state);
 }
 
-const std::string& SlurmJob::job_id() const { return impl_->id; }
+const std::string& SlurmJob::job_id() const {
+  return impl_->id;
+}
 
-const std::string& SlurmJob::work_dir() const { return impl_->dir_str; }
+const std::string& SlurmJob::work_dir() const {
+  return impl_->dir_str;
+}
 
 std::optional<SlurmEnv> slurm_env() {
   auto get = [](const char* k) -> std::optional<std::string> {
@@ -735,7 +788,8 @@ std::optional<SlurmEnv> slurm_env() {
   e.localid = num("SLURM_LOCALID", 0);
   e.nodeid = num("SLURM_NODEID", 0);
   if (e.ntasks == 0 || e.procid >= e.ntasks) {
-    throw SlurmError("SLURM_PROCID=" + std::to_string(e.procid) + " is not below SLURM_NTASKS=" + std::to_string(e.ntasks));
+    throw SlurmError("SLURM_PROCID=" + std::to_string(e.procid) +
+                     " is not below SLURM_NTASKS=" + std::to_string(e.ntasks));
   }
   auto nl = get("SLURM_JOB_NODELIST");
   if (!nl) nl = get("SLURM_NODELIST");

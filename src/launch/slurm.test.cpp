@@ -32,11 +32,13 @@ std::string read(const std::string& path) {
 std::string rendered(const SlurmJob& job) {
   std::string s = job.render_sbatch();
   const std::string& dir = job.work_dir();
-  for (size_t p = s.find(dir); p != std::string::npos; p = s.find(dir, p)) s.replace(p, dir.size(), "@WORKDIR@");
+  for (size_t p = s.find(dir); p != std::string::npos; p = s.find(dir, p))
+    s.replace(p, dir.size(), "@WORKDIR@");
   return s;
 }
 
-// MONARCH_UPDATE_GOLDEN=1 rewrites the golden file with `actual` (review the diff before committing).
+// MONARCH_UPDATE_GOLDEN=1 rewrites the golden file with `actual` (review the diff before
+// committing).
 std::string golden(const char* name, const std::string& actual) {
   std::string path = std::string(MONARCH_LAUNCH_TESTDATA) + "/" + name;
   if (const char* u = std::getenv("MONARCH_UPDATE_GOLDEN"); u != nullptr && std::string(u) == "1") {
@@ -122,7 +124,9 @@ TEST(SqueueParse, JsonPicksTheJobAndItsHetComponents) {
   EXPECT_EQ(one.state, "RUNNING");
   EXPECT_THAT(one.nodelists, ElementsAre("n5"));
   EXPECT_TRUE(monarch::launch::detail::parse_squeue_json(doc, "42").gone);
-  EXPECT_THROW(monarch::launch::detail::parse_squeue_json("squeue: unrecognized option '--json'", "7"), SlurmError);
+  EXPECT_THROW(
+      monarch::launch::detail::parse_squeue_json("squeue: unrecognized option '--json'", "7"),
+      SlurmError);
 }
 
 TEST(SqueueParse, TextFallback) {
@@ -167,7 +171,8 @@ TEST(SlurmEnv, ReadsTheAllocation) {
   }
   ::setenv("SLURM_PROCID", "9", 1);
   EXPECT_THROW(monarch::launch::slurm_env(), SlurmError);  // 9 >= 8 tasks
-  for (const char* k : {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_NODELIST"}) {
+  for (const char* k : {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                        "SLURM_NODEID", "SLURM_JOB_NODELIST"}) {
     ::unsetenv(k);
   }
 }

@@ -21,9 +21,9 @@
 #include <set>
 #include <sstream>
 
-#include "testing/mesh_failures.hpp"
 #include "monarch/launch/slurm.hpp"
 #include "monarch/mesh/process.hpp"
+#include "testing/mesh_failures.hpp"
 
 using namespace std::chrono_literals;
 using monarch::MeshFailure;
@@ -85,7 +85,8 @@ std::vector<int> processes_of_job(const std::string& id) {
         std::string line;
         std::getline(st, line);
         auto close = line.rfind(')');
-        bool zombie = close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+        bool zombie =
+            close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
         if (!zombie) out.push_back(pid);
         break;
       }
@@ -108,12 +109,13 @@ int parent_of(int pid) {
   return ppid;
 }
 
-
-
 // Root and a cluster, or the reason to skip.
 std::string why_skip() {
-  if (::geteuid() != 0) return "needs root: scripts/slurm-local.sh runs slurmctld/slurmd (uid " + std::to_string(::geteuid()) + ")";
-  if (std::getenv("SLURM_CONF") == nullptr) return "SLURM_CONF not set: run through ctest (fixture slurm_cluster)";
+  if (::geteuid() != 0)
+    return "needs root: scripts/slurm-local.sh runs slurmctld/slurmd (uid " +
+           std::to_string(::geteuid()) + ")";
+  if (std::getenv("SLURM_CONF") == nullptr)
+    return "SLURM_CONF not set: run through ctest (fixture slurm_cluster)";
   if (run("command -v sbatch").empty()) return "slurm-wlm not installed (scripts/setup-deps.sh)";
   return "";
 }
@@ -144,7 +146,8 @@ void expect_job_gone(const std::string& id, const fs::path& shared_dir) {
   std::string q = run("squeue -h -o %i");
   std::istringstream in(q);
   std::string line;
-  while (std::getline(in, line)) EXPECT_NE(line.substr(0, line.find('+')), id) << "job " << id << " still in squeue";
+  while (std::getline(in, line))
+    EXPECT_NE(line.substr(0, line.find('+')), id) << "job " << id << " still in squeue";
   auto left = processes_of_job(id);
   EXPECT_TRUE(all_dead(left, 10s)) << left.size() << " process(es) of job " << id << " survived";
 }
@@ -204,8 +207,9 @@ TEST(SlurmE2E, TwoTasksCastKillOneAndShutDown) {
     EXPECT_EQ(echo.slice("hosts", 0).call(&Echo::twice, 1).get(10s)[0], 2);  // rank 0 still works
 
     auto ms_since = [](std::chrono::steady_clock::time_point t) {
-      return static_cast<long long>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t).count());
+      return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now() - t)
+                                        .count());
     };
     auto t_stop = std::chrono::steady_clock::now();
     EXPECT_TRUE(procs.stop());
@@ -214,8 +218,10 @@ TEST(SlurmE2E, TwoTasksCastKillOneAndShutDown) {
     job.cancel();
     long long cancel_ms = ms_since(t_cancel);
     EXPECT_TRUE(all_dead({pids[0]}, 5s));
-    std::printf("job %s: start %lld ms, procs.stop %lld ms, cancel %lld ms, total %lld ms\n", id.c_str(),
-                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(started - t0).count()),
+    std::printf("job %s: start %lld ms, procs.stop %lld ms, cancel %lld ms, total %lld ms\n",
+                id.c_str(),
+                static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(started - t0).count()),
                 stop_ms, cancel_ms, ms_since(t0));
   }
   expect_job_gone(id, o.shared_dir);
@@ -288,8 +294,9 @@ TEST(SlurmE2E, TextSqueueSeesTheSameLifeCycle) {
   expect_job_gone(id, o.shared_dir);
 }
 
-// Errors name the job and the cause: a request the cluster cannot satisfy (pending past the deadline),
-// and agents that cannot start (the job ends before they listen; their stderr is quoted).
+// Errors name the job and the cause: a request the cluster cannot satisfy (pending past the
+// deadline), and agents that cannot start (the job ends before they listen; their stderr is
+// quoted).
 TEST(SlurmE2E, FailedStartsNameTheCause) {
   if (auto why = why_skip(); !why.empty()) GTEST_SKIP() << why;
   auto o = options("monarch-e2e-bad");
@@ -300,7 +307,10 @@ TEST(SlurmE2E, FailedStartsNameTheCause) {
     job.start();
     ADD_FAILURE() << "a 3-node job started on a 1-node cluster";
   } catch (const monarch::launch::SlurmError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("'monarch-e2e-bad' not RUNNING within 2000 ms: PENDING (reason PartitionConfig)"));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr(
+            "'monarch-e2e-bad' not RUNNING within 2000 ms: PENDING (reason PartitionConfig)"));
   }
   o = options("monarch-e2e-noagent");
   o.agent_program = "/nonexistent/monarch";

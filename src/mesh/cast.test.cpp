@@ -1,12 +1,11 @@
 // Cast tree overlay with in-tree reduction. Test names cite the invariants of docs/cast-tree.md.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
 #include <set>
-
-#include <unistd.h>
 
 #include "monarch/mesh/proc_mesh.hpp"
 
@@ -28,7 +27,8 @@ struct Member : monarch::Actor {
   void record(int seq) { log_.push_back(seq); }
   std::vector<int> log() const { return log_; }
   long fail_on(size_t r) const {
-    if (Context::message_rank() == r) throw std::runtime_error("rank " + std::to_string(r) + " failed");
+    if (Context::message_rank() == r)
+      throw std::runtime_error("rank " + std::to_string(r) + " failed");
     return 1;
   }
   MONARCH_ENDPOINTS(Member, where, value, record, log, fail_on)
@@ -36,7 +36,9 @@ struct Member : monarch::Actor {
   std::vector<int> log_;
 };
 
-std::string proc_name(size_t p) { return "local[" + std::to_string(p) + "]"; }
+std::string proc_name(size_t p) {
+  return "local[" + std::to_string(p) + "]";
+}
 
 // CAST-1, CAST-2: every proc has one path from proc 0; a node has at most `fanout` children; the
 // tree is shallow.
@@ -78,17 +80,19 @@ TEST(CastTree, CAST5_ReductionIsExactOnIrregularSlicesAndSizes) {
     auto procs = ProcMesh::local(Extent{{"procs", procs_n}}, {}, CastOptions{fanout});
     auto m = procs.spawn<Member>("m", Extent{{"actors", 3}}, 7L);
     ASSERT_EQ(m.extent().to_string(), "{procs=" + std::to_string(procs_n) + ", actors=3}");
-    std::vector<monarch::mesh::ActorMesh<Member>> views{m, m.slice("actors", 1),
-                                                        m.slice("procs", Range(procs_n > 1 ? 1 : 0, std::nullopt, 3)),
-                                                        m.slice("procs", procs_n - 1).slice("actors", Range(1, 3))};
+    std::vector<monarch::mesh::ActorMesh<Member>> views{
+        m, m.slice("actors", 1), m.slice("procs", Range(procs_n > 1 ? 1 : 0, std::nullopt, 3)),
+        m.slice("procs", procs_n - 1).slice("actors", Range(1, 3))};
     for (auto& v : views) {
       const long n = static_cast<long>(v.size());
       auto vals = v.call(&Member::value, 5L).get(30s);
       ASSERT_EQ(vals.size(), v.size());
       for (size_t r = 0; r < v.size(); ++r) ASSERT_EQ(vals[r], 12 + static_cast<long>(r));
       auto where = v.call(&Member::where).get(30s);
-      for (size_t r = 0; r < v.size(); ++r) ASSERT_EQ(where[r], proc_name(v.shape().global_rank(r) / 3));
-      EXPECT_EQ(v.reduce(monarch::mesh::Sum{}, &Member::value, 5L).get(30s), n * 12 + n * (n - 1) / 2);
+      for (size_t r = 0; r < v.size(); ++r)
+        ASSERT_EQ(where[r], proc_name(v.shape().global_rank(r) / 3));
+      EXPECT_EQ(v.reduce(monarch::mesh::Sum{}, &Member::value, 5L).get(30s),
+                n * 12 + n * (n - 1) / 2);
       EXPECT_EQ(v.reduce(monarch::mesh::Min{}, &Member::value, 5L).get(30s), 12);
       EXPECT_EQ(v.reduce(monarch::mesh::Max{}, &Member::value, 5L).get(30s), 12 + n - 1);
       // Any associative combine: the set of procs that hold members of the view.
@@ -122,8 +126,12 @@ TEST(CastTree, CAST3_PerPairFifoHoldsAcrossDifferentSlices) {
   auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}}, {}, CastOptions{2});
   auto m = procs.spawn<Member>("m", Extent{{"actors", 4}}, 0L);
   std::vector<monarch::mesh::ActorMesh<Member>> slices{
-      m, m.slice("hosts", 1), m.slice("gpus", Range(1, 4, 2)), m.slice("actors", 2),
-      m.slice("hosts", 0).slice("gpus", 3), m.slice("gpus", 2).slice("actors", Range(0, 4, 3))};
+      m,
+      m.slice("hosts", 1),
+      m.slice("gpus", Range(1, 4, 2)),
+      m.slice("actors", 2),
+      m.slice("hosts", 0).slice("gpus", 3),
+      m.slice("gpus", 2).slice("actors", Range(0, 4, 3))};
   std::vector<std::vector<int>> expected(m.size());
   std::vector<monarch::Future<monarch::ndslice::ValueMesh<monarch::Unit>>> calls;
   for (int seq = 0; seq < 600; ++seq) {
@@ -175,7 +183,8 @@ TEST(CastTree, CAST7_AGoneMemberIsADeliveryFailureNamingIt) {
   } catch (const monarch::DeliveryFailure& e) {
     EXPECT_EQ(e.destination(), gone);
   }
-  EXPECT_THROW(m.reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s), monarch::DeliveryFailure);
+  EXPECT_THROW(m.reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s),
+               monarch::DeliveryFailure);
   // A broadcast from outside any actor reports the lost message to the member's Proc fault hook.
   monarch::Promise<std::string> hooked;
   auto hook_future = hooked.get_future();
@@ -186,7 +195,8 @@ TEST(CastTree, CAST7_AGoneMemberIsADeliveryFailureNamingIt) {
   m.slice("procs", Range(8, 12)).broadcast(&Member::record, 1);
   EXPECT_THAT(hook_future.get(30s), HasSubstr(gone.to_string()));
   // The rest of the mesh is reachable through slices that leave the gone member out.
-  EXPECT_EQ(m.slice("actors", 1).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s), 17 * 16 / 2);
+  EXPECT_EQ(m.slice("actors", 1).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s),
+            17 * 16 / 2);
 }
 
 // CAST-7: a comm actor that is gone fails the cast with a DeliveryFailure naming it; a stream
@@ -220,7 +230,8 @@ TEST(CastTree, CAST7_AGoneCommActorIsADeliveryFailureForItsSubtree) {
   EXPECT_EQ(failed, (std::set<size_t>{1, 2, 3, 4}));
   EXPECT_EQ(replied, (std::set<size_t>{0, 5, 6, 7}));
   // Slices whose paths avoid proc 1 still work.
-  EXPECT_EQ(m.slice("procs", Range(5, 8)).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s), 3);
+  EXPECT_EQ(m.slice("procs", Range(5, 8)).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s),
+            3);
 }
 
 // CAST-10: the same casts when the comm actors are in other processes: the procs serve abstract
@@ -246,10 +257,12 @@ TEST(CastTree, CAST10_CastsCrossProcessesBetweenCommActors) {
   for (size_t r = 0; r < 18; ++r) EXPECT_EQ(where[r], procs.proc(r / 3).name());
   auto odd = m.slice("procs", Range(1, 6, 2)).slice("actors", 2);
   EXPECT_EQ(odd.reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s), 3 * 7 + 3);
-  EXPECT_EQ(m.reduce([](long a, long b) { return a < b ? b : a; }, &Member::value, 0L).get(30s), 7 + 17);
+  EXPECT_EQ(m.reduce([](long a, long b) { return a < b ? b : a; }, &Member::value, 0L).get(30s),
+            7 + 17);
   long offset = 1;
-  EXPECT_THROW((void)m.reduce([offset](long a, long b) { return a + b + offset; }, &Member::value, 0L),
-               monarch::UsageError);  // a capturing lambda cannot be sent
+  EXPECT_THROW(
+      (void)m.reduce([offset](long a, long b) { return a + b + offset; }, &Member::value, 0L),
+      monarch::UsageError);  // a capturing lambda cannot be sent
   // stream across processes: each member replies directly, with its rank in the streamed view.
   auto s = odd.stream(&Member::value, 0L);
   std::vector<long> got(3, -1);
@@ -269,8 +282,8 @@ TEST(CastTree, CAST10_CastsCrossProcessesBetweenCommActors) {
   }
 
   // CAST-3: FIFO across slices, with broadcasts and calls mixed.
-  std::vector<monarch::mesh::ActorMesh<Member>> slices{m, m.slice("procs", Range(2, 6)), m.slice("actors", 1),
-                                                       m.slice("procs", 5)};
+  std::vector<monarch::mesh::ActorMesh<Member>> slices{m, m.slice("procs", Range(2, 6)),
+                                                       m.slice("actors", 1), m.slice("procs", 5)};
   std::vector<std::vector<int>> expected(m.size());
   std::vector<monarch::Future<monarch::ndslice::ValueMesh<monarch::Unit>>> calls;
   for (int seq = 0; seq < 60; ++seq) {
@@ -295,7 +308,8 @@ TEST(CastTree, CAST10_CastsCrossProcessesBetweenCommActors) {
     EXPECT_EQ(e.destination().name, "monarch.comm");
     EXPECT_EQ(e.destination().proc, procs.proc(1).name());
   }
-  EXPECT_EQ(m.slice("procs", Range(4, 6)).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s), 6 * 7 + 15);
+  EXPECT_EQ(m.slice("procs", Range(4, 6)).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s),
+            6 * 7 + 15);
 }
 
 struct AsyncMember : monarch::Actor {
@@ -338,7 +352,8 @@ TEST(CastTree, CAST8_HundredThousandActorsOnAThousandProcs) {
   ASSERT_EQ(m.size(), 1000 * per_proc);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(m.reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(60s), n + n * (n - 1) / 2);
-  auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::printf("cast+reduce to %ld actors on 1000 procs: %.1f ms\n", n, ms);
   auto all = m.call(&Member::value, 0L).get(60s);
   ASSERT_EQ(all.size(), m.size());

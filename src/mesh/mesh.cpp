@@ -1,9 +1,9 @@
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
-
-#include <spdlog/spdlog.h>
 
 #include "monarch/mesh/proc_mesh.hpp"
 #include "process_group.hpp"
@@ -25,9 +25,9 @@ void CommActor::undeliverable(const DeliveryFailure& failure) {
 Future<std::string> CommActor::cast(CastWire w) {
   auto fn = detail::find_remote_cast(w.handler);
   if (!fn) {
-    return Future<std::string>::ready_error(std::make_exception_ptr(UsageError(
-        "comm actor of " + proc().name() + ": no cast handler '" + w.handler +
-        "' in this process (call mesh::register_cast for that endpoint here)")));
+    return Future<std::string>::ready_error(std::make_exception_ptr(
+        UsageError("comm actor of " + proc().name() + ": no cast handler '" + w.handler +
+                   "' in this process (call mesh::register_cast for that endpoint here)")));
   }
   return (*fn)(proc(), std::move(w));
 }
@@ -35,8 +35,8 @@ Future<std::string> CommActor::cast(CastWire w) {
 void CommActor::cast_send(CastWire w) {
   auto fn = detail::find_remote_cast(w.handler);
   if (!fn) {
-    spdlog::error("monarch.comm of {}: dropped a broadcast: no cast handler '{}' in this process", proc().name(),
-                  w.handler);
+    spdlog::error("monarch.comm of {}: dropped a broadcast: no cast handler '{}' in this process",
+                  proc().name(), w.handler);
     return;
   }
   (void)(*fn)(proc(), std::move(w));
@@ -83,7 +83,9 @@ ActorRef<CommActor> install_comm(Proc& proc) {
 }
 
 std::vector<uint32_t> cast_path(uint32_t procs, size_t fanout, uint32_t p) {
-  if (p >= procs) throw UsageError("cast_path: proc " + std::to_string(p) + " is not below " + std::to_string(procs));
+  if (p >= procs)
+    throw UsageError("cast_path: proc " + std::to_string(p) + " is not below " +
+                     std::to_string(procs));
   std::vector<uint32_t> path{0};
   uint32_t lo = 0, hi = procs;
   while (lo != p) {
@@ -103,7 +105,8 @@ CastPlan CastPlan::make(const ndslice::Shape& view, size_t per_proc) {
   for (size_t g : view.base()) plan.members.emplace_back(g, rank++);
   // Views never permute dims, so global ranks already ascend in message-rank order; sort anyway
   // so that a future transposing view stays correct.
-  if (!std::is_sorted(plan.members.begin(), plan.members.end())) std::sort(plan.members.begin(), plan.members.end());
+  if (!std::is_sorted(plan.members.begin(), plan.members.end()))
+    std::sort(plan.members.begin(), plan.members.end());
   for (uint32_t i = 0; i < plan.members.size(); ++i) {
     auto p = static_cast<uint32_t>(plan.members[i].first / per_proc);
     if (plan.procs.empty() || plan.procs.back() != p) {
@@ -118,8 +121,10 @@ CastPlan CastPlan::make(const ndslice::Shape& view, size_t per_proc) {
 }  // namespace detail
 
 ProcMesh ProcMesh::local(const ndslice::Extent& extent, ProcOptions options, CastOptions cast) {
-  if (extent.num_ranks() == 0) throw UsageError("ProcMesh::local: empty extent " + extent.to_string());
-  if (extent.num_ranks() > 1 && !options.listen.empty() && options.listen.find("{rank}") == std::string::npos) {
+  if (extent.num_ranks() == 0)
+    throw UsageError("ProcMesh::local: empty extent " + extent.to_string());
+  if (extent.num_ranks() > 1 && !options.listen.empty() &&
+      options.listen.find("{rank}") == std::string::npos) {
     throw UsageError("ProcMesh::local: ProcOptions::listen '" + options.listen +
                      "' must contain {rank} (each proc serves its own address)");
   }
@@ -134,7 +139,8 @@ ProcMesh ProcMesh::local(const ndslice::Extent& extent, ProcOptions options, Cas
   for (size_t r = 0; r < extent.num_ranks(); ++r) {
     ProcOptions o = options;
     o.name = base + "[" + std::to_string(r) + "]";
-    if (auto at = o.listen.find("{rank}"); at != std::string::npos) o.listen.replace(at, 6, std::to_string(r));
+    if (auto at = o.listen.find("{rank}"); at != std::string::npos)
+      o.listen.replace(at, 6, std::to_string(r));
     o.scheduler = state->scheduler;
     state->procs.push_back(std::make_unique<Proc>(std::move(o)));
     topo->comm.push_back(detail::install_comm(*state->procs.back()));
@@ -168,7 +174,8 @@ ndslice::Shape ProcMesh::actor_view(const ndslice::Extent& per_proc) const {
   }
   sizes.insert(sizes.end(), psizes.begin(), psizes.end());
   strides.insert(strides.end(), pstrides.begin(), pstrides.end());
-  return ndslice::Shape(std::move(labels), ndslice::Slice(sl.offset() * k, std::move(sizes), std::move(strides)));
+  return ndslice::Shape(std::move(labels),
+                        ndslice::Slice(sl.offset() * k, std::move(sizes), std::move(strides)));
 }
 
 ProcMesh::State::~State() {

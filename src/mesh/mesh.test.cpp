@@ -25,7 +25,8 @@ struct Worker : monarch::Actor {
   void bump() { ++bumps_; }
   int bumps() const { return bumps_; }
   int fail_on(size_t r) {
-    if (Context::message_rank() == r) throw std::runtime_error("rank " + std::to_string(r) + " failed");
+    if (Context::message_rank() == r)
+      throw std::runtime_error("rank " + std::to_string(r) + " failed");
     return 0;
   }
   MONARCH_ENDPOINTS(Worker, where, rank, add, bump, bumps, fail_on)
@@ -71,7 +72,8 @@ TEST(ActorMesh, CallGathersAValueMeshOverTheView) {
 TEST(ActorMesh, CallOneChooseStreamBroadcast) {
   auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}});
   auto workers = procs.spawn<Worker>("worker", 0);
-  EXPECT_EQ(workers.slice("hosts", 1).slice("gpus", 2).call_one(&Worker::where).get(10s), "local[6]");
+  EXPECT_EQ(workers.slice("hosts", 1).slice("gpus", 2).call_one(&Worker::where).get(10s),
+            "local[6]");
   try {
     (void)workers.slice("hosts", 1).call_one(&Worker::where);
     FAIL();
@@ -103,8 +105,11 @@ TEST(ActorMesh, ReduceCombinesRepliesIntoOneValue) {
   EXPECT_EQ(workers.reduce(monarch::mesh::Sum{}, &Worker::add, 1).get(10s), 8 * 101 + 28);
   EXPECT_EQ(workers.reduce(monarch::mesh::Min{}, &Worker::add, 1).get(10s), 101);
   EXPECT_EQ(workers.reduce(monarch::mesh::Max{}, &Worker::add, 1).get(10s), 108);
-  auto concat = [](std::string a, const std::string& b) { return a < b ? a + "," + b : b + "," + a; };
-  auto joined = workers.slice("hosts", 1).slice("gpus", Range(0, 2)).reduce(concat, &Worker::where).get(10s);
+  auto concat = [](std::string a, const std::string& b) {
+    return a < b ? a + "," + b : b + "," + a;
+  };
+  auto joined =
+      workers.slice("hosts", 1).slice("gpus", Range(0, 2)).reduce(concat, &Worker::where).get(10s);
   EXPECT_EQ(joined, "local[4],local[5]");
   EXPECT_THROW(workers.reduce(monarch::mesh::Sum{}, &Worker::fail_on, size_t{3}).get(10s),
                monarch::ActorError);

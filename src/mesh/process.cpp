@@ -1,4 +1,6 @@
 // Process meshes: host agents, the process allocator, worker bootstrap (see process.hpp).
+#include "monarch/mesh/process.hpp"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,7 +11,6 @@
 #include <random>
 
 #include "monarch/mesh/cast.hpp"
-#include "monarch/mesh/process.hpp"
 #include "process_group.hpp"
 
 namespace monarch::mesh {
@@ -61,29 +62,33 @@ void WorkerControl::stop_worker(std::vector<std::string> stopping) {
   s_->cv.notify_all();
 }
 
-#define MONARCH_WITH_GROUP(expr, dflt)        \
-  std::lock_guard lock(link_->mu);            \
-  if (link_->group == nullptr) return dflt;   \
+#define MONARCH_WITH_GROUP(expr, dflt)      \
+  std::lock_guard lock(link_->mu);          \
+  if (link_->group == nullptr) return dflt; \
   return link_->group->expr;
 
 bool MeshController::ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> c,
                            ActorId comm) {
   MONARCH_WITH_GROUP(on_ready(rank, std::move(addr), pid, std::move(c), std::move(comm)), false)
 }
-bool MeshController::heartbeat(uint64_t rank) { MONARCH_WITH_GROUP(on_heartbeat(rank), false) }
+bool MeshController::heartbeat(uint64_t rank) {
+  MONARCH_WITH_GROUP(on_heartbeat(rank), false)
+}
 void MeshController::actor_failed(uint64_t rank, std::string report) {
   MONARCH_WITH_GROUP(on_actor_failed(rank, report), )
 }
 void MeshController::exited(uint64_t rank, int code, int sig, bool core) {
   MONARCH_WITH_GROUP(on_exit(rank, ExitStatus{code, sig, core}), )
 }
-void MeshController::log(uint64_t rank, int stream, std::string line) {
-  MONARCH_WITH_GROUP(on_log(rank, stream, std::move(line)), )
-}
+void MeshController::log(uint64_t rank, int stream, std::string line){
+    MONARCH_WITH_GROUP(on_log(rank, stream, std::move(line)), )}
 #undef MONARCH_WITH_GROUP
 
 HostAgent::HostAgent(std::string listen_base, std::shared_ptr<CallbackGate> gate)
-    : listen_base_(std::move(listen_base)), gate_(std::move(gate)), incarnation_(std::random_device{}() | 1) {}
+    : listen_base_(std::move(listen_base)),
+      gate_(std::move(gate)),
+      incarnation_(std::random_device{}() | 1) {
+}
 
 SpawnReply HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> controller) {
   SpawnReply reply{incarnation_, {}};
@@ -103,8 +108,10 @@ SpawnReply HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> controller)
     child.env.push_back("MONARCH_WORKER_MESH=" + spec.mesh);
     child.env.push_back("MONARCH_WORKER_RANK=" + std::to_string(rank));
     child.env.push_back("MONARCH_WORKER_LISTEN=" + listen);
-    child.env.push_back("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS=" + std::to_string(spec.heartbeat_interval_ms));
-    child.env.push_back("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS=" + std::to_string(spec.heartbeat_timeout_ms));
+    child.env.push_back("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS=" +
+                        std::to_string(spec.heartbeat_interval_ms));
+    child.env.push_back("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS=" +
+                        std::to_string(spec.heartbeat_timeout_ms));
     auto on_line = [target, rank, gate = gate_](int stream, std::string line) {
       gate->with(target, [&](const ActorRef<MeshController>& c) {
         (void)c.call(&MeshController::log, rank, stream, std::move(line));
@@ -146,7 +153,8 @@ void HostMeshState::on_fault(const ActorSupervisionEvent& ev) {
     hook = fault_hook;
   }
   if (hook) return hook(ev);
-  std::fprintf(stderr, "monarch: unhandled failure; exiting (fail fast)\n%s\n", ev.to_string().c_str());
+  std::fprintf(stderr, "monarch: unhandled failure; exiting (fail fast)\n%s\n",
+               ev.to_string().c_str());
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(1);  // like Proc's default hook: no static destructors while other threads run
@@ -163,7 +171,11 @@ HostMeshState::~HostMeshState() {
 
 ProcessGroup::ProcessGroup(std::shared_ptr<HostMeshState> h, std::string n, ndslice::Extent e,
                            size_t ph, SpawnOptions o)
-    : hosts(std::move(h)), name(std::move(n)), extent(std::move(e)), per_host(ph), options(std::move(o)) {
+    : hosts(std::move(h)),
+      name(std::move(n)),
+      extent(std::move(e)),
+      per_host(ph),
+      options(std::move(o)) {
   ranks.resize(extent.num_ranks());
   for (size_t r = 0; r < ranks.size(); ++r) ranks[r].host = r / per_host;
   incarnations.resize(ranks.size() / per_host);
@@ -232,8 +244,9 @@ void ProcessGroup::start() {
       std::vector<size_t> rs;
       for (size_t i = 0; i < per_host; ++i) rs.push_back(h * per_host + i);
       if (!start_failure) {
-        start_failure = MeshFailure{name, rs, "host agent " + hosts->agent_addrs[h] +
-                                                  " could not spawn: " + (error.empty() ? "bad reply" : error)};
+        start_failure = MeshFailure{name, rs,
+                                    "host agent " + hosts->agent_addrs[h] + " could not spawn: " +
+                                        (error.empty() ? "bad reply" : error)};
       }
       continue;
     }
@@ -261,8 +274,9 @@ void ProcessGroup::start() {
     for (size_t r = 0; r < ranks.size(); ++r) {
       if (ranks[r].st != St::Ready) late.push_back(r);
     }
-    why = MeshFailure{name, late, "not ready within spawn_timeout (" +
-                                      std::to_string(t.spawn_timeout.count()) + " ms)"}
+    why = MeshFailure{name, late,
+                      "not ready within spawn_timeout (" + std::to_string(t.spawn_timeout.count()) +
+                          " ms)"}
               .to_string();
   }
   lock.unlock();
@@ -389,7 +403,8 @@ void ProcessGroup::monitor_loop() {
         try {
           uint64_t inc = pings[h]->get();
           if (inc != *incarnations[h]) {
-            cause = "host agent " + hosts->agent_addrs[h] + " restarted; the procs it started died with it";
+            cause = "host agent " + hosts->agent_addrs[h] +
+                    " restarted; the procs it started died with it";
           }
         } catch (const std::exception& e) {
           cause = "host agent " + hosts->agent_addrs[h] + " lost (" + e.what() +
@@ -397,8 +412,9 @@ void ProcessGroup::monitor_loop() {
         }
         pings[h].reset();
       } else if (now - ping_sent[h] > t.heartbeat_timeout) {
-        cause = "host agent " + hosts->agent_addrs[h] + " lost (no answer within heartbeat_timeout " +
-                std::to_string(t.heartbeat_timeout.count()) + " ms); the procs it started died with it";
+        cause =
+            "host agent " + hosts->agent_addrs[h] + " lost (no answer within heartbeat_timeout " +
+            std::to_string(t.heartbeat_timeout.count()) + " ms); the procs it started died with it";
         pings[h].reset();
       }
       if (cause.empty()) continue;
@@ -414,13 +430,15 @@ void ProcessGroup::monitor_loop() {
     // after the proc's last heartbeat.
     for (size_t r = 0; r < ranks.size(); ++r) {
       if (ranks[r].st == St::Ready && now - ranks[r].last_heartbeat > t.heartbeat_timeout) {
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - ranks[r].last_heartbeat);
+        auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - ranks[r].last_heartbeat);
         const size_t h = ranks[r].host;
         if (incarnations[h] && pings[h] && now - ping_sent[h] > t.heartbeat_timeout / 2) {
           auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - ping_sent[h]);
           fail_locked(r, "host agent " + hosts->agent_addrs[h] + " lost (no answer for " +
-                             std::to_string(silent.count()) + " ms, no heartbeat from the proc for " +
-                             std::to_string(ms.count()) + " ms); the procs it started died with it");
+                             std::to_string(silent.count()) +
+                             " ms, no heartbeat from the proc for " + std::to_string(ms.count()) +
+                             " ms); the procs it started died with it");
           ranks[r].exited = true;  // no exit report will come from a dead agent
           continue;
         }
@@ -465,7 +483,8 @@ bool ProcessGroup::stop() {
   if (stopped) return true;
   stopped = true;
   std::vector<ActorRef<WorkerControl>> asked;
-  std::vector<std::string> stopping;  // every proc of this mesh: told to each, they forget each other
+  std::vector<std::string>
+      stopping;  // every proc of this mesh: told to each, they forget each other
   for (auto& r : ranks) {
     if (!r.addr.empty()) stopping.push_back(r.addr);
     if (r.st == St::Ready) {
@@ -481,7 +500,8 @@ bool ProcessGroup::stop() {
   for (auto& c : asked) (void)c.call(&WorkerControl::stop_worker, stopping);
   lock.lock();
   auto all_gone = [&] {
-    return std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.exited || r.pid == 0; });
+    return std::all_of(ranks.begin(), ranks.end(),
+                       [](const Rank& r) { return r.exited || r.pid == 0; });
   };
   const auto& t = hosts->timeouts;
   bool graceful = cv.wait_for(lock, t.stop_timeout, all_gone);
@@ -518,9 +538,12 @@ namespace {
 int run_worker(const WorkerSetup& setup) {
   const std::string owner = env_or("MONARCH_WORKER_OWNER", "");
   const std::string controller_name = env_or("MONARCH_WORKER_CONTROLLER", "");
-  WorkerInfo info{env_or("MONARCH_WORKER_MESH", "procs"), std::stoull(env_or("MONARCH_WORKER_RANK", "0"))};
-  const std::chrono::milliseconds interval{std::stoll(env_or("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS", "100"))};
-  const std::chrono::milliseconds timeout{std::stoll(env_or("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS", "1500"))};
+  WorkerInfo info{env_or("MONARCH_WORKER_MESH", "procs"),
+                  std::stoull(env_or("MONARCH_WORKER_RANK", "0"))};
+  const std::chrono::milliseconds interval{
+      std::stoll(env_or("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS", "100"))};
+  const std::chrono::milliseconds timeout{
+      std::stoll(env_or("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS", "1500"))};
   auto shared = std::make_shared<WorkerControl::Shared>();
 
   ProcOptions o;
@@ -557,8 +580,9 @@ int run_worker(const WorkerSetup& setup) {
   auto control = proc.spawn<WorkerControl>("monarch.worker", shared);
   auto comm = monarch::mesh::detail::install_comm(proc);  // this proc's node of the cast tree
   try {
-    if (!owner_ref.call(&MeshController::ready, uint64_t{info.rank}, proc.address(),
-                        int64_t{::getpid()}, control, comm.id())
+    if (!owner_ref
+             .call(&MeshController::ready, uint64_t{info.rank}, proc.address(), int64_t{::getpid()},
+                   control, comm.id())
              .get(timeout)) {
       quit(0);  // the owner no longer wants this rank
     }
@@ -593,7 +617,8 @@ int run_worker(const WorkerSetup& setup) {
   }
   // Not under shared->mu: forget_proc waits for the channel I/O thread, which runs the fault hook.
   for (const auto& peer : stopping) {
-    if (peer != proc.address()) proc.forget_proc(peer, "proc " + peer + " stopped with " + proc.address());
+    if (peer != proc.address())
+      proc.forget_proc(peer, "proc " + peer + " stopped with " + proc.address());
   }
   proc.shutdown(o.stop_timeout);
   return 0;
@@ -605,7 +630,9 @@ int run_worker(const WorkerSetup& setup) {
 void bootstrap(int argc, char** argv, WorkerSetup setup) {
   (void)argc;
   (void)argv;
-  if (std::getenv("MONARCH_WORKER_OWNER") == nullptr || std::getenv("MONARCH_WORKER_CONTROLLER") == nullptr) return;
+  if (std::getenv("MONARCH_WORKER_OWNER") == nullptr ||
+      std::getenv("MONARCH_WORKER_CONTROLLER") == nullptr)
+    return;
   int code = 1;
   try {
     code = process_detail::run_worker(setup);
@@ -617,7 +644,8 @@ void bootstrap(int argc, char** argv, WorkerSetup setup) {
   ::_exit(code);
 }
 
-int run_agent(const std::string& listen, const std::function<void(const std::string&)>& on_listening) {
+int run_agent(const std::string& listen,
+              const std::function<void(const std::string&)>& on_listening) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -630,8 +658,9 @@ int run_agent(const std::string& listen, const std::function<void(const std::str
   proc.set_fault_hook([](const ActorSupervisionEvent& ev) {
     std::fprintf(stderr, "monarch agent: %s\n", ev.to_string().c_str());
   });
-  auto agent = proc.spawn<process_detail::HostAgent>("monarch.agent", process_detail::worker_listen_base(proc.address()),
-                                                    std::make_shared<process_detail::CallbackGate>());
+  auto agent = proc.spawn<process_detail::HostAgent>(
+      "monarch.agent", process_detail::worker_listen_base(proc.address()),
+      std::make_shared<process_detail::CallbackGate>());
   proc.register_name("monarch.agent", agent);
   if (on_listening) on_listening(proc.address());
   int sig = 0;
@@ -648,7 +677,8 @@ int run_agent(const std::string& listen, const std::function<void(const std::str
 struct HostMesh::State : process_detail::HostMeshState {};
 
 namespace {
-std::shared_ptr<HostMesh::State> make_host_state(const HostOptions& options, const std::string& listen) {
+std::shared_ptr<HostMesh::State> make_host_state(const HostOptions& options,
+                                                 const std::string& listen) {
   options.timeouts.validate();
   process_detail::ProcessHost::instance();  // its threads (PDEATHSIG anchor) start before any child
   auto s = std::make_shared<HostMesh::State>();
@@ -672,7 +702,8 @@ HostMesh this_host(HostOptions options) {
   auto s = make_host_state(options, listen);
   auto agent = s->client->spawn<process_detail::HostAgent>(
       "monarch.agent", process_detail::worker_listen_base(s->client->address()), s->gate);
-  s->incarnations.push_back(agent.call(&process_detail::HostAgent::incarnation).get(options.timeouts.spawn_timeout));
+  s->incarnations.push_back(
+      agent.call(&process_detail::HostAgent::incarnation).get(options.timeouts.spawn_timeout));
   s->agents.push_back(agent);
   s->agent_addrs.push_back("embedded in " + s->client->address());
   return HostMesh(s);
@@ -682,9 +713,10 @@ HostMesh attach_to_workers(const std::vector<std::string>& agents, HostOptions o
   if (agents.empty()) throw UsageError("attach_to_workers: no agent addresses");
   std::string listen = options.listen;
   if (listen.empty()) {
-    listen = agents[0].starts_with("tcp://") ? "tcp://127.0.0.1:0"
-                                             : "unix://@monarch-client-" + std::to_string(::getpid()) +
-                                                   "-" + std::to_string(process_detail::g_counter++);
+    listen = agents[0].starts_with("tcp://")
+                 ? "tcp://127.0.0.1:0"
+                 : "unix://@monarch-client-" + std::to_string(::getpid()) + "-" +
+                       std::to_string(process_detail::g_counter++);
   }
   auto s = make_host_state(options, listen);
   s->extent = ndslice::Extent({"hosts"}, {agents.size()});
@@ -692,7 +724,8 @@ HostMesh attach_to_workers(const std::vector<std::string>& agents, HostOptions o
     try {
       auto ref = s->client->lookup_remote<process_detail::HostAgent>(addr, "monarch.agent")
                      .get(options.timeouts.spawn_timeout);
-      s->incarnations.push_back(ref.call(&process_detail::HostAgent::incarnation).get(options.timeouts.spawn_timeout));
+      s->incarnations.push_back(
+          ref.call(&process_detail::HostAgent::incarnation).get(options.timeouts.spawn_timeout));
       s->agents.push_back(ref);
       s->agent_addrs.push_back(addr);
     } catch (const std::exception& e) {
@@ -702,25 +735,34 @@ HostMesh attach_to_workers(const std::vector<std::string>& agents, HostOptions o
   return HostMesh(s);
 }
 
-const ndslice::Extent& HostMesh::extent() const { return state_->extent; }
-Proc& HostMesh::client() const { return *state_->client; }
+const ndslice::Extent& HostMesh::extent() const {
+  return state_->extent;
+}
+Proc& HostMesh::client() const {
+  return *state_->client;
+}
 void HostMesh::set_fault_hook(Proc::FaultHook hook) const {
   std::lock_guard lock(state_->groups_mu);
   state_->fault_hook = std::move(hook);
 }
-const ProcTimeouts& HostMesh::timeouts() const { return state_->timeouts; }
+const ProcTimeouts& HostMesh::timeouts() const {
+  return state_->timeouts;
+}
 
 ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions options) const {
-  if (per_host.num_ranks() == 0) throw UsageError("spawn_procs: empty extent " + per_host.to_string());
+  if (per_host.num_ranks() == 0)
+    throw UsageError("spawn_procs: empty extent " + per_host.to_string());
   std::vector<std::string> labels = state_->extent.labels();
   std::vector<size_t> sizes = state_->extent.sizes();
   for (const auto& l : per_host.labels()) labels.push_back(l);
   for (size_t s : per_host.sizes()) sizes.push_back(s);
   ndslice::Extent extent(labels, sizes);
-  std::string name = options.name.empty() ? "procs" + std::to_string(process_detail::g_counter++) : options.name;
+  std::string name =
+      options.name.empty() ? "procs" + std::to_string(process_detail::g_counter++) : options.name;
   for (char c : name) {
     if (std::isalnum(static_cast<unsigned char>(c)) == 0 && c != '_' && c != '-') {
-      throw UsageError("spawn_procs: mesh name '" + name + "' may hold only letters, digits, '_' and '-'");
+      throw UsageError("spawn_procs: mesh name '" + name +
+                       "' may hold only letters, digits, '_' and '-'");
     }
   }
   if (!options.on_failure) {
@@ -732,8 +774,8 @@ ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions opt
       };
     }
   }
-  auto group = std::make_shared<process_detail::ProcessGroup>(state_, name, extent, per_host.num_ranks(),
-                                                      std::move(options));
+  auto group = std::make_shared<process_detail::ProcessGroup>(
+      state_, name, extent, per_host.num_ranks(), std::move(options));
   group->start();
   auto st = std::make_shared<ProcMesh::State>();
   st->group = std::move(group);
@@ -741,7 +783,8 @@ ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions opt
 }
 
 process_detail::ProcessGroup& ProcMesh::group() const {
-  if (!state_->group) throw UsageError("this ProcMesh is local (ProcMesh::local): it has no processes");
+  if (!state_->group)
+    throw UsageError("this ProcMesh is local (ProcMesh::local): it has no processes");
   return *state_->group;
 }
 
@@ -753,7 +796,9 @@ Proc& ProcMesh::proc(size_t local) const {
   return *state_->procs[view_.global_rank(local)];
 }
 
-const std::string& ProcMesh::name() const { return group().name; }
+const std::string& ProcMesh::name() const {
+  return group().name;
+}
 
 std::string ProcMesh::address(size_t local) const {
   auto& g = group();
@@ -783,9 +828,13 @@ std::vector<size_t> ProcMesh::failed_ranks() const {
   return out;
 }
 
-Proc& ProcMesh::client() const { return *group().hosts->client; }
+Proc& ProcMesh::client() const {
+  return *group().hosts->client;
+}
 
-bool ProcMesh::stop() const { return group().stop(); }
+bool ProcMesh::stop() const {
+  return group().stop();
+}
 
 std::vector<ActorId> ProcMesh::comm_ids() const {
   auto& g = group();
@@ -795,7 +844,9 @@ std::vector<ActorId> ProcMesh::comm_ids() const {
   return out;
 }
 
-size_t ProcMesh::base_size() const { return state_->group ? state_->group->ranks.size() : state_->procs.size(); }
+size_t ProcMesh::base_size() const {
+  return state_->group ? state_->group->ranks.size() : state_->procs.size();
+}
 
 void ProcMesh::check_usable(size_t local) const {
   auto& g = group();
@@ -807,7 +858,8 @@ void ProcMesh::check_usable(size_t local) const {
   }
 }
 
-std::chrono::milliseconds ProcMesh::lookup_timeout() const { return group().hosts->timeouts.spawn_timeout; }
-
+std::chrono::milliseconds ProcMesh::lookup_timeout() const {
+  return group().hosts->timeouts.spawn_timeout;
+}
 
 }  // namespace monarch::mesh

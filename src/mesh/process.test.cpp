@@ -2,26 +2,26 @@
 // their failures as MeshFailures, stop deadlines, orphans, and log forwarding.
 //
 // This binary is also the worker: main() calls bootstrap() first (see the bottom of the file).
+#include "monarch/mesh/process.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <future>
-#include <algorithm>
 #include <optional>
 #include <set>
 
-#include <spdlog/sinks/base_sink.h>
-#include <spdlog/spdlog.h>
-
 #include "testing/mesh_failures.hpp"
-#include "monarch/mesh/process.hpp"
 #include "testing/subprocess.hpp"
 
 using namespace std::chrono_literals;
@@ -111,9 +111,6 @@ HostOptions fast() {
   return o;
 }
 
-
-
-
 std::vector<int> pids_of(const ProcMesh& m) {
   std::vector<int> out;
   for (size_t i = 0; i < m.size(); ++i) out.push_back(m.pid(i));
@@ -176,7 +173,8 @@ TEST(ProcessMesh, ANormalStopIsQuietAndQuick) {
     EXPECT_TRUE(procs.stop());
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);  // no flush waits on stopped peers
     EXPECT_TRUE(all_dead(pids, 5s));
-    for (const auto& w : g_warnings->take()) ADD_FAILURE() << "round " << round << ": client logged: " << w;
+    for (const auto& w : g_warnings->take())
+      ADD_FAILURE() << "round " << round << ": client logged: " << w;
   }
   std::lock_guard lock(mu);  // a worker's lines arrive before its exit (PH-2), so all are here
   for (const auto& l : worker_lines) {
@@ -234,13 +232,23 @@ TEST_P(ProcessFailure, BecomesAMeshFailureAndTheRestKeepsWorking) {
 INSTANTIATE_TEST_SUITE_P(
     Faults, ProcessFailure,
     ::testing::Values(
-        Fault{"exit3", [](auto&, auto& w) { (void)w.slice("gpus", 2).at(0).call(&Worker::crash, std::string("exit3")); },
+        Fault{"exit3",
+              [](auto&, auto& w) {
+                (void)w.slice("gpus", 2).at(0).call(&Worker::crash, std::string("exit3"));
+              },
               "exited with code 3"},
-        Fault{"sigkill", [](auto& p, auto&) { ::kill(p.pid(2), SIGKILL); }, "killed by signal 9 (SIGKILL)"},
-        Fault{"segv", [](auto&, auto& w) { (void)w.slice("gpus", 2).at(0).call(&Worker::crash, std::string("segv")); },
+        Fault{"sigkill", [](auto& p, auto&) { ::kill(p.pid(2), SIGKILL); },
+              "killed by signal 9 (SIGKILL)"},
+        Fault{"segv",
+              [](auto&, auto& w) {
+                (void)w.slice("gpus", 2).at(0).call(&Worker::crash, std::string("segv"));
+              },
               "killed by signal 11 (SIGSEGV)"},
         Fault{"sigstop", [](auto& p, auto&) { ::kill(p.pid(2), SIGSTOP); }, "no heartbeat for"},
-        Fault{"actor", [](auto&, auto& w) { w.slice("gpus", 2).broadcast(&Worker::crash, std::string("throw")); },
+        Fault{"actor",
+              [](auto&, auto& w) {
+                w.slice("gpus", 2).broadcast(&Worker::crash, std::string("throw"));
+              },
               "rank 2 exploded"}),
     [](const auto& p) { return std::string(p.param.name); });
 
@@ -264,7 +272,11 @@ TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {
   auto where = workers.call(&Worker::where).get(10s);
   for (size_t r = 0; r < 3; ++r) EXPECT_EQ(where[r], r);
   EXPECT_EQ(workers.slice("gpus", 2).call_one(&Worker::where).get(10s), 0u);
-  EXPECT_EQ(workers.slice("gpus", monarch::ndslice::Range(1, 3)).slice("gpus", 1).call_one(&Worker::where).get(10s), 0u);
+  EXPECT_EQ(workers.slice("gpus", monarch::ndslice::Range(1, 3))
+                .slice("gpus", 1)
+                .call_one(&Worker::where)
+                .get(10s),
+            0u);
   EXPECT_LT(workers.choose(&Worker::where).get(10s), 3u);
   auto stream = workers.slice("gpus", monarch::ndslice::Range(1, 3)).stream(&Worker::where);
   std::set<size_t> seen;
@@ -285,7 +297,9 @@ TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {
   EXPECT_TRUE(all_dead({procs.pid(1)}, 5s));  // the failed proc is killed, never reused
   EXPECT_EQ(workers.slice("gpus", 2).call_one(&Worker::rank).get(10s), 7u);
   EXPECT_THROW(procs.spawn<Worker>("again", size_t{1}), monarch::UsageError);
-  EXPECT_EQ(procs.slice("gpus", 0).spawn<Worker>("again", size_t{1}).call_one(&Worker::rank).get(10s), 1u);
+  EXPECT_EQ(
+      procs.slice("gpus", 0).spawn<Worker>("again", size_t{1}).call_one(&Worker::rank).get(10s),
+      1u);
   EXPECT_TRUE(procs.stop());
 }
 
@@ -301,11 +315,13 @@ TEST(ProcessMesh, ACastRightAfterSpawnReachesEveryNewActor) {
   so.on_failure = failures.handler();
   auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
   for (size_t round = 0; round < 16; ++round) {
-    auto workers = procs.spawn<Worker>("fresh" + std::to_string(round), Extent{{"actors", 64}}, round);
+    auto workers =
+        procs.spawn<Worker>("fresh" + std::to_string(round), Extent{{"actors", 64}}, round);
     auto ranks = workers.call(&Worker::rank).get(10s);  // no wait between spawn and cast
     ASSERT_EQ(ranks.size(), 4u * 64u);
     for (size_t i = 0; i < ranks.size(); ++i) ASSERT_EQ(ranks[i], round) << "member " << i;
-    auto strided = workers.slice("actors", Range(1, 64, 3));  // 21 members per proc, no two consecutive
+    auto strided =
+        workers.slice("actors", Range(1, 64, 3));  // 21 members per proc, no two consecutive
     auto where = strided.call(&Worker::where).get(10s);
     ASSERT_EQ(where.size(), 4u * 21u);
     for (size_t i = 0; i < where.size(); ++i) ASSERT_EQ(where[i], i);
@@ -366,7 +382,8 @@ TEST(ProcessMesh, StopFinishesWithinItsDeadlineWhenRanksAreFrozenOrDead) {
   ::kill(pids[1], SIGKILL);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(procs.stop());  // rank 0 did not exit when asked: it was killed
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s + 1s + 1s);  // stop_timeout + kill grace + slack
+  EXPECT_LT(std::chrono::steady_clock::now() - t0,
+            1s + 1s + 1s);  // stop_timeout + kill grace + slack
   EXPECT_TRUE(all_dead(pids, 5s));
 }
 
@@ -462,7 +479,8 @@ TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
   EXPECT_EQ(workers.slice("hosts", 0).call(&Worker::rank).get(10s)[1], 1u);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(procs.stop());
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, fast().timeouts.stop_timeout);  // not waiting on the dead
+  EXPECT_LT(std::chrono::steady_clock::now() - t0,
+            fast().timeouts.stop_timeout);  // not waiting on the dead
   EXPECT_TRUE(all_dead(pids, 5s));
 }
 
@@ -516,7 +534,8 @@ TEST(ProcessMesh, AnAgentRestartFailsItsProcsAndTheNewAgentServes) {
   again.on_failure = later.handler();
   auto fresh = hosts.spawn_procs(Extent{{"gpus", 2}}, again);
   EXPECT_EQ(fresh.lookup<Worker>("worker").call(&Worker::rank).get(10s)[1], 1u);
-  EXPECT_FALSE(later.wait(1, 3 * fast().timeouts.heartbeat_interval)) << later.snapshot().front().to_string();
+  EXPECT_FALSE(later.wait(1, 3 * fast().timeouts.heartbeat_interval))
+      << later.snapshot().front().to_string();
   auto fresh_pids = pids_of(fresh);
   EXPECT_TRUE(fresh.stop());
   EXPECT_TRUE(all_dead(fresh_pids, 5s));
@@ -552,8 +571,9 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {
   std::optional<monarch::testing::Subprocess> agent;
   if (GetParam().starts_with("agent-")) {
     // Workers of a remote agent: the agent outlives the client; they must notice and exit.
-    agent.emplace(MONARCH_CLI, std::vector<std::string>{"agent", "--listen",
-                  "unix://@monarch-orphan-agent-" + std::to_string(::getpid())});
+    agent.emplace(MONARCH_CLI, std::vector<std::string>{
+                                   "agent", "--listen",
+                                   "unix://@monarch-orphan-agent-" + std::to_string(::getpid())});
     ::setenv("MONARCH_TEST_AGENT", agent->listening().c_str(), 1);
   }
   ::setenv("MONARCH_TEST_CLIENT", GetParam().c_str(), 1);
@@ -581,7 +601,8 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ClientEnds, NoOrphans,
-                         ::testing::Values("exit", "throw", "sigkill", "unhandled", "agent-sigkill"),
+                         ::testing::Values("exit", "throw", "sigkill", "unhandled",
+                                           "agent-sigkill"),
                          [](const auto& p) {
                            std::string n = p.param;
                            std::replace(n.begin(), n.end(), '-', '_');

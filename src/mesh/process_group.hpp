@@ -69,7 +69,7 @@ class WorkerControl : public Actor {
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false;
-    std::vector<std::string> stopping;  // procs stopped with this one (stop_worker)
+    std::vector<std::string> stopping;   // procs stopped with this one (stop_worker)
     std::optional<std::string> failure;  // an unhandled actor failure to report
   };
   explicit WorkerControl(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
@@ -91,7 +91,8 @@ class MeshController : public Actor {
     ProcessGroup* group = nullptr;  // null once the group is gone
   };
   explicit MeshController(std::shared_ptr<Link> link) : link_(std::move(link)) {}
-  bool ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control, ActorId comm);
+  bool ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control,
+             ActorId comm);
   bool heartbeat(uint64_t rank);
   void actor_failed(uint64_t rank, std::string report);
   void exited(uint64_t rank, int code, int sig, bool core);
@@ -150,14 +151,14 @@ class HostAgent : public Actor {
 struct HostMeshState {
   std::unique_ptr<Proc> client;
   ProcTimeouts timeouts;
-  ndslice::Extent extent;                 // {} or {hosts: N}
+  ndslice::Extent extent;  // {} or {hosts: N}
   std::vector<ActorRef<HostAgent>> agents;
-  std::vector<std::string> agent_addrs;   // "embedded" for this_host()
-  std::vector<uint64_t> incarnations;     // at attach (spawns record their own: ProcessGroup)
+  std::vector<std::string> agent_addrs;  // "embedded" for this_host()
+  std::vector<uint64_t> incarnations;    // at attach (spawns record their own: ProcessGroup)
   std::shared_ptr<CallbackGate> gate = std::make_shared<CallbackGate>();  // embedded agent's
-  std::mutex groups_mu;                  // groups, fault_hook
-  std::vector<ProcessGroup*> groups;     // live process meshes on these hosts
-  Proc::FaultHook fault_hook;            // HostMesh::set_fault_hook; empty: fail fast
+  std::mutex groups_mu;                                                   // groups, fault_hook
+  std::vector<ProcessGroup*> groups;  // live process meshes on these hosts
+  Proc::FaultHook fault_hook;         // HostMesh::set_fault_hook; empty: fail fast
   /// The client Proc's fault hook: failures of actors on our procs become MeshFailures.
   void on_fault(const ActorSupervisionEvent& ev);
   bool dispatch(const ActorSupervisionEvent& ev);
@@ -182,7 +183,8 @@ struct ProcessGroup {
   ~ProcessGroup();
 
   // From the controller (client Proc worker thread).
-  bool on_ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control, ActorId comm);
+  bool on_ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control,
+                ActorId comm);
   bool on_heartbeat(uint64_t rank);
   void on_actor_failed(uint64_t rank, const std::string& report);
   void on_exit(uint64_t rank, const ExitStatus& st);
@@ -206,10 +208,10 @@ struct ProcessGroup {
   // Per host: the incarnation of the agent that spawned our procs there (from its spawn reply);
   // unset until that reply arrives. The monitor pings only hosts whose incarnation is known.
   std::vector<std::optional<uint64_t>> incarnations;
-  bool started = false;   // failures before this are start errors, not MeshFailures
+  bool started = false;  // failures before this are start errors, not MeshFailures
   bool stopped = false;
-  bool closing = false;   // monitor thread exits
-  std::deque<MeshFailure> pending;           // to deliver on the monitor thread
+  bool closing = false;             // monitor thread exits
+  std::deque<MeshFailure> pending;  // to deliver on the monitor thread
   std::optional<MeshFailure> start_failure;
   struct Agg {
     std::vector<size_t> ranks;

@@ -46,10 +46,16 @@ struct Child {
 };
 
 // glibc 2.36's <sys/pidfd.h> lacks extern "C" for C++; the raw system calls are simpler.
-int pidfd_open_(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U)); }
-int pidfd_signal_(int fd, int sig) { return static_cast<int>(::syscall(SYS_pidfd_send_signal, fd, sig, nullptr, 0U)); }
+int pidfd_open_(pid_t pid) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0U));
+}
+int pidfd_signal_(int fd, int sig) {
+  return static_cast<int>(::syscall(SYS_pidfd_send_signal, fd, sig, nullptr, 0U));
+}
 
-void set_nonblock(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+void set_nonblock(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
 
 }  // namespace
 
@@ -127,7 +133,8 @@ struct ProcessHost::Impl {
 
   void reaped(const std::shared_ptr<Child>& c) {
     siginfo_t info{};
-    while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(c->pidfd), &info, WEXITED) != 0 &&
+    while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(c->pidfd), &info, WEXITED) !=
+               0 &&
            errno == EINTR) {
     }
     ExitStatus st;

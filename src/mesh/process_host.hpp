@@ -2,7 +2,8 @@
 // watches each with a pidfd, reaps it with waitid(P_PIDFD), and streams its stdout/stderr lines.
 //
 // PH-1 Every child gets PR_SET_PDEATHSIG(SIGKILL) bound to the spawner thread, which lives until
-//      this process exits: when the host process dies (any way, SIGKILL included), its children die.
+//      this process exits: when the host process dies (any way, SIGKILL included), its children
+//      die.
 // PH-2 A child's exit is reported once, as soon as the pidfd becomes readable, after the lines it
 //      wrote before exiting (what is in its pipes then) were delivered.
 // PH-3 Signals go through the pidfd, so a reaped pid that the kernel reused is never signalled.
@@ -19,17 +20,18 @@ namespace monarch::mesh::process_detail {
 
 /// How a process ended: exit code, or the signal that killed it.
 struct ExitStatus {
-  int code = -1;    ///< exit code when it exited; -1 when killed by a signal
-  int signal = 0;   ///< the signal that killed it, or 0
+  int code = -1;   ///< exit code when it exited; -1 when killed by a signal
+  int signal = 0;  ///< the signal that killed it, or 0
   bool core = false;
-  /// "exited with code 3", "killed by signal 9 (SIGKILL)", "killed by signal 11 (SIGSEGV), core dumped".
+  /// "exited with code 3", "killed by signal 9 (SIGKILL)", "killed by signal 11 (SIGSEGV), core
+  /// dumped".
   std::string to_string() const;
 };
 
 struct ChildSpec {
-  std::string program;                   ///< path of the executable
-  std::vector<std::string> args;         ///< argv[1..]
-  std::vector<std::string> env;          ///< "KEY=VALUE" added to (and overriding) our environment
+  std::string program;            ///< path of the executable
+  std::vector<std::string> args;  ///< argv[1..]
+  std::vector<std::string> env;   ///< "KEY=VALUE" added to (and overriding) our environment
 };
 
 class ProcessHost {

@@ -1,10 +1,10 @@
 #include "monarch/ndslice/selection.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <limits>
 #include <cctype>
+#include <cstdio>
 #include <iterator>
+#include <limits>
 
 namespace monarch::ndslice {
 
@@ -341,8 +341,7 @@ class Parser {
                      pos + 1);
   }
   [[noreturn]] void fail(const std::string& expected) const {
-    std::string got =
-        pos_ < t_.size() ? "'" + escaped(t_.substr(pos_, 1)) + "'" : "end of input";
+    std::string got = pos_ < t_.size() ? "'" + escaped(t_.substr(pos_, 1)) + "'" : "end of input";
     fail_at(pos_, "expected " + expected + ", got " + got);
   }
 

@@ -33,30 +33,42 @@ namespace monarch::rdma {
 
 const char* backend_name(Backend b) {
   switch (b) {
-    case Backend::Channel: return "channel";
-    case Backend::Ucx: return "ucx";
+    case Backend::Channel:
+      return "channel";
+    case Backend::Ucx:
+      return "ucx";
   }
   return "?";
 }
 
 const char* memory_kind_name(MemoryKind k) {
   switch (k) {
-    case MemoryKind::Host: return "host";
-    case MemoryKind::Cuda: return "cuda";
-    case MemoryKind::Rocm: return "rocm";
+    case MemoryKind::Host:
+      return "host";
+    case MemoryKind::Cuda:
+      return "cuda";
+    case MemoryKind::Rocm:
+      return "rocm";
   }
   return "?";
 }
 
 const char* errc_name(RdmaErrc c) {
   switch (c) {
-    case RdmaErrc::InvalidArgument: return "invalid argument";
-    case RdmaErrc::OutOfBounds: return "out of bounds";
-    case RdmaErrc::UnknownBuffer: return "unknown buffer";
-    case RdmaErrc::Dropped: return "dropped";
-    case RdmaErrc::Timeout: return "timeout";
-    case RdmaErrc::OwnerUnreachable: return "owner unreachable";
-    case RdmaErrc::BackendUnavailable: return "backend unavailable";
+    case RdmaErrc::InvalidArgument:
+      return "invalid argument";
+    case RdmaErrc::OutOfBounds:
+      return "out of bounds";
+    case RdmaErrc::UnknownBuffer:
+      return "unknown buffer";
+    case RdmaErrc::Dropped:
+      return "dropped";
+    case RdmaErrc::Timeout:
+      return "timeout";
+    case RdmaErrc::OwnerUnreachable:
+      return "owner unreachable";
+    case RdmaErrc::BackendUnavailable:
+      return "backend unavailable";
   }
   return "?";
 }
@@ -169,7 +181,8 @@ struct Engine::Impl {
   /// For error messages: the UCX in use, or why the ucx backend is not running.
   std::string ucx_state() const {
     if (ucx) return ucx->transport();
-    return "ucx backend not running: " + (ucx_why.empty() ? std::string("rdma.backend=channel") : ucx_why);
+    return "ucx backend not running: " +
+           (ucx_why.empty() ? std::string("rdma.backend=channel") : ucx_why);
   }
 
   // ---- links ----
@@ -179,10 +192,9 @@ struct Engine::Impl {
       std::lock_guard lock(tx_mu);
       auto& slot = senders[{to, stream}];
       if (slot && !slot->closed()) return slot;
-      slot = channel::Sender::connect(io, channel::ChannelAddr::parse(to), copts,
-                                      [this, to](Message&& m, const std::string& why) {
-                                        on_returned(std::move(m), to, why);
-                                      });
+      slot = channel::Sender::connect(
+          io, channel::ChannelAddr::parse(to), copts,
+          [this, to](Message&& m, const std::string& why) { on_returned(std::move(m), to, why); });
       s = slot;
     }
     std::weak_ptr<channel::Sender> weak = s;
@@ -259,7 +271,8 @@ struct Engine::Impl {
 
   /// Closes the given links (ours, by (address, stream)); their queued and unacknowledged
   /// messages are returned at once (on_returned).
-  void close_links(const std::vector<std::pair<std::string, uint32_t>>& links, const std::string& why) {
+  void close_links(const std::vector<std::pair<std::string, uint32_t>>& links,
+                   const std::string& why) {
     for (const auto& link : links) {
       std::shared_ptr<channel::Sender> s;
       {
@@ -289,7 +302,8 @@ struct Engine::Impl {
     Message m;
     m.parts.push_back(wire::encode(hd));
     if (!op.read) {  // zero-copy: the channel writes straight from the caller's span
-      m.shared_parts.emplace_back(lend_span(op_ptr), std::span<const std::byte>(op.local + at, len));
+      m.shared_parts.emplace_back(lend_span(op_ptr),
+                                  std::span<const std::byte>(op.local + at, len));
     }
     return m;
   }
@@ -358,7 +372,8 @@ struct Engine::Impl {
   }
 
   /// Finds the registration for a request, or the error to answer with.
-  std::shared_ptr<Registration> lookup(uint64_t reg, uint64_t gen, RdmaErrc& code, std::string& why) {
+  std::shared_ptr<Registration> lookup(uint64_t reg, uint64_t gen, RdmaErrc& code,
+                                       std::string& why) {
     if (gen != incarnation) {
       code = RdmaErrc::UnknownBuffer;
       why = "handle is from another incarnation of the owner process (owner restarted?)";
@@ -407,19 +422,22 @@ struct Engine::Impl {
   void wait_unlent(Registration& reg, bool close_stragglers = true) {
     std::unique_lock lock(reg.lend_mu);
     if (reg.lent.empty()) return;
-    auto grace = std::max<std::chrono::milliseconds>(8 * copts.ack_interval, std::chrono::milliseconds(200));
+    auto grace =
+        std::max<std::chrono::milliseconds>(8 * copts.ack_interval, std::chrono::milliseconds(200));
     bool on_io = ctx.get_executor().running_in_this_thread();
     if (!on_io && reg.lend_cv.wait_for(lock, grace, [&] { return reg.lent.empty(); })) return;
     if (!close_stragglers) return;
     std::vector<std::pair<std::string, uint32_t>> links;
     for (const auto& [link, n] : reg.lent) links.push_back(link);
     lock.unlock();
-    close_links(links, "buffer '" + reg.name + "' dropped while a requester had not acknowledged "
-                       "data read from it");
+    close_links(links, "buffer '" + reg.name +
+                           "' dropped while a requester had not acknowledged "
+                           "data read from it");
     lock.lock();
     // Closing returned every message of those links; nothing else holds a lease.
     if (!reg.lend_cv.wait_for(lock, std::chrono::seconds(5), [&] { return reg.lent.empty(); })) {
-      spdlog::error("rdma: drop of '{}' still has {} link(s) holding its memory", reg.name, reg.lent.size());
+      spdlog::error("rdma: drop of '{}' still has {} link(s) holding its memory", reg.name,
+                    reg.lent.size());
     }
   }
 
@@ -530,7 +548,8 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {
   timeout_ = cfg.duration("rdma.timeout");
   impl_->chunk = static_cast<size_t>(cfg.bytes("rdma.chunk_bytes"));
   impl_->streams = static_cast<uint32_t>(cfg.integer("rdma.streams"));
-  impl_->copts.max_frame_bytes = std::max<size_t>(impl_->copts.max_frame_bytes, impl_->chunk + 4096);
+  impl_->copts.max_frame_bytes =
+      std::max<size_t>(impl_->copts.max_frame_bytes, impl_->chunk + 4096);
   // Chunks are lent to the channel until acknowledged (reads: the owner's memory, writes: the
   // caller's span, whose transfer completes only then): by default each message is acknowledged
   // at once.
@@ -540,11 +559,9 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {
     listen = "unix://@monarch-rdma-" + std::to_string(::getpid()) + "-" + hex(impl_->incarnation);
   }
   try {
-    impl_->listener = channel::Listener::serve(impl_->io, channel::ChannelAddr::parse(listen),
-                                               impl_->copts,
-                                               [impl = impl_.get()](Message&& m) {
-                                                 impl->on_message(std::move(m));
-                                               });
+    impl_->listener = channel::Listener::serve(
+        impl_->io, channel::ChannelAddr::parse(listen), impl_->copts,
+        [impl = impl_.get()](Message&& m) { impl->on_message(std::move(m)); });
   } catch (const std::exception& e) {
     throw RdmaError(RdmaErrc::BackendUnavailable,
                     "rdma: data plane cannot listen on " + listen + " (rdma.listen): " + e.what());
@@ -584,8 +601,10 @@ std::string Engine::route_for(const RdmaHandle& h, bool write) {
   std::shared_lock life(life_mu_);
   if (!impl_) return "none (the process is exiting)";
   if (h.memory != MemoryKind::Host) {
-    bool ucx = h.owner != impl_->addr && h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty();
-    return ucx ? "ucx" : std::string("none (") + memory_kind_name(h.memory) + " memory: ucx route only)";
+    bool ucx =
+        h.owner != impl_->addr && h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty();
+    return ucx ? "ucx"
+               : std::string("none (") + memory_kind_name(h.memory) + " memory: ucx route only)";
   }
   if (h.owner == impl_->addr) return "in-process";
   if (config::global().flag("rdma.local_routes")) {
@@ -740,8 +759,8 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
                    std::chrono::milliseconds timeout, Done done) {
   std::shared_lock life(life_mu_);
   if (!impl_) {
-    return done(make_error(RdmaErrc::BackendUnavailable,
-                           "rdma: transfer of " + h.describe() + " started while the process exits"));
+    return done(make_error(RdmaErrc::BackendUnavailable, "rdma: transfer of " + h.describe() +
+                                                             " started while the process exits"));
   }
   // Built only where needed: formatting it costs as much as a small same-host copy.
   auto what = [&] { return transfer_text(read, h, offset, size); };
@@ -752,18 +771,19 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
     return done(make_error(RdmaErrc::UnknownBuffer, what() + ": empty handle"));
   }
   if (size > h.length || offset > h.length - size) {
-    return done(make_error(RdmaErrc::OutOfBounds,
-                           what() + ": past the end of the " + std::to_string(h.length) + " B buffer"));
+    return done(make_error(RdmaErrc::OutOfBounds, what() + ": past the end of the " +
+                                                      std::to_string(h.length) + " B buffer"));
   }
   if (timeout.count() <= 0) timeout = timeout_;
-  if (h.memory != MemoryKind::Host &&
-      !(h.owner != impl_->addr && h.backend == Backend::Ucx && impl_->ucx && !h.ucx_routes.empty())) {
-    return done(make_error(RdmaErrc::BackendUnavailable,
-                           what() + ": the buffer is " + memory_kind_name(h.memory) +
-                               " memory, which only the ucx route between two processes reaches (" +
-                               (impl_->ucx ? std::string("the owner registered it without ucx routes")
-                                           : impl_->ucx_state()) +
-                               ")"));
+  if (h.memory != MemoryKind::Host && !(h.owner != impl_->addr && h.backend == Backend::Ucx &&
+                                        impl_->ucx && !h.ucx_routes.empty())) {
+    return done(
+        make_error(RdmaErrc::BackendUnavailable,
+                   what() + ": the buffer is " + memory_kind_name(h.memory) +
+                       " memory, which only the ucx route between two processes reaches (" +
+                       (impl_->ucx ? std::string("the owner registered it without ucx routes")
+                                   : impl_->ucx_state()) +
+                       ")"));
   }
 
   // Same process: copy directly (still honouring drop, RD-3).
@@ -906,7 +926,9 @@ RdmaBuffer& RdmaBuffer::operator=(RdmaBuffer&& o) noexcept {
   return *this;
 }
 
-RdmaBuffer::~RdmaBuffer() { drop(); }
+RdmaBuffer::~RdmaBuffer() {
+  drop();
+}
 
 RdmaHandle RdmaBuffer::handle() const {
   if (!reg_) {
@@ -972,9 +994,15 @@ Future<void> RdmaBatch::submit(TransferOptions opts) {
   return f;
 }
 
-std::string active_backend() { return backend_name(detail::Engine::get().backend()); }
-std::vector<MemoryKind> supported_memory_kinds() { return detail::Engine::get().memory_kinds(); }
-std::string active_transport() { return detail::Engine::get().transport(); }
+std::string active_backend() {
+  return backend_name(detail::Engine::get().backend());
+}
+std::vector<MemoryKind> supported_memory_kinds() {
+  return detail::Engine::get().memory_kinds();
+}
+std::string active_transport() {
+  return detail::Engine::get().transport();
+}
 std::string route_for(const RdmaHandle& h, bool write) {
   return detail::Engine::get().route_for(h, write);
 }

@@ -33,7 +33,7 @@ struct Registration {
   std::string name;
   /// Shared while a transfer touches the memory, exclusive in drop() (RD-3).
   std::shared_mutex mu;
-  bool dropped = false;  // guarded by mu
+  bool dropped = false;                    // guarded by mu
   void* ucx_memh[2] = {nullptr, nullptr};  // ucp_mem_h per UCX plane (shm, net)
   uint64_t* status = nullptr;              // its entry in the status table (ucx, cma)
   std::shared_ptr<ShmSegment> shm;         // allocate()d buffers: the memfd
@@ -54,9 +54,8 @@ class UcxPlane {
   virtual void register_memory(Registration& reg, RdmaHandle& h) = 0;
   virtual void deregister(Registration& reg) = 0;
   /// One-sided get (read) or put (write) of [offset, offset+size) of h into/from local.
-  virtual void start(bool read, const RdmaHandle& h, std::byte* local, size_t size,
-                     uint64_t offset, std::chrono::milliseconds timeout, std::string what,
-                     Done done) = 0;
+  virtual void start(bool read, const RdmaHandle& h, std::byte* local, size_t size, uint64_t offset,
+                     std::chrono::milliseconds timeout, std::string what, Done done) = 0;
   virtual std::string transport() const = 0;
   /// Bit (1 << MemoryKind) for every kind of memory every plane can register (Host at least).
   virtual uint32_t memory_kinds() const = 0;
@@ -72,8 +71,9 @@ class Engine {
  public:
   static Engine& get();
 
-  std::shared_ptr<Registration> register_memory(std::span<std::byte> memory, const std::string& name,
-                                                MemoryKind kind, RdmaHandle& out);
+  std::shared_ptr<Registration> register_memory(std::span<std::byte> memory,
+                                                const std::string& name, MemoryKind kind,
+                                                RdmaHandle& out);
   /// See rdma::supported_memory_kinds.
   std::vector<MemoryKind> memory_kinds() const;
   /// A memfd-backed buffer of `bytes` (RdmaBuffer::allocate), registered; reg->shm owns it.

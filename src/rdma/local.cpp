@@ -24,7 +24,9 @@ namespace {
 
 constexpr size_t kPage = ShmPage::kBytes;
 
-size_t round_up(size_t n) { return (n + kPage - 1) / kPage * kPage; }
+size_t round_up(size_t n) {
+  return (n + kPage - 1) / kPage * kPage;
+}
 
 std::string hex(uint64_t v) {
   char b[17];
@@ -36,7 +38,9 @@ std::string memfd_name(uint64_t incarnation, uint64_t reg_id) {
   return "monarch-rdma-" + hex(incarnation) + "-" + std::to_string(reg_id);
 }
 
-std::atomic_ref<uint64_t> at(uint64_t& w) { return std::atomic_ref<uint64_t>(w); }
+std::atomic_ref<uint64_t> at(uint64_t& w) {
+  return std::atomic_ref<uint64_t>(w);
+}
 
 /// Whether `pid` exists and is not a zombie (slow: reads /proc; only for waiting loops).
 bool running(uint64_t pid) {
@@ -118,7 +122,9 @@ StatusTable::StatusTable(size_t entries) : entries_(entries) {
   for (size_t i = entries_; i-- > 0;) free_.push_back(i);
 }
 
-StatusTable::~StatusTable() { ::munmap(words_, bytes()); }
+StatusTable::~StatusTable() {
+  ::munmap(words_, bytes());
+}
 
 uint64_t* StatusTable::claim(uint64_t reg_id, uint64_t length, uint64_t incarnation,
                              const std::string& name) {
@@ -126,9 +132,9 @@ uint64_t* StatusTable::claim(uint64_t reg_id, uint64_t length, uint64_t incarnat
   {
     std::lock_guard lock(mu_);
     if (free_.empty()) {
-      throw RdmaError(RdmaErrc::BackendUnavailable,
-                      "rdma: cannot register buffer '" + name + "': more than " +
-                          std::to_string(entries_) + " registrations live");
+      throw RdmaError(RdmaErrc::BackendUnavailable, "rdma: cannot register buffer '" + name +
+                                                        "': more than " + std::to_string(entries_) +
+                                                        " registrations live");
     }
     i = free_.back();
     free_.pop_back();
@@ -196,9 +202,10 @@ void ShmSegment::revoke(std::chrono::milliseconds wait, const std::string& name)
       }
       if (!running(pid)) break;  // died mid-copy: nothing touches the memory any more
       if (std::chrono::steady_clock::now() > deadline) {
-        spdlog::warn("rdma: drop of buffer '{}': process {} still copies after {} ms (frozen?); "
-                     "dropping anyway",
-                     name, pid, wait.count());
+        spdlog::warn(
+            "rdma: drop of buffer '{}': process {} still copies after {} ms (frozen?); "
+            "dropping anyway",
+            name, pid, wait.count());
         break;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -347,13 +354,15 @@ std::shared_ptr<LocalRoutes::Mapping> LocalRoutes::mapping(const RdmaHandle& h) 
   // The pidfd first: if the pid was reused before, the memfd opened below is not the owner's and
   // the checks fail.
   m->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, h.local.pid, 0));
-  std::string path = "/proc/" + std::to_string(h.local.pid) + "/fd/" + std::to_string(h.local.shm_fd);
+  std::string path =
+      "/proc/" + std::to_string(h.local.pid) + "/fd/" + std::to_string(h.local.shm_fd);
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     if ((errno == EACCES || errno == EPERM) && !shm_off_.exchange(true)) {
-      spdlog::warn("rdma: cannot open {} ({}): the shm route is off for this process (ptrace "
-                   "restrictions?); using the backend's route",
-                   path, std::strerror(errno));
+      spdlog::warn(
+          "rdma: cannot open {} ({}): the shm route is off for this process (ptrace "
+          "restrictions?); using the backend's route",
+          path, std::strerror(errno));
     }
     return nullptr;  // closed (dropped) or not ours: the next route tells
   }
@@ -418,8 +427,8 @@ LocalRoutes::Try LocalRoutes::shm(bool read, const RdmaHandle& h, std::byte* loc
     return Try::Failed;
   };
   if (size > m->length || offset > m->length - size) {
-    f = {RdmaErrc::OutOfBounds, "past the end of the owner's " + std::to_string(m->length) +
-                                    " B buffer"};
+    f = {RdmaErrc::OutOfBounds,
+         "past the end of the owner's " + std::to_string(m->length) + " B buffer"};
     return Try::Failed;
   }
   if (probe) return m->dropped() ? dropped() : Try::Ok;
@@ -449,9 +458,10 @@ LocalRoutes::Try LocalRoutes::cma(const RdmaHandle& h, std::byte* local, size_t 
   auto check = [&](int e) {
     if (e == EPERM || e == EACCES) {
       if (!cma_off_.exchange(true)) {
-        spdlog::warn("rdma: process_vm_readv of process {} refused ({}): the cma route is off for "
-                     "this process (ptrace restrictions, seccomp?); using the backend's route",
-                     pid, std::strerror(e));
+        spdlog::warn(
+            "rdma: process_vm_readv of process {} refused ({}): the cma route is off for "
+            "this process (ptrace restrictions, seccomp?); using the backend's route",
+            pid, std::strerror(e));
       }
       return Try::Fallback;
     }
@@ -516,8 +526,8 @@ int LocalRoutes::read_data(pid_t pid, std::byte* dst, uint64_t addr, size_t size
   return 0;
 }
 
-LocalRoutes::Outcome LocalRoutes::run(bool read, const RdmaHandle& h, std::byte* local,
-                                      size_t size, uint64_t offset,
+LocalRoutes::Outcome LocalRoutes::run(bool read, const RdmaHandle& h, std::byte* local, size_t size,
+                                      uint64_t offset,
                                       const std::function<void(std::exception_ptr)>& done) {
   if (h.local.pid <= 0 || h.local.host.empty() || h.local.host != host_identity()) {
     return Outcome::Fallback;

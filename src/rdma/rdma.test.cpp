@@ -1,11 +1,12 @@
 // In-process tests of the data plane: API contract, bad input, drop, batches, the handle codec.
 // (Transfers across processes: testing/multiprocess.test.cpp.)
+#include "monarch/rdma/rdma.hpp"
+
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "monarch/config/config.hpp"
-#include "monarch/rdma/rdma.hpp"
 #include "rdma/testing/expect.hpp"
 #include "rdma/testing/pattern.hpp"
 
@@ -65,8 +66,7 @@ TEST(Rdma, LocalReadAndWriteWithOffsets) {  // RD-1 in one process
   RdmaBuffer buf(mem, "local");
   std::vector<std::byte> got(3000);
   buf.handle().read_into(got, 5000).get(5s);
-  EXPECT_EQ(pat::checksum(got),
-            pat::checksum(std::span<const std::byte>(mem).subspan(5000, 3000)));
+  EXPECT_EQ(pat::checksum(got), pat::checksum(std::span<const std::byte>(mem).subspan(5000, 3000)));
   auto patch = pattern(100, 3);
   buf.write_from(patch, 9900).get(5s);
   EXPECT_TRUE(std::equal(patch.begin(), patch.end(), mem.begin() + 9900));
@@ -199,9 +199,8 @@ TEST(Rdma, DeviceMemoryNeedsAUcxBuiltForItAndCpuRoutesRefuseIt) {
   RdmaHandle back = pat::from_hex(pat::to_hex(h));
   EXPECT_EQ(back.memory, MemoryKind::Rocm);
   std::vector<std::byte> dst(16);
-  std::string what = expect_rdma_error([&] { back.read_into(dst).get(10s); },
-                                       RdmaErrc::BackendUnavailable)
-                         .what();
+  std::string what =
+      expect_rdma_error([&] { back.read_into(dst).get(10s); }, RdmaErrc::BackendUnavailable).what();
   EXPECT_NE(what.find("rocm memory"), std::string::npos) << what;
   EXPECT_NE(route_for(back).find("ucx route only"), std::string::npos) << route_for(back);
 }

@@ -74,14 +74,15 @@ struct Plane {
   ucp_mem_h status_memh = nullptr;
   std::vector<std::byte> status_rkey;
   std::map<std::string, std::shared_ptr<Peer>> peers;  // I/O thread only
-  size_t inflight = 0;                                   // requests not yet completed
+  size_t inflight = 0;                                 // requests not yet completed
   std::string tls;
   std::string lanes;  // guarded by Ucx::info_mu_
 
   bool init(uint8_t k, const std::string& want_tls, std::string& why) {
     kind = k;
     ucp_config_t* cfg = nullptr;
-    if (ucp_config_read(nullptr, nullptr, &cfg) != UCS_OK) return fail(why, "ucp_config_read failed");
+    if (ucp_config_read(nullptr, nullptr, &cfg) != UCS_OK)
+      return fail(why, "ucp_config_read failed");
     tls = want_tls;
     if (!tls.empty() && ucp_config_modify(cfg, "TLS", tls.c_str()) != UCS_OK) {
       ucp_config_release(cfg);
@@ -102,7 +103,8 @@ struct Plane {
     ucp_address_t* addr = nullptr;
     size_t len = 0;
     st = ucp_worker_get_address(worker, &addr, &len);
-    if (st != UCS_OK) return fail(why, std::string("ucp_worker_get_address: ") + ucs_status_string(st));
+    if (st != UCS_OK)
+      return fail(why, std::string("ucp_worker_get_address: ") + ucs_status_string(st));
     auto* b = reinterpret_cast<std::byte*>(addr);
     worker_address.assign(b, b + len);
     ucp_worker_release_address(worker, addr);
@@ -274,14 +276,15 @@ class Ucx final : public UcxPlane {
 
   uint32_t memory_kinds() const override {
     uint32_t kinds = 1u << static_cast<int>(MemoryKind::Host);
-    const std::pair<ucs_memory_type_t, MemoryKind> device[] = {{UCS_MEMORY_TYPE_CUDA, MemoryKind::Cuda},
-                                                               {UCS_MEMORY_TYPE_ROCM, MemoryKind::Rocm}};
+    const std::pair<ucs_memory_type_t, MemoryKind> device[] = {
+        {UCS_MEMORY_TYPE_CUDA, MemoryKind::Cuda}, {UCS_MEMORY_TYPE_ROCM, MemoryKind::Rocm}};
     for (auto [type, kind] : device) {
       bool all = !planes_.empty();
       for (const auto& pl : planes_) {
         ucp_context_attr_t a{};
         a.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-        all = all && ucp_context_query(pl->ctx, &a) == UCS_OK && (a.memory_types & UCS_BIT(type)) != 0;
+        all = all && ucp_context_query(pl->ctx, &a) == UCS_OK &&
+              (a.memory_types & UCS_BIT(type)) != 0;
       }
       if (all) kinds |= 1u << static_cast<int>(kind);
     }
@@ -347,7 +350,10 @@ class Ucx final : public UcxPlane {
 
   /// After posting work: drain once now (the event fd wakes the loop for what comes later).
   void kick(Plane& pl) {
-    asio::post(io_, [p = &pl] { while (ucp_worker_progress(p->worker) != 0) {} });
+    asio::post(io_, [p = &pl] {
+      while (ucp_worker_progress(p->worker) != 0) {
+      }
+    });
   }
 
   static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -458,21 +464,20 @@ class Ucx final : public UcxPlane {
     issue(
         *op->plane,
         [&](const ucp_request_param_t* p) {
-          return ucp_get_nbx(op->peer->ep, op->status, sizeof op->status, op->h.status_address,
-                             srk, p);
+          return ucp_get_nbx(op->peer->ep, op->status, sizeof op->status, op->h.status_address, srk,
+                             p);
         },
         [this, op, then = std::move(then)](ucs_status_t st) {
           if (!check(*op, st, "status get")) return;
           if (op->status[0] != op->h.reg_id) {
-            return finish(*op, make_error(RdmaErrc::Dropped,
-                                          op->what + ": buffer '" + op->h.name +
-                                              "' was dropped by its owner"));
+            return finish(*op, make_error(RdmaErrc::Dropped, op->what + ": buffer '" + op->h.name +
+                                                                 "' was dropped by its owner"));
           }
           uint64_t len = op->status[1];
           if (op->size > len || op->offset > len - op->size) {
-            return finish(*op, make_error(RdmaErrc::OutOfBounds,
-                                          op->what + ": past the end of the owner's " +
-                                              std::to_string(len) + " B buffer"));
+            return finish(
+                *op, make_error(RdmaErrc::OutOfBounds, op->what + ": past the end of the owner's " +
+                                                           std::to_string(len) + " B buffer"));
           }
           then();
         });
@@ -495,9 +500,9 @@ class Ucx final : public UcxPlane {
       }
     }
     if (!op->peer) {
-      return finish(*op, make_error(RdmaErrc::OwnerUnreachable,
-                                    op->what + ": no UCX route to the owner: " +
-                                        (why.empty() ? "no common plane" : why)));
+      return finish(
+          *op, make_error(RdmaErrc::OwnerUnreachable, op->what + ": no UCX route to the owner: " +
+                                                          (why.empty() ? "no common plane" : why)));
     }
     ucp_rkey_h rk = rkey_for(*op->peer, op->route->rkey, why);
     ucp_rkey_h srk = rk ? rkey_for(*op->peer, op->route->status_rkey, why) : nullptr;

@@ -39,7 +39,8 @@ inline bool all_dead(const std::vector<int>& pids, std::chrono::milliseconds dea
       if (errno == ESRCH) continue;  // already gone
       return !process_alive(p);
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end - std::chrono::steady_clock::now());
     pollfd pfd{fd, POLLIN, 0};
     int n = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
     ::close(fd);

@@ -55,14 +55,22 @@ void write_header(std::byte* p, const FrameHeader& h, std::uint32_t num_parts,
 
 std::string to_string(FrameKind kind) {
   switch (kind) {
-    case FrameKind::Hello: return "Hello";
-    case FrameKind::Auth: return "Auth";
-    case FrameKind::Accept: return "Accept";
-    case FrameKind::Reject: return "Reject";
-    case FrameKind::Data: return "Data";
-    case FrameKind::Ack: return "Ack";
-    case FrameKind::Heartbeat: return "Heartbeat";
-    case FrameKind::Close: return "Close";
+    case FrameKind::Hello:
+      return "Hello";
+    case FrameKind::Auth:
+      return "Auth";
+    case FrameKind::Accept:
+      return "Accept";
+    case FrameKind::Reject:
+      return "Reject";
+    case FrameKind::Data:
+      return "Data";
+    case FrameKind::Ack:
+      return "Ack";
+    case FrameKind::Heartbeat:
+      return "Heartbeat";
+    case FrameKind::Close:
+      return "Close";
   }
   return "Unknown(" + std::to_string(static_cast<unsigned>(kind)) + ")";
 }
@@ -299,7 +307,8 @@ std::optional<Frame> FrameDecoder::next() {
     direct_->parts.resize(h.num_parts);
     direct_lens_.resize(h.num_parts);
     const std::byte* t = base + kFrameHeaderSize;
-    for (std::uint32_t i = 0; i < h.num_parts; ++i) direct_lens_[i] = load_le<std::uint32_t>(t + 4 * i);
+    for (std::uint32_t i = 0; i < h.num_parts; ++i)
+      direct_lens_[i] = load_le<std::uint32_t>(t + 4 * i);
     direct_part_ = 0;
     direct_off_ = 0;
     direct_header_ = kFrameHeaderSize + table_bytes;

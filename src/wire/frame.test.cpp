@@ -147,7 +147,7 @@ TEST(Frame, PrefixPlusPartsEqualsWholeFrame) {
   FrameHeader h;
   h.kind = FrameKind::Data;
   h.seq = 42;
-  h.num_parts = 999;  // ignored by the encoder
+  h.num_parts = 999;                              // ignored by the encoder
   std::vector<std::byte> out = bytes_of("junk");  // encode_prefix appends
   auto n = encode_prefix(h, parts, out);
   EXPECT_EQ(n, kFrameHeaderSize + 8);
@@ -267,12 +267,14 @@ TEST(FrameErrors, OversizeRejectedFromHeaderAlone) {
   poke<std::uint32_t>(e, 32, 1);
   poke<std::uint32_t>(e, 36, 99999999);
   ASSERT_EQ(e.size(), kFrameHeaderSize);  // only the header; no body is ever fed
-  EXPECT_THAT(decode_error(e), HasSubstr("frame: body_len 99999999 exceeds max_frame_bytes 67108864"));
+  EXPECT_THAT(decode_error(e),
+              HasSubstr("frame: body_len 99999999 exceeds max_frame_bytes 67108864"));
   DecoderLimits small;
   small.max_frame_bytes = 100;
   auto ok = encode_frame(make_frame(FrameKind::Data, {pattern(97, 1)}));  // body_len 101
-  EXPECT_THAT(decode_error(std::vector<std::byte>(ok.begin(), ok.begin() + kFrameHeaderSize), small),
-              HasSubstr("frame: body_len 101 exceeds max_frame_bytes 100"));
+  EXPECT_THAT(
+      decode_error(std::vector<std::byte>(ok.begin(), ok.begin() + kFrameHeaderSize), small),
+      HasSubstr("frame: body_len 101 exceeds max_frame_bytes 100"));
 }
 
 TEST(FrameErrors, DecoderIsPoisoned) {

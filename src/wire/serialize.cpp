@@ -9,8 +9,8 @@ namespace monarch::wire {
 
 std::string demangle(const std::type_info& ti) {
   int status = 0;
-  std::unique_ptr<char, void (*)(void*)> p(abi::__cxa_demangle(ti.name(), nullptr, nullptr, &status),
-                                           std::free);
+  std::unique_ptr<char, void (*)(void*)> p(
+      abi::__cxa_demangle(ti.name(), nullptr, nullptr, &status), std::free);
   return status == 0 && p ? std::string(p.get()) : std::string(ti.name());
 }
 

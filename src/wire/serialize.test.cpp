@@ -141,8 +141,9 @@ TEST(Serialize, TruncatedInputNamesType) {
     EXPECT_THAT(msg, HasSubstr("truncated")) << n;
   }
   auto s = encode(std::string("hello"));
-  EXPECT_THAT(decode_error_of([&] { decode<std::string>(std::span<const std::byte>(s).first(10)); }),
-              HasSubstr("std::__cxx11::basic_string"));
+  EXPECT_THAT(
+      decode_error_of([&] { decode<std::string>(std::span<const std::byte>(s).first(10)); }),
+      HasSubstr("std::__cxx11::basic_string"));
   EXPECT_THROW(decode<int>(std::span<const std::byte>()), DecodeError);
 }
 
@@ -154,7 +155,8 @@ TEST(Serialize, TrailingGarbage) {
   EXPECT_THAT(msg, HasSubstr("cannot decode std::"));
   EXPECT_THAT(msg, HasSubstr("2 trailing bytes"));
   auto two = encode_tuple(1, 2);
-  EXPECT_THAT(decode_error_of([&] { decode<int>(two); }), HasSubstr("cannot decode int: 4 trailing"));
+  EXPECT_THAT(decode_error_of([&] { decode<int>(two); }),
+              HasSubstr("cannot decode int: 4 trailing"));
 }
 
 }  // namespace

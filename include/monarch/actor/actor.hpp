@@ -108,16 +108,19 @@ class Actor {
   /// stop does not wait for a child in a dead or frozen process). Needs a listening Proc.
   template <class C, class... Args>
   ActorRef<C> spawn_remote(const std::string& proc_addr, std::string name, Args&&... args) {
-    static_assert(std::is_base_of_v<Actor, C>, "spawn_remote<C>: C must derive from monarch::Actor");
-    return ActorRef<C>(&proc(), detail::spawn_remote_id<C>(proc(), cell(), proc_addr, std::move(name),
-                                                           std::forward<Args>(args)...),
+    static_assert(std::is_base_of_v<Actor, C>,
+                  "spawn_remote<C>: C must derive from monarch::Actor");
+    return ActorRef<C>(&proc(),
+                       detail::spawn_remote_id<C>(proc(), cell(), proc_addr, std::move(name),
+                                                  std::forward<Args>(args)...),
                        true);
   }
 
   /// Stops this actor once the messages already queued have run (like ref.stop()).
   void stop() { (void)cell()->request_stop(false); }
 
-  /// A port whose messages run `handler(T)` inside this actor. The port closes when the actor stops.
+  /// A port whose messages run `handler(T)` inside this actor. The port closes when the actor
+  /// stops.
   template <class T, class F>
   Port<T> open_port(F handler) {
     auto sink = std::make_shared<detail::ActorSink<T, F>>();

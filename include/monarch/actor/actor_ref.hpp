@@ -13,7 +13,6 @@
 // Both may be used from any thread; messages from one sender to one actor arrive in send order.
 #pragma once
 
-
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -79,7 +78,8 @@ struct CallEnvelope final : Envelope {
         apply_method(self, method, args)
             .detach([p = std::make_shared<Promise<R>>(std::move(promise)), id = std::move(id),
                      label = std::move(label)](auto& done) {
-              if (done.error) return p->set_error(ActorError(id, label, describe_exception(done.error)));
+              if (done.error)
+                return p->set_error(ActorError(id, label, describe_exception(done.error)));
               if constexpr (std::is_void_v<R>) {
                 p->set_value();
               } else {
@@ -125,7 +125,10 @@ struct SendEnvelope final : Envelope {
 
   template <class... Args>
   SendEnvelope(Proc* p, M m, Args&&... a)
-      : method(m), args(std::forward<Args>(a)...), sender(CellPtr::share(current_cell())), proc(p) {}
+      : method(m),
+        args(std::forward<Args>(a)...),
+        sender(CellPtr::share(current_cell())),
+        proc(p) {}
   SendEnvelope(Proc* p, M m, typename traits::stored&& a)
       : method(m), args(std::move(a)), proc(p) {}
 
@@ -136,7 +139,8 @@ struct SendEnvelope final : Envelope {
       auto label = endpoint_label(c.type_name(), endpoint_name<A>(method));
       apply_method(self, method, args).detach([cell, label = std::move(label)](auto& done) {
         // Runs on the actor's own thread (the coroutine resumes inside the actor).
-        if (done.error) cell->fail("send handler " + label + " threw: " + describe_exception(done.error));
+        if (done.error)
+          cell->fail("send handler " + label + " threw: " + describe_exception(done.error));
       });
     } else {
       (void)apply_method(self, method, args);  // a throw fails the actor (see Cell::dispatch)
@@ -192,24 +196,26 @@ auto remote_call(Proc& proc, const ActorId& dest, size_t message_rank, M method,
   if constexpr (remotable<M>()) {
     const char* name = remote_endpoint_name<A>(method);
     typename traits::stored stored(std::forward<Args>(args)...);
-    remote_dispatch(proc, dest, RemoteKind::Call, name, wire::encode(stored),
-                    [p = std::move(p)](RemoteResult&& r) mutable {
-                      if (r.error) return p.set_error(r.error);
-                      try {
-                        if constexpr (std::is_void_v<R>) {
-                          p.set_value();
-                        } else {
-                          p.set_value(wire::decode<R>(r.payload));
-                        }
-                      } catch (...) {
-                        p.set_error(std::current_exception());
-                      }
-                    },
-                    message_rank);
+    remote_dispatch(
+        proc, dest, RemoteKind::Call, name, wire::encode(stored),
+        [p = std::move(p)](RemoteResult&& r) mutable {
+          if (r.error) return p.set_error(r.error);
+          try {
+            if constexpr (std::is_void_v<R>) {
+              p.set_value();
+            } else {
+              p.set_value(wire::decode<R>(r.payload));
+            }
+          } catch (...) {
+            p.set_error(std::current_exception());
+          }
+        },
+        message_rank);
   } else {
     (void)message_rank;
-    p.set_error(UsageError("arguments or result of this endpoint are not serialisable, so it "
-                           "cannot be called on an actor in another process"));
+    p.set_error(
+        UsageError("arguments or result of this endpoint are not serialisable, so it "
+                   "cannot be called on an actor in another process"));
   }
   return f;
 }
@@ -220,11 +226,13 @@ void remote_send(Proc& proc, const ActorId& dest, size_t message_rank, M method,
   if constexpr (remotable<M>()) {
     const char* name = remote_endpoint_name<A>(method);
     typename traits::stored stored(std::forward<Args>(args)...);
-    remote_dispatch(proc, dest, RemoteKind::Send, name, wire::encode(stored), nullptr, message_rank);
+    remote_dispatch(proc, dest, RemoteKind::Send, name, wire::encode(stored), nullptr,
+                    message_rank);
   } else {
     (void)message_rank;
-    throw UsageError("arguments of this endpoint are not serialisable, so it cannot be sent to "
-                     "an actor in another process");
+    throw UsageError(
+        "arguments of this endpoint are not serialisable, so it cannot be sent to "
+        "an actor in another process");
   }
 }
 
@@ -241,8 +249,9 @@ void register_endpoints() {
                   M m = e.method;
                   add_remote_invoker(typeid(A), e.name, [m](Cell& c, RemoteRequest&& req) {
                     if constexpr (!remotable<M>()) {
-                      throw UsageError("endpoint has arguments or a result that are not "
-                                       "serialisable; it can only be called in-process");
+                      throw UsageError(
+                          "endpoint has arguments or a result that are not "
+                          "serialisable; it can only be called in-process");
                     } else {
                       using traits = method_traits<M>;
                       using R = typename reply_type<typename traits::ret>::type;
@@ -330,7 +339,8 @@ class ActorRef {
   template <class M, class... Args>
   auto call_ranked(size_t rank, M method, Args&&... args) const {
     detail::check_endpoint<A, M, Args...>();
-    if (remote_) return detail::remote_call<A>(*proc_, *unknown_, rank, method, std::forward<Args>(args)...);
+    if (remote_)
+      return detail::remote_call<A>(*proc_, *unknown_, rank, method, std::forward<Args>(args)...);
     auto* e = new detail::CallEnvelope<A, M>(method, std::forward<Args>(args)...);
     e->message_rank = rank;
     auto f = e->promise.get_future();
@@ -345,7 +355,8 @@ class ActorRef {
   template <class M, class... Args>
   void send_ranked(size_t rank, M method, Args&&... args) const {
     detail::check_endpoint<A, M, Args...>();
-    if (remote_) return detail::remote_send<A>(*proc_, *unknown_, rank, method, std::forward<Args>(args)...);
+    if (remote_)
+      return detail::remote_send<A>(*proc_, *unknown_, rank, method, std::forward<Args>(args)...);
     Proc* p = cell_ ? &cell_->proc() : proc_;
     auto* e = new detail::SendEnvelope<A, M>(p, method, std::forward<Args>(args)...);
     e->message_rank = rank;

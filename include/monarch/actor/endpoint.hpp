@@ -30,14 +30,14 @@ namespace monarch::detail {
 template <class M>
 struct method_traits;
 
-#define MONARCH_DETAIL_METHOD_TRAITS(QUALS)                  \
-  template <class C, class R, class... P>                    \
-  struct method_traits<R (C::*)(P...) QUALS> {               \
-    using cls = C;                                           \
-    using ret = R;                                           \
-    using params = std::tuple<P...>;                         \
-    using stored = std::tuple<std::decay_t<P>...>;           \
-    static constexpr std::size_t arity = sizeof...(P);       \
+#define MONARCH_DETAIL_METHOD_TRAITS(QUALS)            \
+  template <class C, class R, class... P>              \
+  struct method_traits<R (C::*)(P...) QUALS> {         \
+    using cls = C;                                     \
+    using ret = R;                                     \
+    using params = std::tuple<P...>;                   \
+    using stored = std::tuple<std::decay_t<P>...>;     \
+    static constexpr std::size_t arity = sizeof...(P); \
   };
 MONARCH_DETAIL_METHOD_TRAITS()
 MONARCH_DETAIL_METHOD_TRAITS(const)
@@ -123,34 +123,49 @@ decltype(auto) apply_method(Obj& obj, M m, Stored& args) {
 // MONARCH_ENDPOINTS(Class, ep1, ep2, ...): up to 16 endpoints.
 #define MONARCH_DETAIL_EXPAND(x) x
 #define MONARCH_DETAIL_FE_1(m, C, x) m(C, x)
-#define MONARCH_DETAIL_FE_2(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_1(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_3(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_2(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_4(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_3(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_5(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_4(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_6(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_5(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_7(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_6(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_8(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_7(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_9(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_8(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_10(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_9(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_11(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_10(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_12(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_11(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_13(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_12(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_14(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_13(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_15(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_14(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_FE_16(m, C, x, ...) m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_15(m, C, __VA_ARGS__))
-#define MONARCH_DETAIL_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, \
-                            _16, N, ...)                                                     \
+#define MONARCH_DETAIL_FE_2(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_1(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_3(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_2(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_4(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_3(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_5(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_4(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_6(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_5(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_7(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_6(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_8(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_7(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_9(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_8(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_10(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_9(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_11(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_10(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_12(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_11(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_13(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_12(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_14(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_13(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_15(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_14(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_FE_16(m, C, x, ...) \
+  m(C, x), MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_FE_15(m, C, __VA_ARGS__))
+#define MONARCH_DETAIL_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, \
+                            N, ...)                                                                \
   N
-#define MONARCH_DETAIL_FOR_EACH(m, C, ...)                                                      \
-  MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_PICK(                                                    \
-      __VA_ARGS__, MONARCH_DETAIL_FE_16, MONARCH_DETAIL_FE_15, MONARCH_DETAIL_FE_14,            \
-      MONARCH_DETAIL_FE_13, MONARCH_DETAIL_FE_12, MONARCH_DETAIL_FE_11, MONARCH_DETAIL_FE_10,   \
-      MONARCH_DETAIL_FE_9, MONARCH_DETAIL_FE_8, MONARCH_DETAIL_FE_7, MONARCH_DETAIL_FE_6,       \
-      MONARCH_DETAIL_FE_5, MONARCH_DETAIL_FE_4, MONARCH_DETAIL_FE_3, MONARCH_DETAIL_FE_2,       \
+#define MONARCH_DETAIL_FOR_EACH(m, C, ...)                                                    \
+  MONARCH_DETAIL_EXPAND(MONARCH_DETAIL_PICK(                                                  \
+      __VA_ARGS__, MONARCH_DETAIL_FE_16, MONARCH_DETAIL_FE_15, MONARCH_DETAIL_FE_14,          \
+      MONARCH_DETAIL_FE_13, MONARCH_DETAIL_FE_12, MONARCH_DETAIL_FE_11, MONARCH_DETAIL_FE_10, \
+      MONARCH_DETAIL_FE_9, MONARCH_DETAIL_FE_8, MONARCH_DETAIL_FE_7, MONARCH_DETAIL_FE_6,     \
+      MONARCH_DETAIL_FE_5, MONARCH_DETAIL_FE_4, MONARCH_DETAIL_FE_3, MONARCH_DETAIL_FE_2,     \
       MONARCH_DETAIL_FE_1)(m, C, __VA_ARGS__))
 #define MONARCH_DETAIL_ENTRY(C, x) ::monarch::detail::endpoint_entry(#x, &C::x)
 
-#define MONARCH_ENDPOINTS(C, ...)                                                   \
-  static auto monarch_endpoints() {                                                 \
+#define MONARCH_ENDPOINTS(C, ...)                                                          \
+  static auto monarch_endpoints() {                                                        \
     return std::make_tuple(MONARCH_DETAIL_FOR_EACH(MONARCH_DETAIL_ENTRY, C, __VA_ARGS__)); \
   }

@@ -1,5 +1,6 @@
-// Failure reports of the actor runtime (vocabulary: docs/actor-runtime.md). All derive from monarch::Error, so
-// `catch (const monarch::Error&)` catches every runtime failure; each names what failed.
+// Failure reports of the actor runtime (vocabulary: docs/actor-runtime.md). All derive from
+// monarch::Error, so `catch (const monarch::Error&)` catches every runtime failure; each names what
+// failed.
 #pragma once
 
 #include <memory>
@@ -64,7 +65,8 @@ class DeliveryFailure : public Error {
 class SupervisionError : public Error {
  public:
   SupervisionError(ActorId actor, std::string cause)
-      : Error("actor " + actor.to_string() + " unreachable: proc " + actor.proc + " failed: " + cause),
+      : Error("actor " + actor.to_string() + " unreachable: proc " + actor.proc +
+              " failed: " + cause),
         actor_(std::move(actor)),
         cause_(std::move(cause)) {}
   const ActorId& actor() const { return actor_; }
@@ -76,7 +78,8 @@ class SupervisionError : public Error {
   std::string cause_;
 };
 
-/// A wait with a deadline expired. The future or receiver is left intact and can be waited on again.
+/// A wait with a deadline expired. The future or receiver is left intact and can be waited on
+/// again.
 class TimeoutError : public Error {
  public:
   using Error::Error;

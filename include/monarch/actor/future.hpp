@@ -50,9 +50,9 @@ struct StateBase {
   std::atomic<uint32_t> word{0};
   std::mutex mu;
   UniqueFunction<void()> continuation;  // guarded by mu; runs once when ready
-  std::exception_ptr error;            // set before ready
-  Cell* completer = nullptr;           // actor expected to complete this (ref held), for deadlocks
-  bool retrieved = false;              // value already taken by the consumer
+  std::exception_ptr error;             // set before ready
+  Cell* completer = nullptr;            // actor expected to complete this (ref held), for deadlocks
+  bool retrieved = false;               // value already taken by the consumer
 
   StateBase() = default;
   StateBase(const StateBase&) = delete;

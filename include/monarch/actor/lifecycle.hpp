@@ -9,17 +9,32 @@
 
 namespace monarch {
 
-enum class Lifecycle : uint8_t { Created, Initializing, Idle, Processing, Stopping, Stopped, Failed };
+enum class Lifecycle : uint8_t {
+  Created,
+  Initializing,
+  Idle,
+  Processing,
+  Stopping,
+  Stopped,
+  Failed
+};
 
 constexpr const char* to_string(Lifecycle s) noexcept {
   switch (s) {
-    case Lifecycle::Created: return "Created";
-    case Lifecycle::Initializing: return "Initializing";
-    case Lifecycle::Idle: return "Idle";
-    case Lifecycle::Processing: return "Processing";
-    case Lifecycle::Stopping: return "Stopping";
-    case Lifecycle::Stopped: return "Stopped";
-    case Lifecycle::Failed: return "Failed";
+    case Lifecycle::Created:
+      return "Created";
+    case Lifecycle::Initializing:
+      return "Initializing";
+    case Lifecycle::Idle:
+      return "Idle";
+    case Lifecycle::Processing:
+      return "Processing";
+    case Lifecycle::Stopping:
+      return "Stopping";
+    case Lifecycle::Stopped:
+      return "Stopped";
+    case Lifecycle::Failed:
+      return "Failed";
   }
   return "?";
 }

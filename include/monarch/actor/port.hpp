@@ -37,7 +37,9 @@ namespace monarch {
 struct PortId {
   ActorId owner;
   uint64_t index = 0;
-  std::string to_string() const { return owner.to_string() + ".port[" + std::to_string(index) + "]"; }
+  std::string to_string() const {
+    return owner.to_string() + ".port[" + std::to_string(index) + "]";
+  }
   bool operator==(const PortId&) const = default;
   template <class Ar>
   void serialize(Ar& ar) {
@@ -128,11 +130,13 @@ struct RemotePortSink final : PortSink<T> {
   std::atomic<bool> used{false};
   bool deliver(T&& v) override {
     if constexpr (wire::is_serializable_v<T>) {
-      if (once && used.exchange(true)) throw UsageError("OncePort " + this->id.to_string() + " used twice");
+      if (once && used.exchange(true))
+        throw UsageError("OncePort " + this->id.to_string() + " used twice");
       remote_port_send(*this->proc, this->id, wire::encode(v));
       return true;
     } else {
-      throw UsageError("port message type is not serialisable; cannot send to " + this->id.to_string());
+      throw UsageError("port message type is not serialisable; cannot send to " +
+                       this->id.to_string());
     }
   }
 };
@@ -178,9 +182,10 @@ std::shared_ptr<PortSink<T>> load_port(Archive& ar) {
 template <class T>
 void port_send(PortSink<T>& sink, T&& v) {
   if (!sink.deliver(std::move(v))) {
-    route_undeliverable(current_cell(), sink.proc,
-                        DeliveryFailure(sink.id.owner, "port[" + std::to_string(sink.id.index) + "]",
-                                        "port closed"));
+    route_undeliverable(
+        current_cell(), sink.proc,
+        DeliveryFailure(sink.id.owner, "port[" + std::to_string(sink.id.index) + "]",
+                        "port closed"));
   }
 }
 
@@ -288,8 +293,9 @@ class PortReceiver {
     auto& s = *sink_;
     if (detail::drive_deterministic([&] { return s.has_items(); })) {
       if (auto v = s.try_pop()) return std::move(*v);
-      if (!deadline) throw DeadlockError("PortReceiver::recv on " + s.id.to_string() +
-                                         ": no actor left to run and no message queued");
+      if (!deadline)
+        throw DeadlockError("PortReceiver::recv on " + s.id.to_string() +
+                            ": no actor left to run and no message queued");
       throw TimeoutError("PortReceiver::recv on " + s.id.to_string() + ": timed out");
     }
     std::unique_lock lock(s.mu);

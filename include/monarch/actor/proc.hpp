@@ -105,16 +105,18 @@ class Proc {
   ///   "<A>(<argument types>)", registered in any binary that contains this call.
   /// - Failures (no factory for the key in that binary, arguments that do not decode, a constructor
   ///   or init() that throws, later failures of the actor, an unreachable Proc): an
-  ///   ActorSupervisionEvent for the actor reaches the owner (here: this Proc's fault hook, which by
-  ///   default exits; it runs on the channel I/O thread). Calls on the ref then fail with
+  ///   ActorSupervisionEvent for the actor reaches the owner (here: this Proc's fault hook, which
+  ///   by default exits; it runs on the channel I/O thread). Calls on the ref then fail with
   ///   DeliveryFailure naming the actor id and, when known, its type and the cause.
   /// Throws UsageError when this Proc does not listen or `proc_addr` is malformed, and
   /// SupervisionError when that Proc was declared failed (declare_proc_failed). Any thread.
   template <class A, class... Args>
   ActorRef<A> spawn_remote(const std::string& proc_addr, std::string name, Args&&... args) {
-    static_assert(std::is_base_of_v<Actor, A>, "spawn_remote<A>: A must derive from monarch::Actor");
-    return ActorRef<A>(this, detail::spawn_remote_id<A>(*this, nullptr, proc_addr, std::move(name),
-                                                        std::forward<Args>(args)...),
+    static_assert(std::is_base_of_v<Actor, A>,
+                  "spawn_remote<A>: A must derive from monarch::Actor");
+    return ActorRef<A>(this,
+                       detail::spawn_remote_id<A>(*this, nullptr, proc_addr, std::move(name),
+                                                  std::forward<Args>(args)...),
                        true);
   }
 

@@ -41,7 +41,7 @@ enum class RemoteKind : uint8_t {
   Bounce = 4,
   Lookup = 5,
   PortSend = 6,
-  Spawn = 7,      // dest = the new actor's id, endpoint = factory key, sender = owner; payload = args
+  Spawn = 7,  // dest = the new actor's id, endpoint = factory key, sender = owner; payload = args
   Supervise = 8,  // dest = the owner, payload = the event chain (a remotely spawned actor failed)
   Stop = 9,       // dest = the actor, endpoint = "stop" | "kill"; replied to once it stopped
 };
@@ -52,7 +52,7 @@ inline constexpr uint64_t kRemoteSpawnBit = uint64_t{1} << 63;
 /// An error crossing the wire: rebuilt on arrival as the same exception type.
 struct WireError {
   uint8_t kind = 0;  // 0 none, 1 ActorError, 2 DeliveryFailure, 3 UsageError, 4 other Error,
-                    // 5 SupervisionError (message = cause)
+                     // 5 SupervisionError (message = cause)
   ActorId actor;
   std::string endpoint;
   std::string message;
@@ -67,13 +67,13 @@ struct WireError {
 
 struct RemoteHeader {
   RemoteKind kind = RemoteKind::Call;
-  ActorId dest;            // Call/Send: the actor; Lookup: dest.name = well-known name;
-                           // PortSend: the port's owner (request_id = port index)
-  std::string endpoint;    // Call/Send: registered endpoint name; Lookup: expected type name
-  std::string reply_proc;  // where replies and bounces go (the sending Proc's address)
-  uint64_t request_id = 0; // Call/Lookup/Reply
-  ActorId sender;          // Send/Bounce: the sending actor (uid 0: outside any actor)
-  WireError error;         // Reply/Bounce
+  ActorId dest;             // Call/Send: the actor; Lookup: dest.name = well-known name;
+                            // PortSend: the port's owner (request_id = port index)
+  std::string endpoint;     // Call/Send: registered endpoint name; Lookup: expected type name
+  std::string reply_proc;   // where replies and bounces go (the sending Proc's address)
+  uint64_t request_id = 0;  // Call/Lookup/Reply
+  ActorId sender;           // Send/Bounce: the sending actor (uid 0: outside any actor)
+  WireError error;          // Reply/Bounce
   uint64_t message_rank = UINT64_MAX;  // Call/Send from a mesh adverb: Context::message_rank()
   template <class Ar>
   void serialize(Ar& ar) {
@@ -93,7 +93,7 @@ struct RemoteRequest {
   Bytes payload;
   bool is_call = true;
   size_t message_rank = static_cast<size_t>(-1);  // Context::message_rank() of the handler
-  UniqueFunction<void(RemoteResult&&)> reply;               // Call
+  UniqueFunction<void(RemoteResult&&)> reply;     // Call
   UniqueFunction<void(const DeliveryFailure&)> bounce_send;  // Send: back to the remote sender
 };
 
@@ -105,7 +105,8 @@ void add_remote_invoker(std::type_index type, std::string endpoint, RemoteInvoke
 /// `on_reply` runs once with the result, or a DeliveryFailure when it cannot be delivered.
 /// `message_rank` travels to the handler's Context::message_rank() (SIZE_MAX: none).
 void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const char* endpoint,
-                     Bytes payload, ReplyHandler on_reply, size_t message_rank = static_cast<size_t>(-1));
+                     Bytes payload, ReplyHandler on_reply,
+                     size_t message_rank = static_cast<size_t>(-1));
 
 /// The Proc decoding the current remote message on this thread (resolves ActorRefs in payloads).
 Proc* decoding_proc() noexcept;

@@ -32,9 +32,9 @@ struct ActorSupervisionEvent {
 
 /// One failure of one or more ranks of a mesh. Causes name what happened to the proc: its exit
 /// ("exited with code 3", "killed by signal 9 (SIGKILL)"), a missed heartbeat ("no heartbeat for
-/// 1500 ms"), or an actor's unhandled failure (the supervision report, with the exception's message).
-/// Failures of procs of a ProcMesh (mesh layer, monarch/mesh/process.hpp), delivered to the
-/// owner's Actor::supervise(const MeshFailure&) when the mesh was spawned from inside an actor.
+/// 1500 ms"), or an actor's unhandled failure (the supervision report, with the exception's
+/// message). Failures of procs of a ProcMesh (mesh layer, monarch/mesh/process.hpp), delivered to
+/// the owner's Actor::supervise(const MeshFailure&) when the mesh was spawned from inside an actor.
 struct MeshFailure {
   std::string mesh;           ///< the mesh's name (SpawnOptions::name)
   std::vector<size_t> ranks;  ///< failed global ranks of the mesh
@@ -44,7 +44,8 @@ struct MeshFailure {
   std::string to_string() const {
     std::string r;
     for (size_t i = 0; i < ranks.size(); ++i) r += (i ? ", " : "") + std::to_string(ranks[i]);
-    return "mesh " + mesh + ": rank" + (ranks.size() == 1 ? "" : "s") + " [" + r + "] failed: " + cause;
+    return "mesh " + mesh + ": rank" + (ranks.size() == 1 ? "" : "s") + " [" + r +
+           "] failed: " + cause;
   }
 };
 

@@ -1,6 +1,7 @@
 // Task<T>: the return type of a coroutine endpoint. An endpoint declared as
 //
-//   monarch::Task<int> fetch(int key) { int v = co_await other.call(&Store::get, key); co_return v; }
+//   monarch::Task<int> fetch(int key) { int v = co_await other.call(&Store::get, key); co_return v;
+//   }
 //
 // is called like any other endpoint (`ref.call(&A::fetch, 1)` gives Future<int>). The coroutine
 // starts at once, inside the actor, and runs until its first co_await on a pending Future; the

@@ -28,7 +28,7 @@ enum class Transport : uint8_t { Inproc, Unix, Tcp };
 
 struct ChannelAddr {
   Transport transport = Transport::Inproc;
-  std::string name;   ///< inproc name, unix path, or abstract name (without the '@')
+  std::string name;  ///< inproc name, unix path, or abstract name (without the '@')
   bool abstract = false;
   std::string host;   ///< tcp: host name or IP literal (IPv6 without brackets)
   uint16_t port = 0;  ///< tcp
@@ -47,8 +47,8 @@ struct ChannelAddr {
     return a;
   }
   bool operator==(const ChannelAddr& o) const {
-    return transport == o.transport && name == o.name && abstract == o.abstract &&
-           host == o.host && port == o.port && (dial == nullptr) == (o.dial == nullptr) &&
+    return transport == o.transport && name == o.name && abstract == o.abstract && host == o.host &&
+           port == o.port && (dial == nullptr) == (o.dial == nullptr) &&
            (dial == nullptr || *dial == *o.dial);
   }
 };

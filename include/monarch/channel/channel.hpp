@@ -50,7 +50,8 @@ using Bytes = std::vector<std::byte>;
 struct SharedPart {
   std::shared_ptr<const void> keep;
   std::span<const std::byte> bytes;
-  SharedPart(std::shared_ptr<const Bytes> b)  // NOLINT(google-explicit-constructor): a shared buffer is a part
+  SharedPart(std::shared_ptr<const Bytes>
+                 b)  // NOLINT(google-explicit-constructor): a shared buffer is a part
       : keep(b), bytes(b ? std::span<const std::byte>(*b) : std::span<const std::byte>()) {}
   /// Memory kept valid by `keep_alive` (e.g. a lease on a registered buffer).
   SharedPart(std::shared_ptr<const void> keep_alive, std::span<const std::byte> memory)
@@ -90,12 +91,15 @@ struct ChannelOptions {
   uint32_t ack_every = static_cast<uint32_t>(config::global().integer("channel.ack_every"));
   std::chrono::milliseconds ack_interval = config::global().duration("channel.ack_interval");
   /// See CH-4. Default 30 s.
-  std::chrono::milliseconds delivery_timeout = config::global().duration("channel.delivery_timeout");
+  std::chrono::milliseconds delivery_timeout =
+      config::global().duration("channel.delivery_timeout");
   /// Reconnect backoff: starts here, doubles up to reconnect_max.
-  std::chrono::milliseconds reconnect_initial = config::global().duration("channel.reconnect_initial");
+  std::chrono::milliseconds reconnect_initial =
+      config::global().duration("channel.reconnect_initial");
   std::chrono::milliseconds reconnect_max = config::global().duration("channel.reconnect_max");
   /// Handshake (hello/auth/accept) must finish within this, else the connection is dropped.
-  std::chrono::milliseconds handshake_timeout = config::global().duration("channel.handshake_timeout");
+  std::chrono::milliseconds handshake_timeout =
+      config::global().duration("channel.handshake_timeout");
   /// SO_SNDBUF and SO_RCVBUF of unix-socket connections, bytes (0: the system default). The
   /// kernel caps it at net.core.wmem_max / rmem_max. TCP connections keep autotuning.
   size_t unix_socket_buffer = config::global().bytes("channel.unix_socket_buffer");

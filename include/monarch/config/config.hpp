@@ -6,15 +6,16 @@
 //   auto hb = cfg.duration("mesh.heartbeat_timeout");       // std::chrono::milliseconds
 //   cfg.set("mesh.heartbeat_timeout", "500ms");             // runtime override (validated)
 //
-// Keys are "section.name" (sections: channel, actor, mesh, ft, rdma). The table of keys, with types,
-// defaults and meaning, lives in src/config/config.cpp and is printed by docs/config.md; every
-// timeout of the project is in that one table.
+// Keys are "section.name" (sections: channel, actor, mesh, ft, rdma). The table of keys, with
+// types, defaults and meaning, lives in src/config/config.cpp and is printed by docs/config.md;
+// every timeout of the project is in that one table.
 //
 // Config file: JSON, named by $MONARCH_CONFIG_FILE (or passed to Config::load), either flat
 // ({"mesh.heartbeat_timeout": "2s"}) or nested ({"mesh": {"heartbeat_timeout": "2s"}}).
 // Environment: key "mesh.heartbeat_timeout" is $MONARCH_MESH_HEARTBEAT_TIMEOUT. A variable under a
-// section prefix (MONARCH_CHANNEL_, MONARCH_ACTOR_, MONARCH_MESH_, MONARCH_FT_, MONARCH_RDMA_) that names no key is
-// an error; other MONARCH_* variables (MONARCH_SECRET, launcher variables) are not config keys.
+// section prefix (MONARCH_CHANNEL_, MONARCH_ACTOR_, MONARCH_MESH_, MONARCH_FT_, MONARCH_RDMA_) that
+// names no key is an error; other MONARCH_* variables (MONARCH_SECRET, launcher variables) are not
+// config keys.
 //
 // Value syntax: durations "250ms", "2s", "1m", "1h" or a bare integer of milliseconds (JSON numbers
 // too); sizes "4096", "64KiB", "64MiB", "1GiB" (bytes); integers; booleans true/false/1/0/yes/no;
@@ -50,7 +51,7 @@ enum class Kind : uint8_t { Duration, Bytes, Int, Bool, String };
 
 /// One row of the key table.
 struct KeyInfo {
-  std::string_view name;           ///< "mesh.heartbeat_timeout"
+  std::string_view name;  ///< "mesh.heartbeat_timeout"
   Kind kind;
   std::string_view default_value;  ///< in value syntax, e.g. "2s"
   std::string_view doc;            ///< one line: what it controls, units
@@ -70,8 +71,8 @@ class Config {
   Config& operator=(const Config& other);
 
   /// Defaults, then `file` (if given, else $MONARCH_CONFIG_FILE if set), then the environment
-  /// `envp` (null-terminated "NAME=value" array; nullptr = this process's environ), then validate().
-  /// Throws ConfigError naming the key and source on any bad layer.
+  /// `envp` (null-terminated "NAME=value" array; nullptr = this process's environ), then
+  /// validate(). Throws ConfigError naming the key and source on any bad layer.
   static Config load(const std::optional<std::filesystem::path>& file = std::nullopt,
                      const char* const* envp = nullptr);
 

@@ -3,9 +3,11 @@
 //   // client (controller) process
 //   auto lighthouse = client.spawn<ft::Lighthouse>("lighthouse", ft::LighthouseOptions{});
 //   // one Manager per replica group, on the group's rank-0 proc:
-//   auto manager = group_procs.slice("ranks", 0).spawn<ft::Manager>("manager", lighthouse, "replica2", 1);
+//   auto manager = group_procs.slice("ranks", 0).spawn<ft::Manager>("manager", lighthouse,
+//   "replica2", 1);
 //   // every rank of the group, every step (from its training thread):
-//   ft::QuorumResult q = manager.call(&ft::Manager::quorum, rank, step, failed, my_state).get(timeout);
+//   ft::QuorumResult q = manager.call(&ft::Manager::quorum, rank, step, failed,
+//   my_state).get(timeout);
 //   ... heal if q.heal, reconfigure the allreduce if q.quorum_id changed, allreduce ...
 //   bool commit = manager.call(&ft::Manager::should_commit, rank, step, ok).get(timeout);
 //
@@ -22,8 +24,8 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -59,8 +61,8 @@ class Periodic {
 
 /// Defaults come from the ft.* config keys (docs/config.md).
 struct LighthouseOptions {
-  int64_t min_replicas = 0;                    ///< 0: ft.min_replicas
-  std::chrono::milliseconds join_timeout{0};   ///< 0: ft.quorum_join_timeout
+  int64_t min_replicas = 0;                        ///< 0: ft.min_replicas
+  std::chrono::milliseconds join_timeout{0};       ///< 0: ft.quorum_join_timeout
   std::chrono::milliseconds heartbeat_timeout{0};  ///< 0: ft.heartbeat_timeout
   template <class A>
   void serialize(A& ar) {
@@ -93,7 +95,8 @@ class Lighthouse : public Actor {
   Quorum last_quorum() const;
   /// Requests waiting for a quorum.
   size_t pending() const { return state_.pending(); }
-  /// Groups with a fresh heartbeat now, sorted (the controller waits for all before the first step).
+  /// Groups with a fresh heartbeat now, sorted (the controller waits for all before the first
+  /// step).
   std::vector<std::string> healthy() const;
   /// Re-evaluates the rules; the lighthouse's own ticker calls it every join_timeout / 5.
   void tick();
@@ -111,15 +114,15 @@ class Lighthouse : public Actor {
 /// What one rank of a replica group learns from Manager::quorum.
 struct QuorumResult {
   int64_t quorum_id = 0;
-  std::string store_prefix{};       ///< "quorum/<quorum_id>/": fresh per quorum id
-  int64_t replica_rank = 0;         ///< this group's index among participants
-  int64_t replica_world_size = 0;   ///< participating groups
-  int64_t global_rank = 0;          ///< this rank in the allreduce: ranks of earlier groups + rank
-  int64_t global_world_size = 0;    ///< ranks in the allreduce (sum over participating groups)
+  std::string store_prefix{};      ///< "quorum/<quorum_id>/": fresh per quorum id
+  int64_t replica_rank = 0;        ///< this group's index among participants
+  int64_t replica_world_size = 0;  ///< participating groups
+  int64_t global_rank = 0;         ///< this rank in the allreduce: ranks of earlier groups + rank
+  int64_t global_world_size = 0;   ///< ranks in the allreduce (sum over participating groups)
   int64_t max_step = 0;
-  int64_t up_to_date_groups = 0;    ///< participants at max_step (they contribute gradients)
-  bool heal = false;                ///< this group is behind max_step: read the donor's state first
-  std::string donor_id{};           ///< when heal: the donor group
+  int64_t up_to_date_groups = 0;  ///< participants at max_step (they contribute gradients)
+  bool heal = false;              ///< this group is behind max_step: read the donor's state first
+  std::string donor_id{};         ///< when heal: the donor group
   std::optional<rdma::RdmaHandle> donor_state{};  ///< when heal: the donor rank's committed state
   std::vector<std::string> participants{};        ///< replica ids, in rank order
   std::vector<std::string> healing{};             ///< replica ids healing this step
@@ -127,8 +130,8 @@ struct QuorumResult {
 
   template <class A>
   void serialize(A& ar) {
-    ar(quorum_id, store_prefix, replica_rank, replica_world_size, global_rank, global_world_size, max_step,
-       up_to_date_groups, heal, donor_id, donor_state, participants, healing, reason);
+    ar(quorum_id, store_prefix, replica_rank, replica_world_size, global_rank, global_world_size,
+       max_step, up_to_date_groups, heal, donor_id, donor_state, participants, healing, reason);
   }
 };
 

@@ -13,7 +13,8 @@
 //      request counts as one) are *healthy*, and only healthy requesters are candidates.
 //  Q-2 Fast path: when every participant of the previous quorum is a candidate, the quorum forms
 //      at once from all candidates.
-//  Q-3 Otherwise a quorum needs at least `min_replicas` candidates AND more than half of the healthy
+//  Q-3 Otherwise a quorum needs at least `min_replicas` candidates AND more than half of the
+//  healthy
 //      groups (split-brain guard) AND either every healthy group has asked, or `join_timeout` has
 //      passed since the first pending request.
 //  Q-4 quorum_id starts at 1 and goes up by one when the participant set differs from the previous
@@ -24,17 +25,16 @@
 //      and its pending request is dropped.
 #pragma once
 
+#include <cereal/types/chrono.hpp>
+#include <cereal/types/optional.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <cereal/types/chrono.hpp>
-#include <cereal/types/optional.hpp>
-#include <cereal/types/string.hpp>
-#include <cereal/types/vector.hpp>
 
 #include "monarch/rdma/rdma.hpp"
 
@@ -44,14 +44,14 @@ using Clock = std::chrono::steady_clock;
 
 /// One replica group's request to join the next quorum.
 struct QuorumMember {
-  std::string replica_id;       ///< unique per group, e.g. "replica2"; restarts keep the id
-  int64_t step = 0;             ///< steps this group has committed
-  int64_t world_size = 1;       ///< ranks in the group
-  bool commit_failed = false;   ///< its previous step did not commit (Q-4)
+  std::string replica_id;      ///< unique per group, e.g. "replica2"; restarts keep the id
+  int64_t step = 0;            ///< steps this group has committed
+  int64_t world_size = 1;      ///< ranks in the group
+  bool commit_failed = false;  ///< its previous step did not commit (Q-4)
   /// Where each rank's committed state can be read (index = local rank); empty when the group has
   /// nothing to offer (e.g. it is healing).
   std::vector<rdma::RdmaHandle> state{};
-  std::string address{};        ///< free-form: where the group can be reached (for reports)
+  std::string address{};  ///< free-form: where the group can be reached (for reports)
 
   template <class A>
   void serialize(A& ar) {
@@ -95,7 +95,8 @@ class QuorumState {
 
   /// A heartbeat from `replica_id` at `now`.
   void heartbeat(const std::string& replica_id, Clock::time_point now);
-  /// `m` asks to join the next quorum (replaces its earlier pending request). Counts as a heartbeat.
+  /// `m` asks to join the next quorum (replaces its earlier pending request). Counts as a
+  /// heartbeat.
   void request(QuorumMember m, Clock::time_point now);
   /// Supervision declared the group dead.
   void evict(const std::string& replica_id);

@@ -50,15 +50,15 @@ enum class GpuVendor { nvidia, amd };  ///< resource nvidia.com/gpu or amd.com/g
 struct KubernetesOptions {
   /// Job and Service name: a DNS-1035 label of at most 52 characters (pods are NAME-INDEX-xxxxx).
   std::string name{};
-  std::string ns = "default";  ///< namespace
-  std::string image{};         ///< container image holding `monarch` (and the worker binary)
-  size_t replicas = 1;         ///< pods = hosts of the HostMesh
-  uint16_t agent_port = 26600; ///< the agent's TCP port in each pod
-  size_t gpus_per_pod = 0;     ///< GPU limit per pod (0: none)
+  std::string ns = "default";   ///< namespace
+  std::string image{};          ///< container image holding `monarch` (and the worker binary)
+  size_t replicas = 1;          ///< pods = hosts of the HostMesh
+  uint16_t agent_port = 26600;  ///< the agent's TCP port in each pod
+  size_t gpus_per_pod = 0;      ///< GPU limit per pod (0: none)
   GpuVendor gpu_vendor = GpuVendor::nvidia;
-  std::string cpu{};           ///< cpu request, Kubernetes quantity ("8", "500m"); empty: none
-  std::string memory{};        ///< memory request ("64Gi"); empty: none
-  std::string shm_size{};      ///< sizeLimit of the /dev/shm emptyDir (medium Memory); empty: none
+  std::string cpu{};       ///< cpu request, Kubernetes quantity ("8", "500m"); empty: none
+  std::string memory{};    ///< memory request ("64Gi"); empty: none
+  std::string shm_size{};  ///< sizeLimit of the /dev/shm emptyDir (medium Memory); empty: none
   /// Container command; empty: {"monarch", "agent", "--listen", "tcp://$(MONARCH_POD_IP):PORT"}.
   /// Kubernetes expands $(VAR) of the container's env in it.
   std::vector<std::string> command{};
@@ -70,25 +70,25 @@ struct KubernetesOptions {
   /// only: launch() with jobset = true is untested against any server.
   bool jobset = false;
 
-  std::string kubectl = "kubectl";         ///< program (searched on PATH)
-  std::vector<std::string> kubectl_args{}; ///< before every subcommand, e.g. {"--context", "c"}
+  std::string kubectl = "kubectl";          ///< program (searched on PATH)
+  std::vector<std::string> kubectl_args{};  ///< before every subcommand, e.g. {"--context", "c"}
   /// kubectl apply validates against the server's OpenAPI schema; false adds --validate=false
   /// (the server still checks the objects).
   bool validate = true;
-  std::chrono::milliseconds ready_timeout{std::chrono::minutes(5)};  ///< apply until all Ready
-  std::chrono::milliseconds poll_interval{std::chrono::seconds(1)};  ///< pod polling period
+  std::chrono::milliseconds ready_timeout{std::chrono::minutes(5)};     ///< apply until all Ready
+  std::chrono::milliseconds poll_interval{std::chrono::seconds(1)};     ///< pod polling period
   std::chrono::milliseconds kubectl_timeout{std::chrono::seconds(60)};  ///< each kubectl run
 };
 
 /// One pod of the job as last seen.
 struct PodInfo {
-  size_t index = 0;      ///< completion index = rank in the HostMesh
+  size_t index = 0;  ///< completion index = rank in the HostMesh
   std::string name;
-  std::string phase;     ///< Pending, Running, Succeeded, Failed, Unknown
-  std::string ip;        ///< status.podIP; empty until assigned
-  bool ready = false;    ///< condition Ready is True
-  bool deleting = false; ///< metadata.deletionTimestamp is set
-  std::string detail;    ///< why it is not running: container waiting/terminated reason, message
+  std::string phase;      ///< Pending, Running, Succeeded, Failed, Unknown
+  std::string ip;         ///< status.podIP; empty until assigned
+  bool ready = false;     ///< condition Ready is True
+  bool deleting = false;  ///< metadata.deletionTimestamp is set
+  std::string detail;     ///< why it is not running: container waiting/terminated reason, message
   /// "pod trainers-1-x7k2p (index 1) Pending: ContainerCreating"
   std::string describe() const;
 };

@@ -4,9 +4,10 @@
 //   o.groups[0].nodes = 4;                 // 4 nodes x 1 agent each -> HostMesh {hosts: 4}
 //   o.groups[0].gpus_per_node = 8;
 //   o.time_limit = "01:00:00";
-//   monarch::launch::SlurmJob job(o);      // nothing submitted yet; job.render_sbatch() is the script
-//   auto hosts = job.start();              // sbatch, wait RUNNING, attach: one HostMesh per group
-//   auto procs = job.spawn_procs(0, {{"gpus", 8}}, so);   // {hosts: 4, gpus: 8}; failures name the job
+//   monarch::launch::SlurmJob job(o);      // nothing submitted yet; job.render_sbatch() is the
+//   script auto hosts = job.start();              // sbatch, wait RUNNING, attach: one HostMesh per
+//   group auto procs = job.spawn_procs(0, {{"gpus", 8}}, so);   // {hosts: 4, gpus: 8}; failures
+//   name the job
 //   ...
 //   procs.stop();
 //   job.cancel();                          // scancel; also done by ~SlurmJob
@@ -68,10 +69,13 @@ struct SlurmOptions {
   /// secret in channel.secret, MONARCH_SECRET or MONARCH_SECRET_FILE, a random one is made for
   /// this job and handed to the agents through sbatch's environment (not the script).
   mesh::HostOptions host{};
-  std::chrono::milliseconds start_timeout{std::chrono::minutes(5)};  ///< submit until all agents listen
+  std::chrono::milliseconds start_timeout{
+      std::chrono::minutes(5)};  ///< submit until all agents listen
   std::chrono::milliseconds poll_interval{std::chrono::milliseconds(250)};  ///< squeue / file polls
-  std::chrono::milliseconds command_timeout{std::chrono::seconds(30)};  ///< each sbatch/squeue/scancel
-  std::chrono::milliseconds cancel_timeout{std::chrono::seconds(30)};   ///< scancel until the job ended
+  std::chrono::milliseconds command_timeout{
+      std::chrono::seconds(30)};  ///< each sbatch/squeue/scancel
+  std::chrono::milliseconds cancel_timeout{
+      std::chrono::seconds(30)};  ///< scancel until the job ended
   /// squeue output: true JSON (`squeue --json`, 22.05+), false `squeue -h -o ...`; nullopt: try
   /// JSON once and fall back when it fails.
   std::optional<bool> squeue_json{};
@@ -130,7 +134,8 @@ class SlurmJob {
   /// "... (SLURM job 42 'monarch': RUNNING)" or "(SLURM job 42 'monarch': CANCELLED)". The
   /// user's options.on_failure receives that MeshFailure; when it is empty the failure is logged
   /// and left unhandled (the HostMesh fault hook).
-  mesh::ProcMesh spawn_procs(size_t group, const ndslice::Extent& per_host, mesh::SpawnOptions options = {});
+  mesh::ProcMesh spawn_procs(size_t group, const ndslice::Extent& per_host,
+                             mesh::SpawnOptions options = {});
 
   /// Called once (monitor thread) when the job leaves RUNNING while attached: a MeshFailure with
   /// mesh "slurm-<id>", every rank of every group (groups in order), cause "SLURM job 42
@@ -143,8 +148,8 @@ class SlurmJob {
   /// SlurmError naming the job when scancel fails or the job outlives the deadline.
   void cancel();
 
-  const std::string& job_id() const;   ///< "" before submit
-  const std::string& work_dir() const; ///< <shared_dir>/job-<tag>: script, agent files, job output
+  const std::string& job_id() const;    ///< "" before submit
+  const std::string& work_dir() const;  ///< <shared_dir>/job-<tag>: script, agent files, job output
 
   struct Impl;
 
@@ -154,13 +159,13 @@ class SlurmJob {
 
 /// What a process started inside an allocation (by srun or the batch script) knows.
 struct SlurmEnv {
-  std::string job_id;                 ///< SLURM_JOB_ID
-  size_t procid = 0;                  ///< SLURM_PROCID: rank in the step
-  size_t ntasks = 1;                  ///< SLURM_NTASKS (or SLURM_NPROCS): size of the step
-  size_t localid = 0;                 ///< SLURM_LOCALID: rank on this node
-  size_t nodeid = 0;                  ///< SLURM_NODEID
-  std::string nodelist;               ///< SLURM_JOB_NODELIST (or SLURM_NODELIST), compressed
-  std::vector<std::string> nodes;     ///< nodelist expanded
+  std::string job_id;              ///< SLURM_JOB_ID
+  size_t procid = 0;               ///< SLURM_PROCID: rank in the step
+  size_t ntasks = 1;               ///< SLURM_NTASKS (or SLURM_NPROCS): size of the step
+  size_t localid = 0;              ///< SLURM_LOCALID: rank on this node
+  size_t nodeid = 0;               ///< SLURM_NODEID
+  std::string nodelist;            ///< SLURM_JOB_NODELIST (or SLURM_NODELIST), compressed
+  std::vector<std::string> nodes;  ///< nodelist expanded
 };
 /// Reads SLURM_* from the environment; nullopt outside an allocation (no SLURM_JOB_ID). Throws
 /// SlurmError naming the variable whose value is malformed.

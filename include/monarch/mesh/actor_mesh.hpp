@@ -17,11 +17,11 @@
 //   reduce    every member; replies combined with an associative reducer (Sum, Min, Max, any
 //             R(R, R)); the caller receives one value.
 // A cast behaves exactly like one message per member from the caller (same per-pair FIFO, even
-// across different slices; no atomicity across members). Inside a handler, Context::message_rank() is the receiver's local
-// rank in the view the message was cast to.
+// across different slices; no atomicity across members). Inside a handler, Context::message_rank()
+// is the receiver's local rank in the view the message was cast to.
 //
-// Cast tree (docs/cast-tree.md, CAST-1..10): call, reduce, stream and broadcast go as ONE message to
-// the comm actor of base proc 0, which relays it down a fixed tree of per-proc comm actors of
+// Cast tree (docs/cast-tree.md, CAST-1..10): call, reduce, stream and broadcast go as ONE message
+// to the comm actor of base proc 0, which relays it down a fixed tree of per-proc comm actors of
 // bounded fan-out; replies are folded at every node, so the caller receives one message. call_one
 // and choose message their member directly (not ordered with casts, CAST-4). Results complete on
 // runtime threads (never the caller's); Future continuations follow future.hpp's rules.
@@ -51,15 +51,21 @@ namespace monarch::mesh {
 /// Reducers for ActorMesh::reduce: associative combines of two replies.
 struct Sum {
   template <class T>
-  T operator()(T a, const T& b) const { return a += b; }
+  T operator()(T a, const T& b) const {
+    return a += b;
+  }
 };
 struct Min {
   template <class T>
-  T operator()(const T& a, const T& b) const { return b < a ? b : a; }
+  T operator()(const T& a, const T& b) const {
+    return b < a ? b : a;
+  }
 };
 struct Max {
   template <class T>
-  T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+  T operator()(const T& a, const T& b) const {
+    return a < b ? b : a;
+  }
 };
 
 template <class A>
@@ -71,7 +77,10 @@ class ActorMesh {
   /// directly from the caller).
   ActorMesh(std::shared_ptr<const std::vector<ActorRef<A>>> members, ndslice::Shape view,
             std::shared_ptr<const detail::CastTopology> topo = nullptr, size_t per_proc = 1)
-      : members_(std::move(members)), view_(std::move(view)), topo_(std::move(topo)), per_proc_(per_proc) {}
+      : members_(std::move(members)),
+        view_(std::move(view)),
+        topo_(std::move(topo)),
+        per_proc_(per_proc) {}
 
   const ndslice::Shape& shape() const { return view_; }
   const ndslice::Extent& extent() const { return view_.extent(); }
@@ -115,7 +124,8 @@ class ActorMesh {
                   "reduce: the reducer must be callable as const with (R, const R&) and return R "
                   "(no mutable lambdas: tree nodes call it concurrently)");
     detail::check_endpoint<A, M, const Args&...>();
-    if (size() == 0) throw UsageError("reduce: the mesh view " + extent().to_string() + " is empty");
+    if (size() == 0)
+      throw UsageError("reduce: the mesh view " + extent().to_string() + " is empty");
     if (topo_ && topo_->remote) return remote_reduce(std::move(reducer), method, args...);
     auto job = make_job<detail::CastMode::Reduce>(method, std::move(reducer), args...);
     auto f = job->reduce_future();
@@ -134,7 +144,8 @@ class ActorMesh {
 
   template <class M, class... Args>
   auto choose(M method, Args&&... args) const {
-    if (size() == 0) throw UsageError("choose: the mesh view " + extent().to_string() + " is empty");
+    if (size() == 0)
+      throw UsageError("choose: the mesh view " + extent().to_string() + " is empty");
     thread_local std::mt19937_64 rng{std::random_device{}()};
     size_t i = std::uniform_int_distribution<size_t>(0, size() - 1)(rng);
     return at(i).call_ranked(i, method, std::forward<Args>(args)...);
@@ -173,10 +184,11 @@ class ActorMesh {
         detail::throw_not_castable("broadcast", "the endpoint's arguments are");
       } else {
         auto plan = detail::CastPlan::make(view_, per_proc_);
-        topo_->when_ready([comm = topo_->comm[0],
-                           w = RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...)]() mutable {
-          comm.send(&CommActor::cast_send, std::move(w));
-        });
+        topo_->when_ready(
+            [comm = topo_->comm[0], w = RC::root(*members_, *topo_, plan, method,
+                                                 detail::NoReducer{}, args...)]() mutable {
+              comm.send(&CommActor::cast_send, std::move(w));
+            });
         return;
       }
     }
@@ -217,8 +229,8 @@ class ActorMesh {
   template <class M, class... Args>
   auto remote_call(M method, const Args&... args) const
       -> Future<ndslice::ValueMesh<std::conditional_t<
-          std::is_void_v<typename detail::reply_type<typename detail::method_traits<M>::ret>::type>, Unit,
-          typename detail::reply_type<typename detail::method_traits<M>::ret>::type>>> {
+          std::is_void_v<typename detail::reply_type<typename detail::method_traits<M>::ret>::type>,
+          Unit, typename detail::reply_type<typename detail::method_traits<M>::ret>::type>>> {
     using RC = detail::RemoteCast<A, M, detail::CastMode::Collect, detail::NoReducer>;
     using R = typename RC::R;
     using Out = std::conditional_t<std::is_void_v<R>, Unit, R>;
@@ -229,29 +241,32 @@ class ActorMesh {
       Promise<ndslice::ValueMesh<Out>> p;
       auto f = p.get_future();
       auto on_reply = [p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
-            if (s.error) return p.set_error(s.error);
-            try {
-              auto parts = detail::decode_string<typename RC::Partial>(*s.value);
-              std::vector<std::optional<Out>> slots(ext.num_ranks());
-              for (auto& [r, v] : parts) {
-                if constexpr (std::is_void_v<R>) {
-                  slots.at(r).emplace();
-                } else {
-                  slots.at(r).emplace(std::move(v));
-                }
-              }
-              std::vector<Out> out;
-              out.reserve(slots.size());
-              for (size_t r = 0; r < slots.size(); ++r) {
-                if (!slots[r]) throw Error("cast: no reply from member " + std::to_string(r) + " of " + ext.to_string());
-                out.push_back(std::move(*slots[r]));
-              }
-              p.set_value(ndslice::ValueMesh<Out>::from_vector(ext, out));
-            } catch (...) {
-              p.set_error(std::current_exception());
+        if (s.error) return p.set_error(s.error);
+        try {
+          auto parts = detail::decode_string<typename RC::Partial>(*s.value);
+          std::vector<std::optional<Out>> slots(ext.num_ranks());
+          for (auto& [r, v] : parts) {
+            if constexpr (std::is_void_v<R>) {
+              slots.at(r).emplace();
+            } else {
+              slots.at(r).emplace(std::move(v));
             }
-          };
-      send_cast(RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...), std::move(on_reply));
+          }
+          std::vector<Out> out;
+          out.reserve(slots.size());
+          for (size_t r = 0; r < slots.size(); ++r) {
+            if (!slots[r])
+              throw Error("cast: no reply from member " + std::to_string(r) + " of " +
+                          ext.to_string());
+            out.push_back(std::move(*slots[r]));
+          }
+          p.set_value(ndslice::ValueMesh<Out>::from_vector(ext, out));
+        } catch (...) {
+          p.set_error(std::current_exception());
+        }
+      };
+      send_cast(RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...),
+                std::move(on_reply));
       return f;
     }
   }
@@ -268,15 +283,15 @@ class ActorMesh {
       Promise<R> p;
       auto f = p.get_future();
       auto on_reply = [p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
-            if (s.error) return p.set_error(s.error);
-            try {
-              auto v = detail::decode_string<typename RC::Partial>(*s.value);
-              if (!v) throw Error("reduce: no reply from the members of " + ext.to_string());
-              p.set_value(std::move(*v));
-            } catch (...) {
-              p.set_error(std::current_exception());
-            }
-          };
+        if (s.error) return p.set_error(s.error);
+        try {
+          auto v = detail::decode_string<typename RC::Partial>(*s.value);
+          if (!v) throw Error("reduce: no reply from the members of " + ext.to_string());
+          p.set_value(std::move(*v));
+        } catch (...) {
+          p.set_error(std::current_exception());
+        }
+      };
       send_cast(RC::root(*members_, *topo_, plan, method, reducer, args...), std::move(on_reply));
       return f;
     }
@@ -285,17 +300,19 @@ class ActorMesh {
   // The root hop of a remote call/reduce; on_reply gets the root's reply (CAST-10, CAST-11).
   template <class OnReply>
   void send_cast(CastWire w, OnReply on_reply) const {
-    topo_->when_ready([comm = topo_->comm[0], w = std::move(w), on_reply = std::move(on_reply)]() mutable {
-      comm.call(&CommActor::cast, std::move(w)).on_complete(std::move(on_reply));
-    });
+    topo_->when_ready(
+        [comm = topo_->comm[0], w = std::move(w), on_reply = std::move(on_reply)]() mutable {
+          comm.call(&CommActor::cast, std::move(w)).on_complete(std::move(on_reply));
+        });
   }
 
   template <detail::CastMode Mode, class M, class Reducer, class... Args>
   auto make_job(M method, Reducer reducer, const Args&... args) const {
-    if (!topo_) throw UsageError("ActorMesh: this mesh has no cast tree (it was not spawned by a ProcMesh)");
+    if (!topo_)
+      throw UsageError("ActorMesh: this mesh has no cast tree (it was not spawned by a ProcMesh)");
     using Job = detail::CastJob<A, M, Mode, Reducer, std::decay_t<Args>...>;
-    return std::make_shared<Job>(members_, topo_, detail::CastPlan::make(view_, per_proc_), extent(),
-                                 method, std::move(reducer), args...);
+    return std::make_shared<Job>(members_, topo_, detail::CastPlan::make(view_, per_proc_),
+                                 extent(), method, std::move(reducer), args...);
   }
 
   std::shared_ptr<const std::vector<ActorRef<A>>> members_;

@@ -1,4 +1,5 @@
-// Cast tree: how a mesh adverb reaches its members (invariants CAST-1..CAST-10 in docs/cast-tree.md).
+// Cast tree: how a mesh adverb reaches its members (invariants CAST-1..CAST-10 in
+// docs/cast-tree.md).
 //
 // Every Proc of a ProcMesh runs one comm actor (CommActor, registered as "monarch.comm"). A cast
 // is posted to the comm actor of base proc 0, which relays it down a fixed tree over the base
@@ -18,10 +19,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,16 +62,16 @@ struct MemberRun {
 /// actor it is delivered by), so a cast to 256 consecutive actors per proc costs a few bytes per
 /// proc rather than an ActorId per member.
 struct CastWire {
-  std::string handler;               // registry key of the typed handler (detail::RemoteCast)
-  std::string args;                  // the endpoint's argument tuple
-  std::string reducer;               // the reducer (empty when stateless)
-  uint32_t lo = 0, hi = 0;           // the subtree: base procs [lo, hi), rooted at lo
+  std::string handler;      // registry key of the typed handler (detail::RemoteCast)
+  std::string args;         // the endpoint's argument tuple
+  std::string reducer;      // the reducer (empty when stateless)
+  uint32_t lo = 0, hi = 0;  // the subtree: base procs [lo, hi), rooted at lo
   uint64_t fanout = 16;
-  std::vector<ActorId> comm;         // comm actors of procs lo .. hi-1
-  std::vector<uint32_t> procs;       // destination procs in the subtree, ascending
-  std::vector<uint32_t> starts;      // procs[i]'s members: runs[starts[i] .. starts[i+1])
-  std::vector<std::string> names;    // distinct member actor names
-  std::vector<MemberRun> runs;       // destination members, grouped by proc
+  std::vector<ActorId> comm;       // comm actors of procs lo .. hi-1
+  std::vector<uint32_t> procs;     // destination procs in the subtree, ascending
+  std::vector<uint32_t> starts;    // procs[i]'s members: runs[starts[i] .. starts[i+1])
+  std::vector<std::string> names;  // distinct member actor names
+  std::vector<MemberRun> runs;     // destination members, grouped by proc
   template <class Ar>
   void serialize(Ar& ar) {
     ar(handler, args, reducer, lo, hi, fanout, comm, procs, starts, names, runs);
@@ -368,7 +369,8 @@ class CastJob final : public CastJobBase,
       }
     } else if constexpr (Mode == CastMode::Broadcast) {
       Proc* p = sender_ ? &sender_->proc() : nullptr;
-      if (p == nullptr && topo_->comm[h.lo].cell() != nullptr) p = &topo_->comm[h.lo].cell()->proc();
+      if (p == nullptr && topo_->comm[h.lo].cell() != nullptr)
+        p = &topo_->comm[h.lo].cell()->proc();
       monarch::detail::route_undeliverable(sender_.get(), p, f);
     } else {
       fail(std::make_exception_ptr(f));
@@ -411,18 +413,23 @@ class CastJob final : public CastJobBase,
           monarch::detail::apply_method(self, job->method_, args);
           if constexpr (Mode == CastMode::Collect) job->slots_[message_rank].emplace();
         } else if constexpr (Mode == CastMode::Collect) {
-          job->slots_[message_rank].emplace(monarch::detail::apply_method(self, job->method_, args));
+          job->slots_[message_rank].emplace(
+              monarch::detail::apply_method(self, job->method_, args));
         } else {
           p.emplace(monarch::detail::apply_method(self, job->method_, args));
         }
       } catch (...) {
         return job->fail(std::make_exception_ptr(
-            ActorError(c.id(), monarch::detail::endpoint_label(c.type_name(), monarch::detail::endpoint_name<A>(job->method_)),
+            ActorError(c.id(),
+                       monarch::detail::endpoint_label(
+                           c.type_name(), monarch::detail::endpoint_name<A>(job->method_)),
                        monarch::detail::describe_exception(std::current_exception()))));
       }
       job->complete_one(std::move(node), std::move(p));
     }
-    void bounce(const DeliveryFailure& f) noexcept override { job->fail(std::make_exception_ptr(f)); }
+    void bounce(const DeliveryFailure& f) noexcept override {
+      job->fail(std::make_exception_ptr(f));
+    }
     std::string_view endpoint() const noexcept override {
       const char* n = monarch::detail::endpoint_name<A>(job->method_);
       return n != nullptr ? n : "<endpoint>";
@@ -438,12 +445,16 @@ class CastJob final : public CastJobBase,
       Cell* c = ref.cell();
       Proc* p = c != nullptr ? &c->proc() : (sender_ ? &sender_->proc() : nullptr);
       auto* e = std::apply(
-          [&](const auto&... a) { return new monarch::detail::SendEnvelope<A, M>(p, method_, a...); }, args_);
+          [&](const auto&... a) {
+            return new monarch::detail::SendEnvelope<A, M>(p, method_, a...);
+          },
+          args_);
       e->sender = sender_;
       e->message_rank = rank;
       if (c != nullptr) return c->post(e);
       std::unique_ptr<Envelope> owned(e);
-      e->bounce(DeliveryFailure(ref.valid() ? ref.id() : ActorId{}, std::string(e->endpoint()), "unknown actor"));
+      e->bounce(DeliveryFailure(ref.valid() ? ref.id() : ActorId{}, std::string(e->endpoint()),
+                                "unknown actor"));
     } else if constexpr (kDirectReply) {
       // Fast path (plain-value handlers): the member's envelope folds its reply straight into
       // the node, without a Future per member.
@@ -452,9 +463,11 @@ class CastJob final : public CastJobBase,
       Cell* c = ref.cell();
       if (c != nullptr) return c->post(e);
       std::unique_ptr<Envelope> owned(e);
-      e->bounce(DeliveryFailure(ref.valid() ? ref.id() : ActorId{}, std::string(e->endpoint()), "unknown actor"));
+      e->bounce(DeliveryFailure(ref.valid() ? ref.id() : ActorId{}, std::string(e->endpoint()),
+                                "unknown actor"));
     } else {
-      auto f = std::apply([&](const auto&... a) { return ref.call_ranked(rank, method_, a...); }, args_);
+      auto f =
+          std::apply([&](const auto&... a) { return ref.call_ranked(rank, method_, a...); }, args_);
       if constexpr (Mode == CastMode::Stream) {
         stream_add(rank, std::move(f));
       } else {
@@ -484,8 +497,9 @@ class CastJob final : public CastJobBase,
       if constexpr (Mode == CastMode::Reduce) {
         if (p) {
           try {
-            node->acc = node->acc ? std::optional<Out>(std::as_const(reducer_)(std::move(*node->acc), *p))
-                                  : std::move(p);
+            node->acc = node->acc
+                            ? std::optional<Out>(std::as_const(reducer_)(std::move(*node->acc), *p))
+                            : std::move(p);
           } catch (...) {
             lock.unlock();
             return fail(std::current_exception());
@@ -547,15 +561,18 @@ inline std::string to_string_bytes(const std::vector<std::byte>& b) {
 }
 template <class T>
 T decode_string(const std::string& s) {
-  return wire::decode<T>(std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size()));
+  return wire::decode<T>(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size()));
 }
 
 /// A reducer travels as bytes, or as nothing when it is stateless (Sum, Min, Max, a lambda
 /// without captures).
 template <class Reducer>
-inline constexpr bool reducer_stateless_v = std::is_empty_v<Reducer> && std::is_default_constructible_v<Reducer>;
+inline constexpr bool reducer_stateless_v =
+    std::is_empty_v<Reducer>&& std::is_default_constructible_v<Reducer>;
 template <class Reducer>
-inline constexpr bool reducer_wireable_v = reducer_stateless_v<Reducer> || wire::is_serializable_v<Reducer>;
+inline constexpr bool reducer_wireable_v =
+    reducer_stateless_v<Reducer> || wire::is_serializable_v<Reducer>;
 
 template <class A, class M, CastMode Mode, class Reducer>
 struct RemoteCast {
@@ -566,8 +583,8 @@ struct RemoteCast {
                                      std::vector<std::pair<uint32_t, WireOut>>>;
 
   static constexpr bool castable = wire::is_serializable_v<Stored> &&
-                                   (std::is_void_v<R> || wire::is_serializable_v<R>) &&
-                                   (Mode != CastMode::Reduce || reducer_wireable_v<Reducer>);
+                                   (std::is_void_v<R> || wire::is_serializable_v<R>)&&(
+                                       Mode != CastMode::Reduce || reducer_wireable_v<Reducer>);
 
   static std::string key(M method) {
     return wire::type_name<RemoteCast>() + "/" + monarch::detail::remote_endpoint_name<A>(method);
@@ -614,23 +631,25 @@ struct RemoteCast {
   static std::string register_for(M method) {
     std::string k = key(method);
     if (!find_remote_cast(k)) {
-      add_remote_cast(k, std::make_shared<RemoteCastFn>(
-                             [method](Proc& p, CastWire&& w) { return run(p, method, std::move(w)); }));
+      add_remote_cast(k, std::make_shared<RemoteCastFn>([method](Proc& p, CastWire&& w) {
+                        return run(p, method, std::move(w));
+                      }));
     }
     return k;
   }
 
   using Ret = typename method_traits<M>::ret;
   /// Plain-value handlers reply by folding straight into the node (no Future per member).
-  static constexpr bool kDirectReply = Mode != CastMode::Broadcast && !monarch::detail::is_task<Ret>::value &&
+  static constexpr bool kDirectReply = Mode != CastMode::Broadcast &&
+                                       !monarch::detail::is_task<Ret>::value &&
                                        !monarch::detail::is_future<Ret>::value;
 
   /// The accumulator of one node: the members on this proc and the partials of its children.
   struct NodeState {
     explicit NodeState(Reducer r) : reducer(std::move(r)) {}
     std::mutex mu;
-    Partial acc{};                  // guarded by mu
-    bool failed = false;            // guarded by mu; also set once the result is out
+    Partial acc{};        // guarded by mu
+    bool failed = false;  // guarded by mu; also set once the result is out
     std::atomic<size_t> pending{0};
     Promise<std::string> promise;
     Reducer reducer;
@@ -673,9 +692,12 @@ struct RemoteCast {
     bool fold(Partial& p, std::unique_lock<std::mutex>& lock) {
       try {
         if constexpr (Mode == CastMode::Reduce) {
-          if (p) acc = acc ? std::optional<WireOut>(std::as_const(reducer)(std::move(*acc), *p)) : std::move(p);
+          if (p)
+            acc = acc ? std::optional<WireOut>(std::as_const(reducer)(std::move(*acc), *p))
+                      : std::move(p);
         } else {
-          acc.insert(acc.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
+          acc.insert(acc.end(), std::make_move_iterator(p.begin()),
+                     std::make_move_iterator(p.end()));
         }
       } catch (...) {
         failed = true;
@@ -728,11 +750,15 @@ struct RemoteCast {
         }
       } catch (...) {
         st->fail(std::make_exception_ptr(
-            ActorError(c.id(), monarch::detail::endpoint_label(c.type_name(), monarch::detail::endpoint_name<A>(method)),
+            ActorError(c.id(),
+                       monarch::detail::endpoint_label(c.type_name(),
+                                                       monarch::detail::endpoint_name<A>(method)),
                        monarch::detail::describe_exception(std::current_exception()))));
       }
     }
-    void bounce(const DeliveryFailure& f) noexcept override { st->fail(std::make_exception_ptr(f)); }
+    void bounce(const DeliveryFailure& f) noexcept override {
+      st->fail(std::make_exception_ptr(f));
+    }
     std::string_view endpoint() const noexcept override {
       const char* n = monarch::detail::endpoint_name<A>(method);
       return n != nullptr ? n : "<endpoint>";
@@ -744,9 +770,9 @@ struct RemoteCast {
   static Future<std::string> run(Proc& proc, M method, CastWire&& w) {
     if (w.starts.size() != w.procs.size() + 1 || w.comm.size() != size_t{w.hi} - w.lo ||
         (w.starts.empty() ? false : w.starts.back() != w.runs.size())) {
-      return Future<std::string>::ready_error(std::make_exception_ptr(UsageError(
-          "comm actor of " + proc.name() + ": malformed cast hop [" + std::to_string(w.lo) + ", " +
-          std::to_string(w.hi) + ")")));
+      return Future<std::string>::ready_error(std::make_exception_ptr(
+          UsageError("comm actor of " + proc.name() + ": malformed cast hop [" +
+                     std::to_string(w.lo) + ", " + std::to_string(w.hi) + ")")));
     }
     auto args = std::make_shared<const Stored>(decode_string<Stored>(w.args));
     auto st = std::make_shared<NodeState>(decode_reducer(w.reducer));
@@ -789,7 +815,8 @@ struct RemoteCast {
     if constexpr (Mode != CastMode::Reduce && Mode != CastMode::Broadcast) {
       st->local_ranks.reserve(local);
       for (uint32_t i = lb; i < le; ++i) {
-        for (uint32_t k = 0; k < w.runs[i].count; ++k) st->local_ranks.push_back(w.runs[i].rank + k);
+        for (uint32_t k = 0; k < w.runs[i].count; ++k)
+          st->local_ranks.push_back(w.runs[i].rank + k);
       }
       st->local_slots.resize(local);
     }
@@ -816,7 +843,8 @@ struct RemoteCast {
     for (uint32_t i = lb; i < le; ++i) {
       const MemberRun& run = w.runs[i];
       if (run.name >= w.names.size()) {
-        st->fail(std::make_exception_ptr(UsageError("comm actor of " + proc.name() + ": malformed cast hop (name index)")));
+        st->fail(std::make_exception_ptr(
+            UsageError("comm actor of " + proc.name() + ": malformed cast hop (name index)")));
         break;
       }
       id.name = w.names[run.name];
@@ -839,7 +867,8 @@ struct RemoteCast {
         if constexpr (Mode == CastMode::Broadcast) {
           std::apply([&](const auto&... a) { ref.send_ranked(rank, method, a...); }, *args);
         } else {
-          auto f = std::apply([&](const auto&... a) { return ref.call_ranked(rank, method, a...); }, *args);
+          auto f = std::apply([&](const auto&... a) { return ref.call_ranked(rank, method, a...); },
+                              *args);
           f.on_complete([st, slot](State<R>& s) {
             if (s.error) return st->fail(s.error);
             if constexpr (std::is_void_v<R>) {
@@ -860,8 +889,9 @@ struct RemoteCast {
   /// The root hop, from the caster: one message to base proc 0's comm actor (CAST-1).
   /// Throws UsageError when a member is not on the proc of the comm actor that serves it.
   template <class... Args>
-  static CastWire root(const std::vector<ActorRef<A>>& members, const CastTopology& topo, const CastPlan& plan,
-                       M method, const Reducer& reducer, const Args&... args) {
+  static CastWire root(const std::vector<ActorRef<A>>& members, const CastTopology& topo,
+                       const CastPlan& plan, M method, const Reducer& reducer,
+                       const Args&... args) {
     CastWire w;
     (void)auto_registered;  // static registration in every process of this binary
     w.handler = register_for(method);

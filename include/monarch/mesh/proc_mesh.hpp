@@ -1,7 +1,8 @@
 // ProcMesh: procs arranged in a multi-dimensional Extent, e.g. {hosts: 2, gpus: 4}.
 //
 //   auto procs = monarch::mesh::ProcMesh::local({{"hosts", 2}, {"gpus", 4}});  // LocalAllocator
-//   auto actors = procs.spawn<Worker>("worker", arg);                           // ActorMesh<Worker>
+//   auto actors = procs.spawn<Worker>("worker", arg);                           //
+//   ActorMesh<Worker>
 //
 // LocalAllocator (ProcMesh::local): every proc is a Proc inside this process; all share one
 // thread pool, so a mesh of thousands of procs costs no threads of its own (tests, simulation).
@@ -41,13 +42,16 @@ class ProcMesh {
   /// for an empty extent.
   /// `cast` sets the cast tree (fan-out; see docs/cast-tree.md). Every proc gets its comm actor
   /// (detail::install_comm). Throws UsageError for a fanout of 0.
-  static ProcMesh local(const ndslice::Extent& extent, ProcOptions options = {}, CastOptions cast = {});
+  static ProcMesh local(const ndslice::Extent& extent, ProcOptions options = {},
+                        CastOptions cast = {});
 
   const ndslice::Shape& shape() const { return view_; }
   const ndslice::Extent& extent() const { return view_.extent(); }
   size_t size() const { return view_.num_ranks(); }
 
-  ProcMesh slice(std::string_view dim, size_t index) const { return {state_, view_.slice(dim, index)}; }
+  ProcMesh slice(std::string_view dim, size_t index) const {
+    return {state_, view_.slice(dim, index)};
+  }
   ProcMesh slice(std::string_view dim, const ndslice::Range& r) const {
     return {state_, view_.slice(dim, r)};
   }
@@ -87,7 +91,8 @@ class ProcMesh {
     std::vector<std::pair<size_t, Future<ActorRef<A>>>> pending;
     for (size_t i = 0; i < size(); ++i) {
       check_usable(i);
-      pending.emplace_back(view_.global_rank(i), client().template lookup_remote<A>(address(i), name));
+      pending.emplace_back(view_.global_rank(i),
+                           client().template lookup_remote<A>(address(i), name));
     }
     for (auto& [g, f] : pending) members[g] = f.get(lookup_timeout()).id();
     return ActorMesh<A>::from_ids(client(), members, view_, comm_ids(), CastOptions{}.fanout, 1);
@@ -108,14 +113,16 @@ class ProcMesh {
   /// gives an ActorMesh with extent {hosts: 2, gpus: 8, actors: 256}; the members of one proc
   /// are consecutive in it. Throws UsageError when a per-proc dim repeats a proc dim.
   template <class A, class... Args>
-  ActorMesh<A> spawn(const std::string& name, const ndslice::Extent& per_proc, const Args&... args) const {
+  ActorMesh<A> spawn(const std::string& name, const ndslice::Extent& per_proc,
+                     const Args&... args) const {
     return spawn_per_proc<A>(name, per_proc, args...);
   }
 
  private:
   friend class HostMesh;
   template <class A, class... Args>
-  ActorMesh<A> spawn_per_proc(const std::string& name, const ndslice::Extent& per_proc, const Args&... args) const {
+  ActorMesh<A> spawn_per_proc(const std::string& name, const ndslice::Extent& per_proc,
+                              const Args&... args) const {
     const size_t k = per_proc.num_ranks();
     if (is_process()) {
       // Casts travel down the cast tree of the workers' comm actors (installed at bootstrap).
@@ -132,19 +139,21 @@ class ProcMesh {
           // Not lookup_remote: its then() would run in the calling actor, which may be blocked
           // waiting for this very cast (a handler that spawns, casts and get()s).
           client()
-              .remote_lookup_id(address(i), kCommActorName, monarch::detail::demangle(typeid(CommActor).name()))
+              .remote_lookup_id(address(i), kCommActorName,
+                                monarch::detail::demangle(typeid(CommActor).name()))
               .on_complete([fence](auto&) { fence->arrive(); });
         } catch (...) {
           fence->arrive();  // the cast then fails on its own (DeliveryFailure, SupervisionError)
         }
       }
-      return ActorMesh<A>::from_ids(client(), members, actor_view(per_proc), comm_ids(), CastOptions{}.fanout, k,
-                                    std::move(fence));
+      return ActorMesh<A>::from_ids(client(), members, actor_view(per_proc), comm_ids(),
+                                    CastOptions{}.fanout, k, std::move(fence));
     }
     auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size() * k);
     for (size_t i = 0; i < size(); ++i) {
       size_t g = view_.global_rank(i);
-      for (size_t a = 0; a < k; ++a) (*members)[g * k + a] = state_->procs[g]->template spawn<A>(name, args...);
+      for (size_t a = 0; a < k; ++a)
+        (*members)[g * k + a] = state_->procs[g]->template spawn<A>(name, args...);
     }
     return ActorMesh<A>(std::move(members), actor_view(per_proc), state_->topo, k);
   }
@@ -164,7 +173,8 @@ class ProcMesh {
   std::chrono::milliseconds lookup_timeout() const;
   process_detail::ProcessGroup& group() const;
 
-  ProcMesh(std::shared_ptr<State> s, ndslice::Shape v) : state_(std::move(s)), view_(std::move(v)) {}
+  ProcMesh(std::shared_ptr<State> s, ndslice::Shape v)
+      : state_(std::move(s)), view_(std::move(v)) {}
   std::shared_ptr<State> state_;
   ndslice::Shape view_;
 };

@@ -131,12 +131,13 @@ struct WorkerInfo {
 /// An exception fails the proc (MeshFailure with the exception's message).
 using WorkerSetup = std::function<void(Proc&, const WorkerInfo&)>;
 
-/// Call first thing in main. In a process started by a host agent (MONARCH_WORKER_OWNER set), runs the
-/// worker and exits the process (never returns); otherwise returns at once.
+/// Call first thing in main. In a process started by a host agent (MONARCH_WORKER_OWNER set), runs
+/// the worker and exits the process (never returns); otherwise returns at once.
 void bootstrap(int argc, char** argv, WorkerSetup setup = {});
 
 /// Runs a host agent serving `listen` until SIGTERM or SIGINT; `on_listening(bound address)` runs
 /// once it serves. Its workers die with it. Returns the process exit code.
-int run_agent(const std::string& listen, const std::function<void(const std::string&)>& on_listening = {});
+int run_agent(const std::string& listen,
+              const std::function<void(const std::string&)>& on_listening = {});
 
 }  // namespace monarch::mesh

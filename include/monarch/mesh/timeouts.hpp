@@ -41,7 +41,8 @@ struct ProcTimeouts {
     }
     if (spawn_timeout <= heartbeat_timeout) {
       fail("spawn_timeout (" + std::to_string(spawn_timeout.count()) +
-           " ms) must exceed heartbeat_timeout (" + std::to_string(heartbeat_timeout.count()) + " ms)");
+           " ms) must exceed heartbeat_timeout (" + std::to_string(heartbeat_timeout.count()) +
+           " ms)");
     }
     if (stop_timeout.count() <= 0) fail("stop_timeout must be > 0 ms");
     if (log_window.count() < 0) fail("log_window must be >= 0 ms");

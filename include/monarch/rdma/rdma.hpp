@@ -37,6 +37,8 @@
 // completes.
 #pragma once
 
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -44,9 +46,6 @@
 #include <span>
 #include <string>
 #include <vector>
-
-#include <cereal/types/string.hpp>
-#include <cereal/types/vector.hpp>
 
 #include "monarch/actor/errors.hpp"
 #include "monarch/actor/future.hpp"
@@ -95,7 +94,8 @@ struct TransferOptions {
 /// One way to reach an owner over UCX: a UCP worker and the packed remote keys (ucp_rkey_pack) of
 /// the buffer and of the owner's status table, valid for that worker's context.
 struct UcxRoute {
-  uint8_t kind = 0;  ///< 2: network plane (tcp, ib; event-driven). 1 is kept for a shared-memory plane
+  uint8_t kind =
+      0;  ///< 2: network plane (tcp, ib; event-driven). 1 is kept for a shared-memory plane
   std::vector<std::byte> worker_address{};
   std::vector<std::byte> rkey{};
   std::vector<std::byte> status_rkey{};
@@ -123,12 +123,12 @@ struct LocalRoute {
 /// Where a registered buffer lives and how to reach it. Plain data, cereal-serialisable; send it
 /// inside actor messages. Copies are cheap (a few hundred bytes).
 struct RdmaHandle {
-  std::string name;             ///< the owner's name for the buffer (for error messages)
-  std::string owner;            ///< channel address of the owner's data-plane listener
+  std::string name;                ///< the owner's name for the buffer (for error messages)
+  std::string owner;               ///< channel address of the owner's data-plane listener
   uint64_t owner_incarnation = 0;  ///< the owner process's incarnation: a restarted owner rejects
-  uint64_t reg_id = 0;          ///< registration id, unique and never reused within the owner
-  uint64_t address = 0;         ///< the buffer's virtual address in the owner
-  uint64_t length = 0;          ///< bytes
+  uint64_t reg_id = 0;             ///< registration id, unique and never reused within the owner
+  uint64_t address = 0;            ///< the buffer's virtual address in the owner
+  uint64_t length = 0;             ///< bytes
   Backend backend = Backend::Channel;
   /// ucx: how to reach the owner's UCP workers, best first (shared memory, then network).
   std::vector<UcxRoute> ucx_routes{};
@@ -204,7 +204,8 @@ class RdmaBuffer {
   bool dropped() const { return reg_ == nullptr; }
 
   /// Same as handle().read_into(...) / write_from(...), for symmetry with Monarch's API.
-  Future<void> read_into(std::span<std::byte> dst, uint64_t offset = 0, TransferOptions o = {}) const {
+  Future<void> read_into(std::span<std::byte> dst, uint64_t offset = 0,
+                         TransferOptions o = {}) const {
     return handle().read_into(dst, offset, o);
   }
   Future<void> write_from(std::span<const std::byte> src, uint64_t offset = 0,

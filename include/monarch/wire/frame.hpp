@@ -98,7 +98,8 @@ struct DecoderLimits {
   std::uint32_t max_parts = 4096;
   // Frames whose parts total at least this many bytes are assembled in place: once the header and
   // length table are validated, each part is allocated at its final size and filled directly
-  // (see FrameDecoder::direct_buffer), so large payloads are never copied through the stream buffer.
+  // (see FrameDecoder::direct_buffer), so large payloads are never copied through the stream
+  // buffer.
   std::size_t direct_min_bytes = std::size_t{64} << 10;
 };
 

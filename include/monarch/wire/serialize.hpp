@@ -17,6 +17,7 @@
 // but cereal allocates a container from its size prefix before reading the elements, so a
 // malicious size prefix can cause one large allocation (std::bad_alloc/std::length_error are
 // reported as DecodeError). Frames bound a message at DecoderLimits::max_frame_bytes.
+#include <array>
 #include <cereal/archives/binary.hpp>
 #include <cereal/cereal.hpp>
 #include <cereal/types/array.hpp>
@@ -34,17 +35,16 @@
 #include <cereal/types/utility.hpp>
 #include <cereal/types/variant.hpp>
 #include <cereal/types/vector.hpp>
-#include <array>
 #include <cstddef>
 #include <deque>
+#include <istream>
 #include <list>
 #include <map>
 #include <memory>
-#include <optional>
-#include <set>
-#include <istream>
 #include <new>
+#include <optional>
 #include <ostream>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <streambuf>
@@ -78,8 +78,8 @@ namespace detail {
 
 template <class T>
 inline constexpr bool cereal_serializable_v =
-    cereal::traits::is_output_serializable<T, cereal::BinaryOutputArchive>::value &&
-    cereal::traits::is_input_serializable<T, cereal::BinaryInputArchive>::value;
+    cereal::traits::is_output_serializable<T, cereal::BinaryOutputArchive>::value&&
+        cereal::traits::is_input_serializable<T, cereal::BinaryInputArchive>::value;
 
 // cereal's std-container serialisers are unconstrained templates, so cereal's own trait says
 // std::vector<X> is serialisable even when X is not (and the error then comes from deep inside
@@ -89,7 +89,7 @@ struct elements_serializable : std::true_type {};
 
 template <class T>
 inline constexpr bool deep_serializable_v =
-    cereal_serializable_v<T> && elements_serializable<T>::value;
+    cereal_serializable_v<T>&& elements_serializable<T>::value;
 
 template <template <class...> class C, class... Ts>
 struct elements_serializable_all : std::bool_constant<(deep_serializable_v<Ts> && ...)> {};
@@ -117,8 +117,8 @@ struct elements_serializable<std::pair<A, B>> : elements_serializable_all<std::p
 template <class... Ts>
 struct elements_serializable<std::tuple<Ts...>> : elements_serializable_all<std::tuple, Ts...> {};
 template <class... Ts>
-struct elements_serializable<std::variant<Ts...>>
-    : elements_serializable_all<std::variant, Ts...> {};
+struct elements_serializable<std::variant<Ts...>> : elements_serializable_all<std::variant, Ts...> {
+};
 template <class T, std::size_t N>
 struct elements_serializable<std::array<T, N>> : elements_serializable_all<std::tuple, T> {};
 template <class T, class D>
@@ -271,9 +271,11 @@ std::tuple<Args...> decode_tuple(std::span<const std::byte> bytes) {
                   "monarch::wire: decode_tuple<Args...> needs default-constructible Args");
     Tuple values{};
     detail::decode_with(bytes, &type_name<Tuple>, [&](cereal::BinaryInputArchive& ar) {
-      std::apply([&](auto&... v) {
-        if constexpr (sizeof...(v) > 0) ar(v...);
-      }, values);
+      std::apply(
+          [&](auto&... v) {
+            if constexpr (sizeof...(v) > 0) ar(v...);
+          },
+          values);
     });
     return values;
   }

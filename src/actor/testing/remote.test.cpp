@@ -21,7 +21,8 @@ namespace {
 
 std::string unique_addr(const char* stem) {
   static std::atomic<int> n{0};
-  return "unix://@monarch-remote-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + "-" + stem;
+  return "unix://@monarch-remote-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + "-" +
+         stem;
 }
 
 ProcOptions listening(const char* stem) {
@@ -89,7 +90,7 @@ TEST(Remote, RefsTravelInsideMessagesBothWays) {
   server.register_name("counter", server.spawn<Counter>("counter"));
   auto c = client.lookup_remote<Counter>(server.address(), "counter").get(5s);
   auto sink = client.spawn<Sink>("sink");
-  c.send(&Counter::forward, sink, 5);                     // the server sends to our sink
+  c.send(&Counter::forward, sink, 5);                      // the server sends to our sink
   EXPECT_EQ(c.call(&Counter::ask_back, sink).get(5s), 5);  // ...and calls it from a coroutine
   EXPECT_THAT(sink.call(&Sink::all).get(5s), ElementsAre(0, 1, 2, 3, 4));
 }

@@ -5,9 +5,9 @@
 // process layer starts the user's own binary. Its factories are the ones of the spawn_remote calls
 // compiled into this file, exactly as in a real job. Tests of the supervision logic use in-process
 // Procs on abstract unix addresses; crashes, freezes and "same binary" spawns use real processes.
+#include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -42,7 +42,7 @@ struct Recorder : monarch::Actor {
   std::vector<std::string> all() const { return log_; }
   int pid() const { return static_cast<int>(::getpid()); }
   void boom(std::string why) { throw std::runtime_error(why); }  // as a send: fails the actor
-  int freeze() {  // fault injection: never returns
+  int freeze() {                                                 // fault injection: never returns
     std::promise<void> never;
     never.get_future().wait();
     return 0;
@@ -132,7 +132,8 @@ struct Faults {
 
 std::string unique_addr(const char* stem) {
   static std::atomic<int> n{0};
-  return "unix://@monarch-rspawn-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + "-" + stem;
+  return "unix://@monarch-rspawn-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + "-" +
+         stem;
 }
 
 ProcOptions listening(const char* stem) {
@@ -173,7 +174,8 @@ bool wait_stopped(pid_t pid, std::chrono::milliseconds deadline) {
       std::fclose(f);
       std::string stat(buf, n);
       auto close = stat.rfind(')');
-      if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'T') stopped = false;
+      if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'T')
+        stopped = false;
     }
     ::closedir(d);
     return stopped;
@@ -224,7 +226,8 @@ TEST(RemoteSpawn, SpawnThenSendRightAwayInAWorkerProcess) {
 
 // SPAWN-2: a Proc whose binary lacks the factory refuses; the owner hears it and calls say why.
 TEST(RemoteSpawn, UnknownFactoryReachesOwnerAndCallsSayWhy) {
-  monarch::testing::Subprocess peer(MONARCH_REMOTE_PEER, {unique_addr("peer")});  // no spawn_remote inside
+  monarch::testing::Subprocess peer(MONARCH_REMOTE_PEER,
+                                    {unique_addr("peer")});  // no spawn_remote inside
   std::string addr = peer.listening();
   Faults faults;
   Proc client(listening("client"));
@@ -237,7 +240,8 @@ TEST(RemoteSpawn, UnknownFactoryReachesOwnerAndCallsSayWhy) {
   EXPECT_THAT(ev.cause, HasSubstr("no factory for monarch::testing::Counter()"));
   auto e = expect_throws<monarch::DeliveryFailure>([&] { f.get(10s); });
   EXPECT_EQ(e.destination(), ref.id());
-  EXPECT_THAT(e.reason(), HasSubstr("spawn of monarch::testing::Counter 'counter2' in proc " + addr));
+  EXPECT_THAT(e.reason(),
+              HasSubstr("spawn of monarch::testing::Counter 'counter2' in proc " + addr));
   EXPECT_THAT(e.reason(), HasSubstr("no factory"));
   auto counter = client.lookup_remote<monarch::testing::Counter>(addr, "counter").get(10s);
   EXPECT_EQ(counter.call(&monarch::testing::Counter::incr, 1).get(10s), 1);  // the peer lives on
@@ -294,10 +298,12 @@ TEST(RemoteSpawn, ThrowingConstructorOrInitReachesOwner) {
 // Caller mistakes throw at once, naming what is wrong.
 TEST(RemoteSpawn, CallerMistakesThrow) {
   Proc deaf;  // does not listen
-  auto e = expect_throws<monarch::UsageError>([&] { deaf.spawn_remote<Bomb>("unix://@x", "b", 3); });
+  auto e =
+      expect_throws<monarch::UsageError>([&] { deaf.spawn_remote<Bomb>("unix://@x", "b", 3); });
   EXPECT_THAT(e.what(), HasSubstr("does not listen"));
   Proc client(listening("client"));
-  auto bad = expect_throws<monarch::UsageError>([&] { client.spawn_remote<Bomb>("garbage", "b", 3); });
+  auto bad =
+      expect_throws<monarch::UsageError>([&] { client.spawn_remote<Bomb>("garbage", "b", 3); });
   EXPECT_THAT(bad.what(), HasSubstr("spawn_remote('b')"));
   EXPECT_THAT(bad.what(), HasSubstr("garbage"));
 }
@@ -317,7 +323,8 @@ TEST(RemoteSpawn, RemoteChildFailureHandledByOwner) {
   EXPECT_EQ(child.call(&Recorder::all).get(10s).size(), 1u);
   parent.send(&Parent::boom_child, std::string("child blew up"));
   std::string got = reports.recv(10s);
-  EXPECT_THAT(got, HasSubstr("actor " + child.id().to_string() + " ((anonymous namespace)::Recorder) failed"));
+  EXPECT_THAT(got, HasSubstr("actor " + child.id().to_string() +
+                             " ((anonymous namespace)::Recorder) failed"));
   EXPECT_THAT(got, HasSubstr("send handler (anonymous namespace)::Recorder::boom threw"));
   EXPECT_THAT(got, HasSubstr("child blew up"));
   EXPECT_EQ(parent.call(&Parent::ping).get(10s), 7);  // handled: the owner lives on
@@ -363,9 +370,10 @@ TEST(RemoteSpawn, ChainThroughARemoteChild) {
   auto mid = parent.call(&Parent::start_mid).get(10s);
   parent.send(&Parent::boom_mid_leaf, std::string("deep boom"));
   std::string got = reports.recv(10s);
-  EXPECT_THAT(got, HasSubstr("actor " + mid.id().to_string() + " ((anonymous namespace)::Mid) failed: "
-                                                                "unhandled failure of child " +
-                                 worker.address() + ".leaf["));
+  EXPECT_THAT(got, HasSubstr("actor " + mid.id().to_string() +
+                             " ((anonymous namespace)::Mid) failed: "
+                             "unhandled failure of child " +
+                             worker.address() + ".leaf["));
   EXPECT_THAT(got, HasSubstr("\n  caused by: actor " + worker.address() + ".leaf["));
   EXPECT_THAT(got, HasSubstr("Leaf::boom threw: std::runtime_error: deep boom"));
   EXPECT_EQ(parent.call(&Parent::ping).get(10s), 7);
@@ -481,8 +489,8 @@ TEST(RemoteSpawn, ForgetProcFailsPendingCallsAndDoesNotBarTheAddress) {
   EXPECT_THAT(e.what(), HasSubstr("test: stopped by design"));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);  // not the channel's delivery_timeout
   EXPECT_FALSE(client.proc_failed(w.addr));
-  client.forget_proc(w.addr, "again");       // no link now: a no-op
-  client.forget_proc("unix://@nobody", "x");  // never linked: a no-op
+  client.forget_proc(w.addr, "again");                    // no link now: a no-op
+  client.forget_proc("unix://@nobody", "x");              // never linked: a no-op
   EXPECT_EQ(b.call(&Recorder::all).get(10s).size(), 1u);  // a new link to the same proc
   EXPECT_EQ(hook_calls.load(), 0);
 }
@@ -504,7 +512,8 @@ TEST(RemoteSpawn, KilledWorkerFailsPendingCalls) {
   }
   {
     Worker w;
-    Proc client(listening("client"));  // default delivery timeout (30 s): the declaration is what ends it
+    Proc client(
+        listening("client"));  // default delivery timeout (30 s): the declaration is what ends it
     auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
     EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
     auto frozen = a.call(&Recorder::freeze);

@@ -1,10 +1,11 @@
 // AllreduceGroup over c10d ProcessGroupGloo (include/monarch/ft/torch/allreduce.hpp).
 #include "monarch/ft/torch/allreduce.hpp"
 
+#include <ATen/ATen.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <ATen/ATen.h>
 
 #ifdef MONARCH_FT_HAVE_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -40,8 +41,8 @@ std::vector<c10::intrusive_ptr<c10d::ProcessGroup>>& graveyard() {
 
 AllreduceError::AllreduceError(std::string prefix, int rank, int world_size,
                                const std::string& cause)
-    : std::runtime_error("allreduce group '" + prefix + "' (rank " + std::to_string(rank) +
-                         " of " + std::to_string(world_size) + "): " + cause),
+    : std::runtime_error("allreduce group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
+                         std::to_string(world_size) + "): " + cause),
       prefix_(std::move(prefix)),
       rank_(rank),
       world_size_(world_size) {}
@@ -50,7 +51,8 @@ struct StoreServer::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
 };
 
-StoreServer::StoreServer(std::string host) : impl_(std::make_unique<Impl>()), host_(std::move(host)) {
+StoreServer::StoreServer(std::string host)
+    : impl_(std::make_unique<Impl>()), host_(std::move(host)) {
   c10d::TCPStoreOptions opts;
   opts.port = 0;  // ephemeral
   opts.isServer = true;
@@ -85,9 +87,13 @@ AllreduceGroup::AllreduceGroup() : impl_(std::make_unique<Impl>()) {
   std::call_once(once, [] { std::signal(SIGPIPE, SIG_IGN); });
 }
 
-AllreduceGroup::~AllreduceGroup() { abort(); }
+AllreduceGroup::~AllreduceGroup() {
+  abort();
+}
 
-bool AllreduceGroup::configured() const noexcept { return static_cast<bool>(impl_->pg); }
+bool AllreduceGroup::configured() const noexcept {
+  return static_cast<bool>(impl_->pg);
+}
 
 void AllreduceGroup::abort() noexcept {
   // Dropping the last reference destroys the ProcessGroupGloo: its worker thread is joined (it
@@ -107,7 +113,8 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw AllreduceError(prefix, rank, world_size, "invalid rank/world size");
   }
-  if (timeout.count() <= 0) throw AllreduceError(prefix, rank, world_size, "timeout must be > 0 ms");
+  if (timeout.count() <= 0)
+    throw AllreduceError(prefix, rank, world_size, "timeout must be > 0 ms");
   try {
     if (!impl_->store || impl_->store_host != store_host || impl_->store_port != store_port) {
       impl_->store.reset();
@@ -136,14 +143,16 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
       auto ready = made->get_future();
       std::thread([made, prefixed, rank, world_size, opts] {
         try {
-          made->set_value(c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world_size, opts));
+          made->set_value(
+              c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world_size, opts));
         } catch (...) {
           made->set_exception(std::current_exception());
         }
       }).detach();
       if (ready.wait_for(timeout + std::chrono::milliseconds(100)) != std::future_status::ready) {
-        throw AllreduceError(prefix, rank, world_size,
-                             "configure: not every member joined within " + std::to_string(timeout.count()) + " ms");
+        throw AllreduceError(
+            prefix, rank, world_size,
+            "configure: not every member joined within " + std::to_string(timeout.count()) + " ms");
       }
       impl_->pg = ready.get();
       return;
@@ -167,12 +176,13 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
 
 void AllreduceGroup::allreduce_sum(std::span<float> data) {
   if (!impl_->pg) {
-    throw AllreduceError(prefix_, rank_, world_size_, "not configured (or closed by an earlier error/abort)");
+    throw AllreduceError(prefix_, rank_, world_size_,
+                         "not configured (or closed by an earlier error/abort)");
   }
   if (world_size_ == 1 || data.empty()) return;
   try {
     auto cpu = at::from_blob(data.data(), {static_cast<int64_t>(data.size())},
-                                at::TensorOptions().dtype(at::kFloat));
+                             at::TensorOptions().dtype(at::kFloat));
     std::vector<at::Tensor> tensors;
 #ifdef MONARCH_FT_HAVE_NCCL
     bool on_gpu = impl_->backend == AllreduceBackend::nccl;
@@ -201,8 +211,8 @@ void AllreduceGroup::allreduce_sum(std::span<float> data) {
       graveyard().push_back(std::move(impl_->pg));
     }
     abort();
-    throw AllreduceError(prefix_, rank_, world_size_, "allreduce of " +
-                         std::to_string(data.size()) + " floats: " + cause);
+    throw AllreduceError(prefix_, rank_, world_size_,
+                         "allreduce of " + std::to_string(data.size()) + " floats: " + cause);
   }
 }
 

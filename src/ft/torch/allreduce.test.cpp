@@ -37,7 +37,8 @@ std::string expect(Subprocess& p, const std::string& prefix,
                    std::chrono::milliseconds deadline = 20s) {
   auto end = std::chrono::steady_clock::now() + deadline;
   while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
     auto l = p.line(left);
     if (!l) break;
@@ -59,7 +60,8 @@ std::uint64_t expected_exact_hash(int world, long iter) {
   std::vector<float> sum(kFloats / 2, 0.0f);
   for (int r = 0; r < world; ++r) {
     for (std::size_t j = 0; j < sum.size(); ++j) {
-      sum[j] += static_cast<float>((static_cast<long>(r) * 7 + iter * 3 + static_cast<long>(j)) % 100);
+      sum[j] +=
+          static_cast<float>((static_cast<long>(r) * 7 + iter * 3 + static_cast<long>(j)) % 100);
     }
   }
   std::uint64_t h = 0xcbf29ce484222325ULL;
@@ -77,15 +79,16 @@ struct Group {
 
   explicit Group(int n) {
     for (int i = 0; i < n; ++i) {
-      peers.push_back(std::make_unique<Subprocess>(MONARCH_FT_ALLREDUCE_PEER, std::vector<std::string>{}));
+      peers.push_back(
+          std::make_unique<Subprocess>(MONARCH_FT_ALLREDUCE_PEER, std::vector<std::string>{}));
     }
   }
   void configure(const std::string& prefix, const std::vector<int>& members, long timeout_ms) {
     int world = static_cast<int>(members.size());
     for (int r = 0; r < world; ++r) {
-      peers[members[r]]->write_line("configure " + store.host() + " " + std::to_string(store.port()) +
-                                    " " + prefix + " " + std::to_string(r) + " " +
-                                    std::to_string(world) + " " + std::to_string(timeout_ms));
+      peers[members[r]]->write_line(
+          "configure " + store.host() + " " + std::to_string(store.port()) + " " + prefix + " " +
+          std::to_string(r) + " " + std::to_string(world) + " " + std::to_string(timeout_ms));
     }
     for (int m : members) ASSERT_EQ(expect(*peers[m], "CONFIGURED"), "CONFIGURED");
   }
@@ -133,7 +136,8 @@ TEST(AllreduceGroup, KilledPeerFailsOthersFastThenWorldTwoReconfigures) {
   auto killed_at = steady_ns();
   g.peers[2]->kill(SIGKILL);
   for (int m : {0, 1}) {
-    double s = g.error_after(m, killed_at, "allreduce group 'q1' (rank " + std::to_string(m) + " of 3)");
+    double s =
+        g.error_after(m, killed_at, "allreduce group 'q1' (rank " + std::to_string(m) + " of 3)");
     std::printf("detection after SIGKILL: member %d after %.3f s\n", m, s);
     EXPECT_LT(s, 3.0) << "a killed peer must be detected by its closed sockets, not the timeout";
   }
@@ -215,7 +219,8 @@ TEST(AllreduceGroup, NcclNeedsACudaBuild) {
   StoreServer store;
   AllreduceGroup group;
   try {
-    group.configure(store.host(), store.port(), "gpu", 0, 1, 1000ms, monarch::ft::AllreduceBackend::nccl);
+    group.configure(store.host(), store.port(), "gpu", 0, 1, 1000ms,
+                    monarch::ft::AllreduceBackend::nccl);
     FAIL() << "nccl configured on a CPU-only libtorch";
   } catch (const AllreduceError& e) {
     EXPECT_NE(std::string(e.what()).find("without CUDA"), std::string::npos) << e.what();

@@ -45,8 +45,8 @@ FlatState::FlatState(::torch::nn::Module& module) : impl_(std::make_unique<Impl>
   std::size_t count = 0;
   for (const auto& p : parameters) {
     if (p.device() != torch::kCPU || p.scalar_type() != torch::kFloat32 || p.is_sparse()) {
-      throw std::invalid_argument("FlatState: parameter of shape " +
-                                  c10::str(p.sizes()) + " is not a dense CPU float32 tensor");
+      throw std::invalid_argument("FlatState: parameter of shape " + c10::str(p.sizes()) +
+                                  " is not a dense CPU float32 tensor");
     }
     count += static_cast<std::size_t>(p.numel());
   }
@@ -90,8 +90,10 @@ void FlatState::load_from(std::span<const std::byte> src) {
   }
   if (static_cast<std::uint64_t>(read_slot(src.data(), kMagicSlot)) != kMagic ||
       read_slot(src.data(), kCountSlot) != static_cast<std::int64_t>(num_params_)) {
-    throw std::invalid_argument("FlatState::load_from: header mismatch (not a FlatState of a "
-                                "model with " + std::to_string(num_params_) + " parameters)");
+    throw std::invalid_argument(
+        "FlatState::load_from: header mismatch (not a FlatState of a "
+        "model with " +
+        std::to_string(num_params_) + " parameters)");
   }
   std::memcpy(base_, src.data(), size_);
 }
@@ -99,8 +101,10 @@ void FlatState::load_from(std::span<const std::byte> src) {
 void FlatState::check_header() const {
   if (static_cast<std::uint64_t>(read_slot(base_, kMagicSlot)) != kMagic ||
       read_slot(base_, kCountSlot) != static_cast<std::int64_t>(num_params_)) {
-    throw std::invalid_argument("FlatState: header after a raw read is not a FlatState of a "
-                                "model with " + std::to_string(num_params_) + " parameters");
+    throw std::invalid_argument(
+        "FlatState: header after a raw read is not a FlatState of a "
+        "model with " +
+        std::to_string(num_params_) + " parameters");
   }
 }
 
@@ -115,15 +119,23 @@ std::uint64_t FlatState::hash() const noexcept {
   return h;
 }
 
-void FlatState::zero_grads() noexcept { std::memset(grads_, 0, num_params_ * sizeof(float)); }
+void FlatState::zero_grads() noexcept {
+  std::memset(grads_, 0, num_params_ * sizeof(float));
+}
 
 void FlatState::scale_grads(float factor) noexcept {
   for (std::size_t i = 0; i < num_params_; ++i) grads_[i] *= factor;
 }
 
-std::int64_t FlatState::step() const noexcept { return read_slot(base_, kStepSlot); }
-void FlatState::set_step(std::int64_t step) noexcept { write_slot(base_, kStepSlot, step); }
-std::int64_t FlatState::data_position() const noexcept { return read_slot(base_, kPositionSlot); }
+std::int64_t FlatState::step() const noexcept {
+  return read_slot(base_, kStepSlot);
+}
+void FlatState::set_step(std::int64_t step) noexcept {
+  write_slot(base_, kStepSlot, step);
+}
+std::int64_t FlatState::data_position() const noexcept {
+  return read_slot(base_, kPositionSlot);
+}
 void FlatState::set_data_position(std::int64_t position) noexcept {
   write_slot(base_, kPositionSlot, position);
 }

@@ -14,7 +14,8 @@ namespace {
 
 struct Net : torch::nn::Module {
   explicit Net(std::uint64_t seed)
-      : a(register_module("a", torch::nn::Linear(5, 7))), b(register_module("b", torch::nn::Linear(7, 3))) {
+      : a(register_module("a", torch::nn::Linear(5, 7))),
+        b(register_module("b", torch::nn::Linear(7, 3))) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     torch::NoGradGuard no_grad;
     for (auto& p : parameters()) p.uniform_(-0.5, 0.5, gen);
@@ -30,7 +31,9 @@ bool inside(const void* p, std::span<const std::byte> range) {
   return b >= range.data() && b < range.data() + range.size();
 }
 
-torch::Tensor input() { return torch::linspace(-1, 1, 4 * 5).view({4, 5}); }
+torch::Tensor input() {
+  return torch::linspace(-1, 1, 4 * 5).view({4, 5});
+}
 
 TEST(FlatState, ParametersAndGradientsAliasTheFlatBuffers) {
   Net net(1);
@@ -151,7 +154,8 @@ TEST(FlatState, AdamMatchesTorchOptimAdam) {
   auto flat_params = flat_net.parameters();
   auto ref_params = ref_net.parameters();
   for (std::size_t i = 0; i < flat_params.size(); ++i) {
-    EXPECT_TRUE(torch::equal(flat_params[i], ref_params[i])) << "parameter " << i << " differs from torch::optim::Adam";
+    EXPECT_TRUE(torch::equal(flat_params[i], ref_params[i]))
+        << "parameter " << i << " differs from torch::optim::Adam";
   }
 }
 

@@ -17,7 +17,8 @@ struct CastMember : monarch::Actor {
   void record(int seq) { log_.push_back(seq); }
   std::vector<int> log() const { return log_; }
   long fail_on(size_t r) const {
-    if (mesh::Context::message_rank() == r) throw std::runtime_error("rank " + std::to_string(r) + " failed");
+    if (mesh::Context::message_rank() == r)
+      throw std::runtime_error("rank " + std::to_string(r) + " failed");
     return 1;
   }
   MONARCH_ENDPOINTS(CastMember, where, value, record, log, fail_on)

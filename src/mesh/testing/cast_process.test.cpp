@@ -32,7 +32,8 @@ struct Peers {
   explicit Peers(const std::string& prefix) {
     for (size_t p = 0; p < kProcs; ++p) {
       procs.push_back(std::make_unique<monarch::testing::Subprocess>(
-          MONARCH_MESH_PEER, std::vector<std::string>{prefix + "/p" + std::to_string(p), std::to_string(kPerProc), "7"}));
+          MONARCH_MESH_PEER, std::vector<std::string>{prefix + "/p" + std::to_string(p),
+                                                      std::to_string(kPerProc), "7"}));
     }
     for (auto& sp : procs) {
       auto line = [&] {
@@ -53,17 +54,21 @@ TEST(CastProcesses, CAST10_CastAndReduceAcrossWorkerProcesses) {
   monarch::ProcOptions co;
   co.listen = prefix + "/client";
   monarch::Proc client(co);
-  monarch::ndslice::Shape view(monarch::ndslice::Extent{{"procs", Peers::kProcs}, {"actors", Peers::kPerProc}});
-  auto m = monarch::mesh::ActorMesh<CastMember>::from_ids(client, peers.members, view, peers.comm, 2, Peers::kPerProc);
+  monarch::ndslice::Shape view(
+      monarch::ndslice::Extent{{"procs", Peers::kProcs}, {"actors", Peers::kPerProc}});
+  auto m = monarch::mesh::ActorMesh<CastMember>::from_ids(client, peers.members, view, peers.comm,
+                                                          2, Peers::kPerProc);
 
   auto vals = m.call(&CastMember::value, 5L).get(30s);
   for (size_t r = 0; r < m.size(); ++r) EXPECT_EQ(vals[r], 12 + static_cast<long>(r));
   auto where = m.call(&CastMember::where).get(30s);
   for (size_t r = 0; r < m.size(); ++r) EXPECT_EQ(where[r], peers.comm[r / Peers::kPerProc].proc);
-  EXPECT_EQ(m.slice("actors", 3).reduce(monarch::mesh::Sum{}, &CastMember::value, 0L).get(30s), 3 * 7 + 3);
+  EXPECT_EQ(m.slice("actors", 3).reduce(monarch::mesh::Sum{}, &CastMember::value, 0L).get(30s),
+            3 * 7 + 3);
 
   // CAST-3 across processes: broadcasts and calls to different slices, in send order.
-  std::vector<monarch::mesh::ActorMesh<CastMember>> slices{m, m.slice("procs", 2), m.slice("actors", monarch::ndslice::Range(1, 4, 2))};
+  std::vector<monarch::mesh::ActorMesh<CastMember>> slices{
+      m, m.slice("procs", 2), m.slice("actors", monarch::ndslice::Range(1, 4, 2))};
   std::vector<std::vector<int>> expected(m.size());
   for (int seq = 0; seq < 30; ++seq) {
     auto& v = slices[static_cast<size_t>(seq) % slices.size()];

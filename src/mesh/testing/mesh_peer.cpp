@@ -11,7 +11,8 @@
 
 namespace {
 void print_id(const char* what, const monarch::ActorId& id) {
-  std::printf("%s %s %s %llu\n", what, id.proc.c_str(), id.name.c_str(), static_cast<unsigned long long>(id.uid));
+  std::printf("%s %s %s %llu\n", what, id.proc.c_str(), id.name.c_str(),
+              static_cast<unsigned long long>(id.uid));
 }
 }  // namespace
 
@@ -28,7 +29,8 @@ int main(int argc, char** argv) {
     print_id("COMM", monarch::mesh::detail::install_comm(proc).id());
     const long n = std::atol(argv[2]);
     const long base = std::atol(argv[3]);
-    for (long i = 0; i < n; ++i) print_id("MEMBER", proc.spawn<monarch::testing::CastMember>("member", base).id());
+    for (long i = 0; i < n; ++i)
+      print_id("MEMBER", proc.spawn<monarch::testing::CastMember>("member", base).id());
     std::printf("READY\n");
     std::fflush(stdout);
     char c;

@@ -18,8 +18,8 @@
 using namespace monarch::rdma;
 namespace pat = monarch::rdma::testing;
 using namespace std::chrono_literals;
-using monarch::rdma::testing::expect_rdma_error;
 using monarch::rdma::testing::EnvFor;
+using monarch::rdma::testing::expect_rdma_error;
 using monarch::rdma::testing::Owner;
 using monarch::rdma::testing::peer_line;
 
@@ -42,7 +42,9 @@ class LocalRoutes : public ::testing::Test {
   LocalRoutesSetting on_{true};
 };
 
-std::string backend_route() { return active_backend(); }
+std::string backend_route() {
+  return active_backend();
+}
 
 }  // namespace
 
@@ -124,8 +126,8 @@ TEST_F(LocalRoutes, DropThenReadOrWriteFailsWithDroppedOnEachRoute) {  // RD-3
     EXPECT_NE(std::string(e.what()).find("peer-buffer"), std::string::npos) << e.what();
     expect_rdma_error([&] { owner.handle.write_from(src).get(10s); }, RdmaErrc::Dropped);
     // A process that never mapped it (shm: the memfd is closed) gets the same answer.
-    EXPECT_TRUE(peer_line({"read-route", pat::to_hex(owner.handle), "0", "10"}).starts_with(
-        "ERROR " + std::to_string(static_cast<int>(RdmaErrc::Dropped))));
+    EXPECT_TRUE(peer_line({"read-route", pat::to_hex(owner.handle), "0", "10"})
+                    .starts_with("ERROR " + std::to_string(static_cast<int>(RdmaErrc::Dropped))));
   }
 }
 
@@ -238,9 +240,9 @@ TEST_F(LocalRoutes, SettingOffUsesTheBackendRoute) {
       EXPECT_EQ(pat::checksum(dst), o->sum(0, 4099));
     }
     // A peer started with the setting off uses the backend's route too.
-    EXPECT_EQ(peer_line({"read-route", pat::to_hex(cma_owner.handle), "0", "4099"}),
-              "SUM " + std::to_string(pat::pattern_checksum(4099, 27)) + " ROUTE " +
-                  backend_route());
+    EXPECT_EQ(
+        peer_line({"read-route", pat::to_hex(cma_owner.handle), "0", "4099"}),
+        "SUM " + std::to_string(pat::pattern_checksum(4099, 27)) + " ROUTE " + backend_route());
   }
   EXPECT_EQ(route_for(shm_owner.handle), "shm");
 }
@@ -266,6 +268,6 @@ TEST_F(LocalRoutes, RefusedPtraceAccessFallsBackToTheBackendRoute) {
   Owner owner(4099, 29, "alloc,nodump");
   std::string out = peer_line({"read-route", pat::to_hex(owner.handle), "0", "4099", "noptrace"});
   if (out.starts_with("SKIP")) GTEST_SKIP() << out;
-  EXPECT_EQ(out, "SUM " + std::to_string(pat::pattern_checksum(4099, 29)) + " ROUTE " +
-                     backend_route());
+  EXPECT_EQ(out,
+            "SUM " + std::to_string(pat::pattern_checksum(4099, 29)) + " ROUTE " + backend_route());
 }

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "monarch/rdma/rdma.hpp"
-#include "rdma/testing/pattern.hpp"
 #include "rdma/engine.hpp"
+#include "rdma/testing/pattern.hpp"
 #include "rdma/testing/peers.hpp"
 
 using namespace monarch::rdma;
@@ -19,8 +19,8 @@ namespace pat = monarch::rdma::testing;
 using namespace std::chrono_literals;
 using monarch::rdma::testing::EnvFor;
 using monarch::rdma::testing::Owner;
-using monarch::rdma::testing::Subprocess;
 using monarch::rdma::testing::peer_line;
+using monarch::rdma::testing::Subprocess;
 using monarch::rdma::testing::sum_line;
 
 TEST(RdmaProcesses, ReadFromAnotherProcessOfManySizes) {  // RD-1
@@ -57,8 +57,7 @@ TEST(RdmaProcesses, PeersReadAndWriteOurBuffer256MiB) {  // RD-1, largest size o
   pat::fill(mem, 13);
   RdmaBuffer buf(mem, "big");
   std::string hex = pat::to_hex(buf.handle());
-  EXPECT_EQ(peer_line({"read", hex, "0", std::to_string(size)}),
-            sum_line(pat::checksum(mem)));
+  EXPECT_EQ(peer_line({"read", hex, "0", std::to_string(size)}), sum_line(pat::checksum(mem)));
   buf.sync();  // our reads above come before the peer's writes below
   EXPECT_EQ(peer_line({"write", hex, "0", std::to_string(size), "77"}), "OK");
   buf.sync();  // the peer's "OK" says its writes completed
@@ -127,14 +126,15 @@ TEST(RdmaProcesses, DropWithRepliesAFrozenRequesterNeverAcknowledged) {
   EnvFor ack_every("MONARCH_RDMA_ACK_EVERY", "1000000");  // the peer acknowledges only by time,
   EnvFor ack_interval("MONARCH_CHANNEL_ACK_INTERVAL", "1500ms");  // long after it froze itself
   EnvFor heartbeat("MONARCH_MESH_HEARTBEAT_INTERVAL", "1600ms");  // kept above the ack interval
-  Subprocess peer(MONARCH_RDMA_PEER, {"read-then-freeze", pat::to_hex(buf->handle()), "0", std::to_string(size)});
+  Subprocess peer(MONARCH_RDMA_PEER,
+                  {"read-then-freeze", pat::to_hex(buf->handle()), "0", std::to_string(size)});
   auto l = peer.line(60s);
   while (l && l->starts_with("[")) l = peer.line(60s);
   ASSERT_EQ(l.value_or("<no output>"), sum_line(pat::checksum(mem)));
   auto& engine = monarch::rdma::detail::Engine::get();
   EXPECT_GT(engine.lent_replies(), 0u);  // unacknowledged replies still point into `mem`
   auto t0 = std::chrono::steady_clock::now();
-  buf.reset();  // drop
+  buf.reset();                                           // drop
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);  // not the link's 30 s delivery timeout
   EXPECT_EQ(engine.lent_replies(), 0u);  // nothing refers to `mem` any more: it may be freed
   peer.kill(SIGKILL);
@@ -159,7 +159,8 @@ TEST(RdmaProcesses, WriteToAFrozenOwnerFailsByItsTimeoutAndLetsGoOfTheSpan) {
     w.get(20s);
     ADD_FAILURE() << "write to a frozen owner succeeded";
   } catch (const RdmaError& e) {
-    EXPECT_TRUE(e.code() == RdmaErrc::Timeout || e.code() == RdmaErrc::OwnerUnreachable) << e.what();
+    EXPECT_TRUE(e.code() == RdmaErrc::Timeout || e.code() == RdmaErrc::OwnerUnreachable)
+        << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);  // by its timeout, not the link's 30 s
   src.reset();  // nothing may read the span any more (ASan checks the channel's writes)

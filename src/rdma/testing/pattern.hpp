@@ -2,9 +2,9 @@
 // rdma_peer helper process and the benchmark.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <span>
 #include <string>

@@ -59,7 +59,9 @@ inline std::string peer_line(const std::vector<std::string>& args) {
   return l.value_or("<no output>");
 }
 
-inline std::string sum_line(uint64_t v) { return "SUM " + std::to_string(v); }
+inline std::string sum_line(uint64_t v) {
+  return "SUM " + std::to_string(v);
+}
 
 /// Sets an environment variable (inherited by peers started meanwhile); restores it on exit.
 struct EnvFor {

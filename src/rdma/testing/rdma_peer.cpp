@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
       if (flags.find("nodump") != std::string::npos) ::prctl(PR_SET_DUMPABLE, 0);
       std::vector<std::byte> vec;
       RdmaBuffer buf = [&] {
-        if (flags.find("alloc") != std::string::npos) return RdmaBuffer::allocate(size, "peer-buffer");
+        if (flags.find("alloc") != std::string::npos)
+          return RdmaBuffer::allocate(size, "peer-buffer");
         vec.resize(size);
         return RdmaBuffer(vec, "peer-buffer");
       }();
@@ -88,9 +89,9 @@ int main(int argc, char** argv) {
           uint64_t last = 0, first = 0;
           std::memcpy(&last, mem.data() + mem.size() - 8, 8);
           std::memcpy(&first, mem.data(), 8);
-          std::printf("DROPPED %llu %llu %llu\n",
-                      static_cast<unsigned long long>(testing::checksum(mem)),
-                      static_cast<unsigned long long>(first), static_cast<unsigned long long>(last));
+          std::printf(
+              "DROPPED %llu %llu %llu\n", static_cast<unsigned long long>(testing::checksum(mem)),
+              static_cast<unsigned long long>(first), static_cast<unsigned long long>(last));
         }
         std::fflush(stdout);
       }

@@ -83,7 +83,9 @@ class Cell {
 
   /// This actor was spawned from another process: its failure goes to `owner` there (through
   /// Proc::forward_supervision) instead of this Proc's fault hook. Set before start().
-  void set_remote_owner(ActorId owner) { remote_owner_ = std::make_unique<ActorId>(std::move(owner)); }
+  void set_remote_owner(ActorId owner) {
+    remote_owner_ = std::make_unique<ActorId>(std::move(owner));
+  }
   /// Actor thread: a child this actor spawned in another process; asked to stop when this actor
   /// stops (without waiting for it).
   void add_remote_child(ActorId child) { remote_children_.push_back(std::move(child)); }

@@ -40,8 +40,8 @@ struct wire_arg {
   using type = std::decay_t<T>;
 };
 template <class T>
-  requires std::is_same_v<std::decay_t<T>, const char*> || std::is_same_v<std::decay_t<T>, char*>
-struct wire_arg<T> {
+requires std::is_same_v < std::decay_t<T>,
+const char* > || std::is_same_v<std::decay_t<T>, char*> struct wire_arg<T> {
   using type = std::string;
 };
 template <class T>
@@ -49,7 +49,8 @@ using wire_arg_t = typename wire_arg<T>::type;
 
 /// Turns the encoded constructor arguments into a factory that constructs the actor (on the
 /// actor's first activation). Throws when the arguments cannot be decoded.
-using RemoteFactoryFn = UniqueFunction<std::unique_ptr<Actor>()> (*)(const std::vector<std::byte>& args);
+using RemoteFactoryFn =
+    UniqueFunction<std::unique_ptr<Actor>()> (*)(const std::vector<std::byte>& args);
 
 struct RemoteFactory {
   std::type_index type = typeid(void);
@@ -91,9 +92,10 @@ struct RemoteFactoryRegistration {
 };
 
 template <class A, class... Args>
-const bool RemoteFactoryRegistration<A, Args...>::registered = add_remote_factory(
-    RemoteFactoryRegistration<A, Args...>::key(),
-    RemoteFactory{typeid(A), demangle(typeid(A).name()), &RemoteFactoryRegistration<A, Args...>::decode});
+const bool RemoteFactoryRegistration<A, Args...>::registered =
+    add_remote_factory(RemoteFactoryRegistration<A, Args...>::key(),
+                       RemoteFactory{typeid(A), demangle(typeid(A).name()),
+                                     &RemoteFactoryRegistration<A, Args...>::decode});
 
 /// Shared body of Proc::spawn_remote and Actor::spawn_remote.
 template <class A, class... Args>
@@ -104,8 +106,9 @@ ActorId spawn_remote_id(Proc& proc, Cell* owner, const std::string& proc_addr, s
   static_assert(wire::is_serializable_v<Tuple>,
                 "spawn_remote<A>(addr, name, args...): every constructor argument must be "
                 "serialisable with cereal (they travel to the other process)");
-  static_assert(std::is_constructible_v<A, wire_arg_t<Args>&&...>,
-                "spawn_remote<A>(addr, name, args...): A has no constructor taking these arguments");
+  static_assert(
+      std::is_constructible_v<A, wire_arg_t<Args>&&...>,
+      "spawn_remote<A>(addr, name, args...): A has no constructor taking these arguments");
   // Reading `registered` odr-uses it, so every binary containing this call registers the factory
   // at static initialisation, including a worker that never makes the call.
   if (!Reg::registered) throw std::logic_error("spawn_remote: factory registration failed");

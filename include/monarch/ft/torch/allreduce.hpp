@@ -82,9 +82,8 @@ class AllreduceGroup {
   /// `timeout` (a peer never showed up) or the store at `store_host`:`store_port` is unreachable.
   /// `timeout` also bounds every later allreduce_sum of this group. `local_host` is the address
   /// this member's gloo device binds and advertises (loopback for replicas on one host).
-  void configure(const std::string& store_host, std::uint16_t store_port,
-                 const std::string& prefix, int rank, int world_size,
-                 std::chrono::milliseconds timeout,
+  void configure(const std::string& store_host, std::uint16_t store_port, const std::string& prefix,
+                 int rank, int world_size, std::chrono::milliseconds timeout,
                  AllreduceBackend backend = AllreduceBackend::gloo,
                  const std::string& local_host = "127.0.0.1");
 

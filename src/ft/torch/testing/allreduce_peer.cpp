@@ -3,9 +3,11 @@
 //   configure <store_host> <store_port> <prefix> <rank> <world> <timeout_ms>
 //        -> "CONFIGURED" | "ERROR <steady_ns> <message>"
 //   loop <iterations, 0 = until an error> <floats>
-//        -> per iteration "OK <i> <exact_hash> <full_hash>", then on failure "ERROR <steady_ns> <message>"
+//        -> per iteration "OK <i> <exact_hash> <full_hash>", then on failure "ERROR <steady_ns>
+//        <message>"
 //           and "DONE" after a finite loop
-//   abort_after <iterations> <floats>  -> loops, then calls abort() and prints "ABORTED <steady_ns>"
+//   abort_after <iterations> <floats>  -> loops, then calls abort() and prints "ABORTED
+//   <steady_ns>"
 // Each iteration sums a buffer whose first half holds small integers (exact sums, the test checks
 // the value) and second half pseudo-random floats (order-sensitive sums: hashes show every member
 // got the same bits). steady_ns is CLOCK_MONOTONIC, comparable across processes on one host.
@@ -40,7 +42,8 @@ std::uint64_t fnv(const float* p, std::size_t n) {
 void fill(std::vector<float>& buf, int rank, long iter) {
   std::size_t half = buf.size() / 2;
   for (std::size_t j = 0; j < half; ++j) {
-    buf[j] = static_cast<float>((static_cast<long>(rank) * 7 + iter * 3 + static_cast<long>(j)) % 100);
+    buf[j] =
+        static_cast<float>((static_cast<long>(rank) * 7 + iter * 3 + static_cast<long>(j)) % 100);
   }
   std::uint64_t x = 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(rank + 1) +
                     static_cast<std::uint64_t>(iter);
