@@ -36,7 +36,7 @@ int main() {
 
   try {
     (void)mesh.slice("gpus", 7);
-  } catch (const Error& e) {
+  } catch (const SliceError& e) {
     std::printf("caught error:    %s\n", e.what());
   }
   try {

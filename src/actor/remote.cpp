@@ -101,6 +101,8 @@ WireError WireError::from(const std::exception_ptr& e) {
     w = WireError{5, x.actor(), {}, x.cause()};
   } catch (const UsageError& x) {
     w = WireError{3, {}, {}, x.what()};
+  } catch (const Error& x) {
+    w = WireError{4, {}, {}, describe_exception(e), static_cast<uint16_t>(x.code())};
   } catch (...) {
     w = WireError{4, {}, {}, describe_exception(e)};
   }
@@ -118,7 +120,8 @@ std::exception_ptr WireError::to_exception_ptr() const {
     case 5:
       return std::make_exception_ptr(SupervisionError(actor, message));
     default:
-      return std::make_exception_ptr(Error(message));
+      if (code == 0) return std::make_exception_ptr(Error(message));
+      return std::make_exception_ptr(Error(static_cast<ErrorCode>(code), message));
   }
 }
 

@@ -46,7 +46,7 @@ inline Bytes encode_event(const ActorSupervisionEvent& ev) {
 }
 inline std::shared_ptr<const ActorSupervisionEvent> decode_event(const Bytes& b) {
   auto chain = wire::decode<std::vector<WireEvent>>(b);
-  if (chain.empty()) throw std::runtime_error("empty supervision event");
+  if (chain.empty()) throw wire::DecodeError("wire: empty supervision event chain");
   std::shared_ptr<const ActorSupervisionEvent> ev;
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     ev = std::make_shared<const ActorSupervisionEvent>(

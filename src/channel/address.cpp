@@ -8,8 +8,9 @@ namespace {
 
 [[noreturn]] void bad(std::string_view text, const std::string& why) {
   throw ChannelError("bad channel address '" + std::string(text) + "': " + why +
-                     " (expected inproc://NAME, unix:///path, unix://@name, tcp://host:port, "
-                     "tcp://[v6]:port, or DIAL@BIND)");
+                         " (expected inproc://NAME, unix:///path, unix://@name, tcp://host:port, "
+                         "tcp://[v6]:port, or DIAL@BIND)",
+                     Origin{.address = std::string(text)});
 }
 
 bool starts_with_scheme(std::string_view s) {

@@ -111,7 +111,7 @@ void Lighthouse::try_form() {
 
 QuorumResult result_for(const Quorum& q, const std::string& replica_id, int64_t rank) {
   int64_t me = q.rank_of(replica_id);
-  if (me < 0) throw std::out_of_range(replica_id + " is not a participant of " + q.to_string());
+  if (me < 0) throw UsageError(replica_id + " is not a participant of " + q.to_string());
   QuorumResult r;
   r.quorum_id = q.quorum_id;
   r.store_prefix = fmt::format("quorum/{}/", q.quorum_id);

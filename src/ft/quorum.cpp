@@ -24,8 +24,7 @@ std::vector<std::string> Quorum::up_to_date() const {
 
 std::optional<QuorumMember> Quorum::donor_for(const std::string& replica_id) const {
   int64_t me = rank_of(replica_id);
-  if (me < 0)
-    throw std::out_of_range("Quorum::donor_for: " + replica_id + " is not in " + to_string());
+  if (me < 0) throw UsageError("Quorum::donor_for: " + replica_id + " is not in " + to_string());
   if (participants[static_cast<size_t>(me)].step == max_step) return std::nullopt;
   std::vector<const QuorumMember*> donors, healers;
   for (const auto& p : participants) (p.step == max_step ? donors : healers).push_back(&p);
@@ -51,7 +50,7 @@ std::string Quorum::to_string() const {
 
 QuorumState::QuorumState(QuorumRules rules) : rules_(rules) {
   if (rules_.min_replicas < 1) {
-    throw std::invalid_argument(
+    throw UsageError(
         fmt::format("QuorumRules: min_replicas must be >= 1, got {}", rules_.min_replicas));
   }
 }

@@ -150,11 +150,11 @@ TEST_F(QuorumTest, HealersGetDonorsRoundRobinAmongUpToDateGroups) {  // Q-5
   auto dc = q->donor_for("c"), dd = q->donor_for("d");
   ASSERT_TRUE(dc && dd);
   EXPECT_NE(dc->replica_id, dd->replica_id) << "two healers, two donors: " << q->to_string();
-  EXPECT_THROW(q->donor_for("zz"), std::out_of_range);
+  EXPECT_THROW(q->donor_for("zz"), monarch::UsageError);
 }
 
 TEST(QuorumRulesTest, BadMinReplicasIsRejected) {
-  EXPECT_THROW(QuorumState(QuorumRules{.min_replicas = 0}), std::invalid_argument);
+  EXPECT_THROW(QuorumState(QuorumRules{.min_replicas = 0}), monarch::UsageError);
 }
 
 }  // namespace

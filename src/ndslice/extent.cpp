@@ -30,25 +30,26 @@ Extent::Extent(std::initializer_list<std::pair<std::string, std::size_t>> dims) 
 
 Extent::Extent(std::vector<std::string> labels, std::vector<std::size_t> sizes) {
   if (labels.size() != sizes.size()) {
-    throw Error("extent: " + std::to_string(labels.size()) + " labels but " +
-                std::to_string(sizes.size()) + " sizes");
+    throw SliceError("extent: " + std::to_string(labels.size()) + " labels but " +
+                     std::to_string(sizes.size()) + " sizes");
   }
   std::size_t n = 1;
   for (std::size_t i = 0; i < labels.size(); ++i) {
-    if (labels[i].empty()) throw Error("extent: dim #" + std::to_string(i) + " has an empty label");
+    if (labels[i].empty())
+      throw SliceError("extent: dim #" + std::to_string(i) + " has an empty label");
     for (std::size_t j = 0; j < i; ++j) {
       if (labels[j] == labels[i]) {
-        throw Error("extent: duplicate dim " + quote(labels[i]) + " (at #" + std::to_string(j) +
-                    " and #" + std::to_string(i) + ")");
+        throw SliceError("extent: duplicate dim " + quote(labels[i]) + " (at #" +
+                         std::to_string(j) + " and #" + std::to_string(i) + ")");
       }
     }
     if (sizes[i] == 0) {
-      throw Error("extent: dim " + quote(labels[i]) + " has size 0; sizes must be >= 1");
+      throw SliceError("extent: dim " + quote(labels[i]) + " has size 0; sizes must be >= 1");
     }
     std::size_t r = 0;
     if (__builtin_mul_overflow(n, sizes[i], &r)) {
-      throw Error("extent: rank-space overflow at dim " + quote(labels[i]) + " of size " +
-                  std::to_string(sizes[i]) + ": product of sizes exceeds size_t");
+      throw SliceError("extent: rank-space overflow at dim " + quote(labels[i]) + " of size " +
+                       std::to_string(sizes[i]) + ": product of sizes exceeds size_t");
     }
     n = r;
   }
@@ -77,7 +78,7 @@ std::optional<std::size_t> Extent::find(std::string_view name) const noexcept {
 
 std::size_t Extent::index_of(std::string_view name) const {
   if (auto i = find(name)) return *i;
-  throw Error("extent: unknown dim " + quote(name) + " in " + to_string());
+  throw SliceError("extent: unknown dim " + quote(name) + " in " + to_string());
 }
 
 std::size_t Extent::size(std::string_view name) const {
@@ -86,8 +87,8 @@ std::size_t Extent::size(std::string_view name) const {
 
 std::vector<std::size_t> Extent::coords_of(std::size_t rank) const {
   if (rank >= d_->num_ranks) {
-    throw Error("extent: rank " + std::to_string(rank) + " out of range for extent " + to_string() +
-                " of " + std::to_string(d_->num_ranks) + " ranks");
+    throw SliceError("extent: rank " + std::to_string(rank) + " out of range for extent " +
+                     to_string() + " of " + std::to_string(d_->num_ranks) + " ranks");
   }
   std::vector<std::size_t> c(d_->sizes.size());
   for (std::size_t d = c.size(); d-- > 0;) {
@@ -103,14 +104,14 @@ Point Extent::point(std::size_t rank) const {
 
 std::size_t Extent::rank(const std::vector<std::size_t>& coords) const {
   if (coords.size() != d_->sizes.size()) {
-    throw Error("extent: " + std::to_string(coords.size()) + " coordinates for extent " +
-                to_string() + " of " + std::to_string(d_->sizes.size()) + " dims");
+    throw SliceError("extent: " + std::to_string(coords.size()) + " coordinates for extent " +
+                     to_string() + " of " + std::to_string(d_->sizes.size()) + " dims");
   }
   std::size_t r = 0;
   for (std::size_t d = 0; d < coords.size(); ++d) {
     if (coords[d] >= d_->sizes[d]) {
-      throw Error("extent: index " + std::to_string(coords[d]) + " out of range for dim " +
-                  quote(d_->labels[d]) + " of size " + std::to_string(d_->sizes[d]));
+      throw SliceError("extent: index " + std::to_string(coords[d]) + " out of range for dim " +
+                       quote(d_->labels[d]) + " of size " + std::to_string(d_->sizes[d]));
     }
     r = r * d_->sizes[d] + coords[d];
   }
@@ -154,8 +155,8 @@ std::size_t Point::operator[](std::string_view name) const {
 
 std::size_t Point::at(std::size_t i) const {
   if (i >= coords_.size()) {
-    throw Error("point: dim #" + std::to_string(i) + " out of range for point " + to_string() +
-                " of " + std::to_string(coords_.size()) + " dims");
+    throw SliceError("point: dim #" + std::to_string(i) + " out of range for point " + to_string() +
+                     " of " + std::to_string(coords_.size()) + " dims");
   }
   return coords_[i];
 }

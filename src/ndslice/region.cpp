@@ -45,8 +45,8 @@ Region Region::coalesce(const std::vector<Run>& sorted) {
 Region Region::from_runs(std::vector<Run> runs) {
   for (const Run& run : runs) {
     if (run.begin >= run.end) {
-      throw Error("region: empty run [" + std::to_string(run.begin) + ", " +
-                  std::to_string(run.end) + "): begin must be < end");
+      throw SliceError("region: empty run [" + std::to_string(run.begin) + ", " +
+                       std::to_string(run.end) + "): begin must be < end");
     }
   }
   std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });

@@ -55,10 +55,10 @@ bool is_ident(std::string_view s) {
 }
 
 void check_range(const Range& r) {
-  if (r.step == 0) throw Error("selection: range " + r.to_string() + " has step 0");
+  if (r.step == 0) throw SliceError("selection: range " + r.to_string() + " has step 0");
   if (r.end && r.begin >= *r.end) {
-    throw Error("selection: empty range " + std::to_string(r.begin) + ":" + std::to_string(*r.end) +
-                " (begin must be < end)");
+    throw SliceError("selection: empty range " + std::to_string(r.begin) + ":" +
+                     std::to_string(*r.end) + " (begin must be < end)");
   }
 }
 
@@ -112,10 +112,11 @@ Selection Selection::index(std::size_t i, Selection inner) {
 }
 
 Selection Selection::label(std::vector<std::string> labels, Selection inner) {
-  if (labels.empty()) throw Error("selection: label() needs at least one dim label");
+  if (labels.empty()) throw SliceError("selection: label() needs at least one dim label");
   for (const auto& l : labels) {
     if (!is_ident(l)) {
-      throw Error("selection: label '" + l + "' is not an identifier ([A-Za-z_][A-Za-z0-9_]*)");
+      throw SliceError("selection: label '" + l +
+                       "' is not an identifier ([A-Za-z_][A-Za-z0-9_]*)");
     }
   }
   auto n = std::make_shared<Node>();
@@ -147,35 +148,35 @@ Selection::Kind Selection::kind() const noexcept {
 
 const Selection& Selection::inner() const {
   if (!is_dim_kind(n_->kind)) {
-    throw Error(std::string("selection: inner() of a ") + kind_name(n_->kind) + " node");
+    throw SliceError(std::string("selection: inner() of a ") + kind_name(n_->kind) + " node");
   }
   return n_->a;
 }
 
 const Selection& Selection::lhs() const {
   if (n_->kind != Kind::Union && n_->kind != Kind::Intersection) {
-    throw Error(std::string("selection: lhs() of a ") + kind_name(n_->kind) + " node");
+    throw SliceError(std::string("selection: lhs() of a ") + kind_name(n_->kind) + " node");
   }
   return n_->a;
 }
 
 const Selection& Selection::rhs() const {
   if (n_->kind != Kind::Union && n_->kind != Kind::Intersection) {
-    throw Error(std::string("selection: rhs() of a ") + kind_name(n_->kind) + " node");
+    throw SliceError(std::string("selection: rhs() of a ") + kind_name(n_->kind) + " node");
   }
   return n_->b;
 }
 
 const Range& Selection::range_value() const {
   if (n_->kind != Kind::Range) {
-    throw Error(std::string("selection: range_value() of a ") + kind_name(n_->kind) + " node");
+    throw SliceError(std::string("selection: range_value() of a ") + kind_name(n_->kind) + " node");
   }
   return n_->range;
 }
 
 const std::vector<std::string>& Selection::labels() const {
   if (n_->kind != Kind::Label) {
-    throw Error(std::string("selection: labels() of a ") + kind_name(n_->kind) + " node");
+    throw SliceError(std::string("selection: labels() of a ") + kind_name(n_->kind) + " node");
   }
   return n_->labels;
 }
@@ -501,9 +502,9 @@ void eval_into(const Selection& s, const Shape& shape, std::size_t dim, std::siz
   using K = Selection::Kind;
   const Slice& sl = shape.base();
   if (is_dim_kind(s.kind()) && dim >= sl.num_dims()) {
-    throw Error("selection: " + to_string(s) + " addresses dim #" + std::to_string(dim) +
-                " but view " + shape.extent().to_string() + " has only " +
-                std::to_string(sl.num_dims()) + " dims");
+    throw SliceError("selection: " + to_string(s) + " addresses dim #" + std::to_string(dim) +
+                     " but view " + shape.extent().to_string() + " has only " +
+                     std::to_string(sl.num_dims()) + " dims");
   }
   switch (s.kind()) {
     case K::True: {

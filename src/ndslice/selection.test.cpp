@@ -75,16 +75,16 @@ TEST(Selection, EvalErrors) {
   try {
     (void)ev("*,*,*");
     FAIL() << "no error";
-  } catch (const Error& e) {
+  } catch (const SliceError& e) {
     EXPECT_THAT(e.what(), HasSubstr("addresses dim #2"));
     EXPECT_THAT(e.what(), HasSubstr("has only 2 dims"));
   }
-  EXPECT_THROW((void)S::range(Range{1, 4, 0}), Error);
-  EXPECT_THROW((void)S::range(Range{4, 4, 1}), Error);
-  EXPECT_THROW((void)S::label({}), Error);
-  EXPECT_THROW((void)S::label({"not-ident"}), Error);
-  EXPECT_THROW((void)S::index(0).lhs(), Error);
-  EXPECT_THROW((void)S::true_().inner(), Error);
+  EXPECT_THROW((void)S::range(Range{1, 4, 0}), SliceError);
+  EXPECT_THROW((void)S::range(Range{4, 4, 1}), SliceError);
+  EXPECT_THROW((void)S::label({}), SliceError);
+  EXPECT_THROW((void)S::label({"not-ident"}), SliceError);
+  EXPECT_THROW((void)S::index(0).lhs(), SliceError);
+  EXPECT_THROW((void)S::true_().inner(), SliceError);
 }
 
 std::size_t err_col(std::string_view text, std::string* msg = nullptr) {
@@ -121,7 +121,7 @@ TEST(Selection, ParseErrorColumns) {
   EXPECT_EQ(err_col("1:4:", &msg), 5u);
   EXPECT_THAT(msg, HasSubstr("expected an integer step"));
   EXPECT_EQ(err_col("x"), 1u);
-  EXPECT_THROW((void)parse("*|"), Error);  // ParseError is an Error
+  EXPECT_THROW((void)parse("*|"), SliceError);  // ParseError is an Error
 }
 
 TEST(SelectionParse, HostileInputIsRejectedWithABoundedClearMessage) {

@@ -10,7 +10,7 @@ std::string quote(std::string_view s) {
 
 std::size_t dim_index(const Extent& e, std::string_view op, std::string_view dim) {
   if (auto i = e.find(dim)) return *i;
-  throw Error(std::string(op) + ": unknown dim " + quote(dim) + " in " + e.to_string());
+  throw SliceError(std::string(op) + ": unknown dim " + quote(dim) + " in " + e.to_string());
 }
 
 }  // namespace
@@ -39,10 +39,10 @@ Shape Shape::split(std::string_view dim, const std::vector<std::string>& names,
                    const std::vector<std::size_t>& sizes) const {
   const std::size_t d = dim_index(extent_, "split", dim);
   if (names.size() != sizes.size()) {
-    throw Error("split: dim " + quote(dim) + " into " + std::to_string(names.size()) +
-                " names but " + std::to_string(sizes.size()) + " sizes");
+    throw SliceError("split: dim " + quote(dim) + " into " + std::to_string(names.size()) +
+                     " names but " + std::to_string(sizes.size()) + " sizes");
   }
-  if (names.empty()) throw Error("split: dim " + quote(dim) + " into zero dims");
+  if (names.empty()) throw SliceError("split: dim " + quote(dim) + " into zero dims");
   Slice s = sl_.split_impl(d, sizes, quote(dim));
   std::vector<std::string> labels;
   labels.reserve(extent_.num_dims() + names.size());
@@ -55,18 +55,18 @@ Shape Shape::split(std::string_view dim, const std::vector<std::string>& names,
 
 Shape Shape::flatten(std::string new_name) const {
   if (!sl_.is_contiguous()) {
-    throw Error("flatten: view " + extent_.to_string() + " is not contiguous (" + sl_.to_string() +
-                "); only dense views can be flattened");
+    throw SliceError("flatten: view " + extent_.to_string() + " is not contiguous (" +
+                     sl_.to_string() + "); only dense views can be flattened");
   }
-  if (new_name.empty()) throw Error("flatten: new dim name is empty");
+  if (new_name.empty()) throw SliceError("flatten: new dim name is empty");
   return Shape({std::move(new_name)}, sl_.flatten());
 }
 
 Shape Shape::rename(std::string_view from, std::string to) const {
   const std::size_t d = dim_index(extent_, "rename", from);
   if (to != from && extent_.find(to)) {
-    throw Error("rename: dim " + quote(from) + " -> " + quote(to) + ": " + quote(to) +
-                " already exists in " + extent_.to_string());
+    throw SliceError("rename: dim " + quote(from) + " -> " + quote(to) + ": " + quote(to) +
+                     " already exists in " + extent_.to_string());
   }
   std::vector<std::string> labels = extent_.labels();
   labels[d] = std::move(to);
@@ -75,8 +75,8 @@ Shape Shape::rename(std::string_view from, std::string to) const {
 
 std::size_t Shape::rank_of(const Point& p) const {
   if (!(p.extent() == extent_)) {
-    throw Error("shape: point " + p.to_string() + " of extent " + p.extent().to_string() +
-                " does not belong to view " + extent_.to_string());
+    throw SliceError("shape: point " + p.to_string() + " of extent " + p.extent().to_string() +
+                     " does not belong to view " + extent_.to_string());
   }
   return sl_.location(p.coords());
 }
@@ -89,15 +89,15 @@ std::size_t Shape::rank_of(const std::vector<std::size_t>& coords) const {
 Point Shape::point_of_rank(std::size_t global) const {
   auto c = sl_.try_coordinates(global);
   if (!c) {
-    throw Error("shape: rank " + std::to_string(global) + " is not in view " + to_string());
+    throw SliceError("shape: rank " + std::to_string(global) + " is not in view " + to_string());
   }
   return Point(std::move(*c), extent_);
 }
 
 std::size_t Shape::global_rank(std::size_t local) const {
   if (local >= num_ranks()) {
-    throw Error("shape: local rank " + std::to_string(local) + " out of range for view " +
-                extent_.to_string() + " of " + std::to_string(num_ranks()) + " ranks");
+    throw SliceError("shape: local rank " + std::to_string(local) + " out of range for view " +
+                     extent_.to_string() + " of " + std::to_string(num_ranks()) + " ranks");
   }
   return sl_.at_index(local);
 }

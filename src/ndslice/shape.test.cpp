@@ -13,7 +13,7 @@ template <class F>
 std::string error_of(F&& f) {
   try {
     f();
-  } catch (const Error& e) {
+  } catch (const SliceError& e) {
     return e.what();
   }
   return "<no error>";

@@ -33,13 +33,14 @@ std::string Range::to_string() const {
 Slice::Slice(std::size_t offset, std::vector<std::size_t> sizes, std::vector<std::size_t> strides)
     : offset_(offset), sizes_(std::move(sizes)), strides_(std::move(strides)) {
   if (sizes_.size() != strides_.size()) {
-    throw Error("slice: " + std::to_string(sizes_.size()) + " sizes but " +
-                std::to_string(strides_.size()) + " strides");
+    throw SliceError("slice: " + std::to_string(sizes_.size()) + " sizes but " +
+                     std::to_string(strides_.size()) + " strides");
   }
   std::size_t n = 1;
   std::size_t last = offset_;
   for (std::size_t d = 0; d < sizes_.size(); ++d) {
-    if (sizes_[d] == 0) throw Error("slice: dim " + dim_num(d) + " has size 0; sizes must be >= 1");
+    if (sizes_[d] == 0)
+      throw SliceError("slice: dim " + dim_num(d) + " has size 0; sizes must be >= 1");
     n = detail::checked_mul(n, sizes_[d], "slice: number of points");
     last = detail::checked_add(last,
                                detail::checked_mul(sizes_[d] - 1, strides_[d], "slice: location"),
@@ -52,7 +53,8 @@ Slice Slice::dense(const std::vector<std::size_t>& sizes) {
   std::vector<std::size_t> strides(sizes.size());
   std::size_t s = 1;
   for (std::size_t d = sizes.size(); d-- > 0;) {
-    if (sizes[d] == 0) throw Error("slice: dim " + dim_num(d) + " has size 0; sizes must be >= 1");
+    if (sizes[d] == 0)
+      throw SliceError("slice: dim " + dim_num(d) + " has size 0; sizes must be >= 1");
     strides[d] = s;
     s = detail::checked_mul(s, sizes[d], "slice: number of points");
   }
@@ -61,14 +63,14 @@ Slice Slice::dense(const std::vector<std::size_t>& sizes) {
 
 std::size_t Slice::location(const std::vector<std::size_t>& coords) const {
   if (coords.size() != sizes_.size()) {
-    throw Error("slice: " + std::to_string(coords.size()) + " coordinates for a slice of " +
-                std::to_string(sizes_.size()) + " dims");
+    throw SliceError("slice: " + std::to_string(coords.size()) + " coordinates for a slice of " +
+                     std::to_string(sizes_.size()) + " dims");
   }
   std::size_t r = offset_;
   for (std::size_t d = 0; d < coords.size(); ++d) {
     if (coords[d] >= sizes_[d]) {
-      throw Error("slice: index " + std::to_string(coords[d]) + " out of range for dim " +
-                  dim_num(d) + " of size " + std::to_string(sizes_[d]));
+      throw SliceError("slice: index " + std::to_string(coords[d]) + " out of range for dim " +
+                       dim_num(d) + " of size " + std::to_string(sizes_[d]));
     }
     r += coords[d] * strides_[d];
   }
@@ -127,7 +129,7 @@ std::optional<std::vector<std::size_t>> Slice::try_coordinates(std::size_t globa
 
 std::vector<std::size_t> Slice::coordinates(std::size_t global) const {
   auto c = try_coordinates(global);
-  if (!c) throw Error("slice: rank " + std::to_string(global) + " is not in " + to_string());
+  if (!c) throw SliceError("slice: rank " + std::to_string(global) + " is not in " + to_string());
   return std::move(*c);
 }
 
@@ -144,8 +146,8 @@ bool Slice::contains(std::size_t global) const {
 
 std::size_t Slice::at_index(std::size_t i) const {
   if (i >= len_) {
-    throw Error("slice: index " + std::to_string(i) + " out of range for a slice of " +
-                std::to_string(len_) + " points");
+    throw SliceError("slice: index " + std::to_string(i) + " out of range for a slice of " +
+                     std::to_string(len_) + " points");
   }
   std::size_t r = offset_;
   for (std::size_t d = sizes_.size(); d-- > 0;) {
@@ -166,16 +168,16 @@ bool Slice::is_contiguous() const noexcept {
 
 void Slice::check_dim(std::size_t dim) const {
   if (dim >= sizes_.size()) {
-    throw Error("slice: dim " + dim_num(dim) + " out of range for a slice of " +
-                std::to_string(sizes_.size()) + " dims");
+    throw SliceError("slice: dim " + dim_num(dim) + " out of range for a slice of " +
+                     std::to_string(sizes_.size()) + " dims");
   }
 }
 
 Slice Slice::at_impl(std::size_t dim, std::size_t index, const std::string& dim_name) const {
   check_dim(dim);
   if (index >= sizes_[dim]) {
-    throw Error("slice: index " + std::to_string(index) + " out of range for dim " + dim_name +
-                " of size " + std::to_string(sizes_[dim]));
+    throw SliceError("slice: index " + std::to_string(index) + " out of range for dim " + dim_name +
+                     " of size " + std::to_string(sizes_[dim]));
   }
   std::vector<std::size_t> sizes = sizes_;
   std::vector<std::size_t> strides = strides_;
@@ -189,16 +191,16 @@ Slice Slice::range_impl(std::size_t dim, const Range& r, const std::string& dim_
   check_dim(dim);
   const std::size_t size = sizes_[dim];
   const std::string where = " for dim " + dim_name + " of size " + std::to_string(size);
-  if (r.step == 0) throw Error("slice: range " + r.to_string() + " has step 0" + where);
+  if (r.step == 0) throw SliceError("slice: range " + r.to_string() + " has step 0" + where);
   if (r.begin >= size) {
-    throw Error("slice: range begin " + std::to_string(r.begin) + " out of range" + where);
+    throw SliceError("slice: range begin " + std::to_string(r.begin) + " out of range" + where);
   }
   const std::size_t end = r.end.value_or(size);
   if (end > size) {
-    throw Error("slice: range end " + std::to_string(end) + " out of range" + where);
+    throw SliceError("slice: range end " + std::to_string(end) + " out of range" + where);
   }
   if (r.begin >= end) {
-    throw Error("slice: empty range " + r.to_string() + where + " (begin must be < end)");
+    throw SliceError("slice: empty range " + r.to_string() + where + " (begin must be < end)");
   }
   const std::size_t n = (end - r.begin - 1) / r.step + 1;
   std::vector<std::size_t> sizes = sizes_;
@@ -214,15 +216,15 @@ Slice Slice::split_impl(std::size_t dim, const std::vector<std::size_t>& sizes,
   std::size_t prod = 1;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] == 0) {
-      throw Error("slice: split of dim " + dim_name + ": size #" + std::to_string(i) +
-                  " is 0; sizes must be >= 1");
+      throw SliceError("slice: split of dim " + dim_name + ": size #" + std::to_string(i) +
+                       " is 0; sizes must be >= 1");
     }
     prod = detail::checked_mul(prod, sizes[i], "slice: split");
   }
   if (prod != sizes_[dim]) {
-    throw Error("slice: split of dim " + dim_name + " of size " + std::to_string(sizes_[dim]) +
-                " into " + join(sizes) + ": product " + std::to_string(prod) +
-                " != " + std::to_string(sizes_[dim]));
+    throw SliceError("slice: split of dim " + dim_name + " of size " + std::to_string(sizes_[dim]) +
+                     " into " + join(sizes) + ": product " + std::to_string(prod) +
+                     " != " + std::to_string(sizes_[dim]));
   }
   std::vector<std::size_t> new_sizes;
   std::vector<std::size_t> new_strides;
@@ -258,8 +260,8 @@ Slice Slice::split(std::size_t dim, const std::vector<std::size_t>& sizes) const
 
 Slice Slice::flatten() const {
   if (!is_contiguous()) {
-    throw Error("slice: cannot flatten non-contiguous " + to_string() +
-                " (strides must be row-major dense)");
+    throw SliceError("slice: cannot flatten non-contiguous " + to_string() +
+                     " (strides must be row-major dense)");
   }
   return Slice(offset_, {len_}, {1});
 }

@@ -51,13 +51,13 @@ TEST(ValueMesh, Errors) {
   try {
     (void)m[8];
     FAIL();
-  } catch (const Error& e) {
+  } catch (const SliceError& e) {
     EXPECT_THAT(e.what(), HasSubstr("rank 8 out of range"));
     EXPECT_THAT(e.what(), HasSubstr("8 ranks"));
   }
-  EXPECT_THROW(m.set(9, 1), Error);
-  EXPECT_THROW((void)m.get(Extent{{"x", 8}}.point(0)), Error);
-  EXPECT_THROW((void)ValueMesh<int>::from_vector(kE, {1, 2, 3}), Error);
+  EXPECT_THROW(m.set(9, 1), SliceError);
+  EXPECT_THROW((void)m.get(Extent{{"x", 8}}.point(0)), SliceError);
+  EXPECT_THROW((void)ValueMesh<int>::from_vector(kE, {1, 2, 3}), SliceError);
 }
 
 TEST(ValueMesh, RandomSetsMatchVector) {

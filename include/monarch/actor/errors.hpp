@@ -1,6 +1,7 @@
 // Failure reports of the actor runtime (vocabulary: docs/actor-runtime.md). All derive from
-// monarch::Error, so `catch (const monarch::Error&)` catches every runtime failure; each names what
-// failed.
+// monarch::Error (monarch/error.hpp: the one root of every layer's errors, and UsageError), so
+// `catch (const monarch::Error&)` catches every runtime failure. Each names what failed and carries
+// its ErrorCode and Origin (the actor; for SupervisionError also its proc's address).
 #pragma once
 
 #include <memory>
@@ -8,14 +9,9 @@
 #include <string>
 
 #include "monarch/actor/actor_id.hpp"
+#include "monarch/error.hpp"
 
 namespace monarch {
-
-/// Base of every error the runtime throws or delivers.
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 /// A request/reply handler threw. Delivered to the caller's Future; the actor lives on.
 /// `actor()` is the actor that threw, `endpoint()` the handler ("Counter::incr" when registered,
@@ -23,7 +19,9 @@ class Error : public std::runtime_error {
 class ActorError : public Error {
  public:
   ActorError(ActorId actor, std::string endpoint, std::string message)
-      : Error("actor " + actor.to_string() + " failed in " + endpoint + ": " + message),
+      : Error(ErrorCode::Actor,
+              "actor " + actor.to_string() + " failed in " + endpoint + ": " + message,
+              Origin{.actor = actor.to_string()}),
         actor_(std::move(actor)),
         endpoint_(std::move(endpoint)),
         message_(std::move(message)) {}
@@ -43,7 +41,9 @@ class ActorError : public Error {
 class DeliveryFailure : public Error {
  public:
   DeliveryFailure(ActorId dest, std::string endpoint, std::string reason)
-      : Error("message " + endpoint + " to " + dest.to_string() + " undeliverable: " + reason),
+      : Error(ErrorCode::Delivery,
+              "message " + endpoint + " to " + dest.to_string() + " undeliverable: " + reason,
+              Origin{.actor = dest.to_string()}),
         dest_(std::move(dest)),
         endpoint_(std::move(endpoint)),
         reason_(std::move(reason)) {}
@@ -65,8 +65,10 @@ class DeliveryFailure : public Error {
 class SupervisionError : public Error {
  public:
   SupervisionError(ActorId actor, std::string cause)
-      : Error("actor " + actor.to_string() + " unreachable: proc " + actor.proc +
-              " failed: " + cause),
+      : Error(
+            ErrorCode::Supervision,
+            "actor " + actor.to_string() + " unreachable: proc " + actor.proc + " failed: " + cause,
+            Origin{.actor = actor.to_string(), .address = actor.proc}),
         actor_(std::move(actor)),
         cause_(std::move(cause)) {}
   const ActorId& actor() const { return actor_; }
@@ -82,20 +84,19 @@ class SupervisionError : public Error {
 /// again.
 class TimeoutError : public Error {
  public:
-  using Error::Error;
+  explicit TimeoutError(const std::string& message, Origin origin = {})
+      : Error(ErrorCode::Timeout, message, std::move(origin)) {}
 };
 
 /// A blocking wait that can never complete: an actor blocking on a reply only it can produce
 /// (directly, or through a cycle of actors each blocked on the next).
 class DeadlockError : public Error {
  public:
-  using Error::Error;
+  explicit DeadlockError(const std::string& message, Origin origin = {})
+      : Error(ErrorCode::Deadlock, message, std::move(origin)) {}
 };
 
-/// Misuse of a Future/Port: value already retrieved, OncePort used twice, etc.
-class UsageError : public Error {
- public:
-  using Error::Error;
-};
+// UsageError (misuse of a Future/Port: value already retrieved, OncePort used twice, etc.) is
+// defined with the root in monarch/error.hpp, so that every layer can throw it.
 
 }  // namespace monarch

@@ -56,9 +56,12 @@ struct WireError {
   ActorId actor;
   std::string endpoint;
   std::string message;
+  /// kind 4: the monarch::ErrorCode of the error thrown (0: not a monarch::Error), so the caller
+  /// gets a monarch::Error with the same code and message.
+  uint16_t code = 0;
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(kind, actor, endpoint, message);
+    ar(kind, actor, endpoint, message, code);
   }
   static WireError from(const std::exception_ptr& e);
   [[noreturn]] void rethrow() const;

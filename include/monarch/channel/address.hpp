@@ -15,13 +15,17 @@
 #include <string>
 #include <string_view>
 
+#include "monarch/error.hpp"
+
 namespace monarch::channel {
 
 /// Every channel-layer failure the caller can act on (bad address, bind/listen failure, bad
 /// secret configuration, oversize message). The message names the address or setting at fault.
-class ChannelError : public std::runtime_error {
+/// Origin: the address at fault, where the thrower passes it.
+class ChannelError : public monarch::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ChannelError(const std::string& message, Origin origin = {})
+      : monarch::Error(ErrorCode::Channel, message, std::move(origin)) {}
 };
 
 enum class Transport : uint8_t { Inproc, Unix, Tcp };

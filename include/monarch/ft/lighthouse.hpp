@@ -74,7 +74,7 @@ struct LighthouseOptions {
 /// was evicted, or a newer request from the same group replaced it).
 class QuorumError : public Error {
  public:
-  using Error::Error;
+  explicit QuorumError(const std::string& message) : Error(ErrorCode::Quorum, message) {}
 };
 
 class Lighthouse : public Actor {
@@ -181,7 +181,7 @@ class Manager : public Actor {
 };
 
 /// Per-rank view of `q` for rank `rank` of group `replica_id` (what Manager::quorum returns).
-/// Throws std::out_of_range if the group is not a participant.
+/// Throws UsageError if the group is not a participant.
 QuorumResult result_for(const Quorum& q, const std::string& replica_id, int64_t rank);
 
 }  // namespace monarch::ft

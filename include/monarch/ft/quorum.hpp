@@ -69,7 +69,7 @@ struct Quorum {
   /// Index of `replica_id` among participants; -1 if absent.
   int64_t rank_of(const std::string& replica_id) const;
   /// The donor of participant `replica_id` if it must heal; nullopt when it is up to date.
-  /// Throws std::out_of_range if replica_id is not a participant.
+  /// Throws UsageError if replica_id is not a participant.
   std::optional<QuorumMember> donor_for(const std::string& replica_id) const;
   /// Participants at max_step (not healing), in order.
   std::vector<std::string> up_to_date() const;

@@ -6,11 +6,14 @@
 #include <string_view>
 #include <vector>
 
+#include "monarch/error.hpp"
+
 namespace monarch::launch {
 
 /// Thrown by expand_hostlist on malformed input; what() names the bad text.
-struct HostlistError : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
+struct HostlistError : monarch::Error {
+  explicit HostlistError(const std::string& message)
+      : monarch::Error(ErrorCode::Hostlist, message) {}
 };
 
 /// Expands a SLURM hostlist ("node[01-04,07]", "a[1-2]b", "n[001-003],m5") into names, in order,

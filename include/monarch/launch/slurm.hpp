@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "monarch/error.hpp"
 #include "monarch/mesh/process.hpp"
 
 namespace monarch::launch {
@@ -94,8 +95,8 @@ bool is_final_state(const std::string& state);
 
 /// Thrown by SlurmJob on a failed command, a deadline, or a job that ended; what() names the job
 /// id (when there is one) and its state.
-struct SlurmError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct SlurmError : monarch::Error {
+  explicit SlurmError(const std::string& message) : monarch::Error(ErrorCode::Slurm, message) {}
 };
 
 class SlurmJob {

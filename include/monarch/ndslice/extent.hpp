@@ -27,10 +27,10 @@ class Extent {
   Extent();
 
   /// Extent{{"hosts", 2}, {"gpus", 4}}.
-  /// Throws Error on: an empty or duplicate label, a zero size, num_ranks overflowing size_t.
+  /// Throws SliceError on: an empty or duplicate label, a zero size, num_ranks overflowing size_t.
   Extent(std::initializer_list<std::pair<std::string, std::size_t>> dims);
 
-  /// Labels and sizes in parallel. Throws Error additionally when the lengths differ.
+  /// Labels and sizes in parallel. Throws SliceError additionally when the lengths differ.
   Extent(std::vector<std::string> labels, std::vector<std::size_t> sizes);
 
   [[nodiscard]] const std::vector<std::string>& labels() const noexcept;
@@ -39,19 +39,19 @@ class Extent {
   /// Product of all sizes (1 for a zero-dimensional extent).
   [[nodiscard]] std::size_t num_ranks() const noexcept;
 
-  /// Size of the named dim. Throws Error("... unknown dim 'x' ...") if absent.
+  /// Size of the named dim. Throws SliceError("... unknown dim 'x' ...") if absent.
   [[nodiscard]] std::size_t size(std::string_view name) const;
-  /// Position of the named dim. Throws Error if absent.
+  /// Position of the named dim. Throws SliceError if absent.
   [[nodiscard]] std::size_t index_of(std::string_view name) const;
   /// Position of the named dim, or nullopt.
   [[nodiscard]] std::optional<std::size_t> find(std::string_view name) const noexcept;
 
-  /// Point with the given rank (0 <= rank < num_ranks(), else Error).
+  /// Point with the given rank (0 <= rank < num_ranks(), else SliceError).
   [[nodiscard]] Point point(std::size_t rank) const;
-  /// Row-major coordinates of a rank (0 <= rank < num_ranks(), else Error).
+  /// Row-major coordinates of a rank (0 <= rank < num_ranks(), else SliceError).
   [[nodiscard]] std::vector<std::size_t> coords_of(std::size_t rank) const;
-  /// Row-major rank of coordinates. Throws Error if coords.size() != num_dims() or a coordinate is
-  /// out of range for its dim (the message names the dim and its size).
+  /// Row-major rank of coordinates. Throws SliceError if coords.size() != num_dims() or a
+  /// coordinate is out of range for its dim (the message names the dim and its size).
   [[nodiscard]] std::size_t rank(const std::vector<std::size_t>& coords) const;
 
   /// Same labels and sizes, in order.

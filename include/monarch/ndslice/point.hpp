@@ -18,8 +18,8 @@ class Point {
   /// The single point of the zero-dimensional extent.
   Point() = default;
 
-  /// Throws Error if coords.size() != extent.num_dims() or a coordinate is out of range for its
-  /// dim (the message names the dim and its size).
+  /// Throws SliceError if coords.size() != extent.num_dims() or a coordinate is out of range for
+  /// its dim (the message names the dim and its size).
   Point(std::vector<std::size_t> coords, Extent extent);
 
   [[nodiscard]] const Extent& extent() const noexcept { return extent_; }
@@ -29,9 +29,9 @@ class Point {
   /// Row-major rank within extent() (0 <= rank < extent().num_ranks()).
   [[nodiscard]] std::size_t rank() const;
 
-  /// Coordinate of the named dim. Throws Error for an unknown dim name.
+  /// Coordinate of the named dim. Throws SliceError for an unknown dim name.
   [[nodiscard]] std::size_t operator[](std::string_view name) const;
-  /// Coordinate of the i-th dim. Throws Error if i >= num_dims().
+  /// Coordinate of the i-th dim. Throws SliceError if i >= num_dims().
   [[nodiscard]] std::size_t at(std::size_t i) const;
 
   /// Same extent and same coordinates.

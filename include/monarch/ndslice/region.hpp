@@ -35,7 +35,7 @@ class Region {
 
   /// From any ranks (unsorted, duplicates allowed).
   static Region from_ranks(std::vector<std::size_t> ranks);
-  /// From runs (any order, may overlap/touch; they are normalised). Throws Error if a run has
+  /// From runs (any order, may overlap/touch; they are normalised). Throws SliceError if a run has
   /// begin >= end.
   static Region from_runs(std::vector<Run> runs);
 

@@ -25,7 +25,7 @@
 //   range := int | int? ':' int? (':' int)?        (step >= 1; begin < end when end is given)
 // Ranges in a selection are clipped to the dimension (a range past the end selects nothing), unlike
 // Shape::slice, which rejects them. Evaluating a selection with more dimension components than the
-// shape has dims throws Error.
+// shape has dims throws SliceError.
 #pragma once
 
 #include <cstddef>
@@ -53,24 +53,24 @@ class Selection {
   static Selection false_();
   static Selection all(Selection inner = Selection());
   static Selection first(Selection inner = Selection());
-  /// Throws Error if r.step == 0 or r is empty (end given and begin >= end).
+  /// Throws SliceError if r.step == 0 or r is empty (end given and begin >= end).
   static Selection range(const Range& r, Selection inner = Selection());
   /// range(Range::single(i), inner).
   static Selection index(std::size_t i, Selection inner = Selection());
-  /// Throws Error if labels is empty or a label is not an identifier [A-Za-z_][A-Za-z0-9_]*.
+  /// Throws SliceError if labels is empty or a label is not an identifier [A-Za-z_][A-Za-z0-9_]*.
   static Selection label(std::vector<std::string> labels, Selection inner = Selection());
   static Selection union_(Selection a, Selection b);
   static Selection intersection(Selection a, Selection b);
 
   [[nodiscard]] Kind kind() const noexcept;
-  /// For All/First/Range/Label: the selection of the remaining dims; else Error.
+  /// For All/First/Range/Label: the selection of the remaining dims; else SliceError.
   [[nodiscard]] const Selection& inner() const;
-  /// For Union/Intersection: the operands; else Error.
+  /// For Union/Intersection: the operands; else SliceError.
   [[nodiscard]] const Selection& lhs() const;
   [[nodiscard]] const Selection& rhs() const;
-  /// For Range: the range; else Error.
+  /// For Range: the range; else SliceError.
   [[nodiscard]] const Range& range_value() const;
-  /// For Label: the labels; else Error.
+  /// For Label: the labels; else SliceError.
   [[nodiscard]] const std::vector<std::string>& labels() const;
 
   /// Structural equality (same tree).
@@ -93,7 +93,7 @@ Selection parse(std::string_view text);
 std::string to_string(const Selection& s);
 
 /// Global ranks (in shape's base space) of the selected points, as a Region.
-/// Throws Error if the selection addresses more dims than shape has.
+/// Throws SliceError if the selection addresses more dims than shape has.
 Region eval(const Selection& s, const Shape& shape);
 
 /// eval() as a sorted vector of global ranks.

@@ -30,7 +30,8 @@ class Shape {
   Shape() = default;
   /// Dense shape over the extent (global rank == extent rank).
   explicit Shape(const Extent& extent);
-  /// Labels for the dims of `slice`. Throws Error on mismatched lengths, empty/duplicate labels.
+  /// Labels for the dims of `slice`. Throws SliceError on mismatched lengths, empty/duplicate
+  /// labels.
   Shape(std::vector<std::string> labels, Slice slice);
 
   [[nodiscard]] const std::vector<std::string>& labels() const noexcept { return extent_.labels(); }
@@ -43,31 +44,32 @@ class Shape {
   [[nodiscard]] const Slice& slice_() const noexcept { return sl_; }
   [[nodiscard]] const Slice& base() const noexcept { return sl_; }
 
-  /// Fixes dim `dim` at `index` and drops it. Throws Error for an unknown dim or index >= size
+  /// Fixes dim `dim` at `index` and drops it. Throws SliceError for an unknown dim or index >= size
   /// (e.g. "slice: index 7 out of range for dim 'gpus' of size 4").
   [[nodiscard]] Shape slice(std::string_view dim, std::size_t index) const;
-  /// Keeps dim `dim`, restricted to r (see Range). Throws Error for an unknown dim, step 0,
+  /// Keeps dim `dim`, restricted to r (see Range). Throws SliceError for an unknown dim, step 0,
   /// begin >= size, end > size, or an empty range.
   [[nodiscard]] Shape slice(std::string_view dim, const Range& r) const;
   /// Alias of slice(dim, r).
   [[nodiscard]] Shape select(std::string_view dim, const Range& r) const { return slice(dim, r); }
-  /// Replaces dim `dim` by dims `names` with `sizes` (row-major). Throws Error when the lengths
-  /// differ, the product of sizes != size of dim, a size is 0, or a name duplicates another dim.
+  /// Replaces dim `dim` by dims `names` with `sizes` (row-major). Throws SliceError when the
+  /// lengths differ, the product of sizes != size of dim, a size is 0, or a name duplicates another
+  /// dim.
   [[nodiscard]] Shape split(std::string_view dim, const std::vector<std::string>& names,
                             const std::vector<std::size_t>& sizes) const;
-  /// One dim `new_name` of size num_ranks(). Throws Error unless the view is contiguous
+  /// One dim `new_name` of size num_ranks(). Throws SliceError unless the view is contiguous
   /// (Slice::is_contiguous) or if new_name is empty.
   [[nodiscard]] Shape flatten(std::string new_name) const;
-  /// Renames dim `from` to `to`. Throws Error for an unknown `from` or a `to` already in use.
+  /// Renames dim `from` to `to`. Throws SliceError for an unknown `from` or a `to` already in use.
   [[nodiscard]] Shape rename(std::string_view from, std::string to) const;
 
-  /// Global rank of a point of extent(). Throws Error if p.extent() != extent().
+  /// Global rank of a point of extent(). Throws SliceError if p.extent() != extent().
   [[nodiscard]] std::size_t rank_of(const Point& p) const;
-  /// Global rank of local coordinates. Throws Error on bad coordinates (names the dim).
+  /// Global rank of local coordinates. Throws SliceError on bad coordinates (names the dim).
   [[nodiscard]] std::size_t rank_of(const std::vector<std::size_t>& coords) const;
-  /// Point (in extent()) of a global rank. Throws Error if the rank is not in this view.
+  /// Point (in extent()) of a global rank. Throws SliceError if the rank is not in this view.
   [[nodiscard]] Point point_of_rank(std::size_t global) const;
-  /// Global rank of the point with local rank `local` (0 <= local < num_ranks(), else Error).
+  /// Global rank of the point with local rank `local` (0 <= local < num_ranks(), else SliceError).
   [[nodiscard]] std::size_t global_rank(std::size_t local) const;
   /// Whether the global rank belongs to this view.
   [[nodiscard]] bool contains(std::size_t global) const { return sl_.contains(global); }

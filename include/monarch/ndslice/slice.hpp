@@ -4,7 +4,7 @@
 // the global rank  offset + sum(ci * ti).  Its points are enumerated in row-major order of local
 // coordinates (last dim fastest); `index(global)` is that local row-major position.
 // Slice::dense({2, 4}) is offset 0, strides {4, 1}.  All arithmetic is checked: constructing a
-// slice whose largest rank, or whose number of points, does not fit in size_t throws Error.
+// slice whose largest rank, or whose number of points, does not fit in size_t throws SliceError.
 // Operations taking a dim take its position (0-based); messages name it as "#i".
 #pragma once
 
@@ -47,11 +47,11 @@ class Slice {
   /// Zero-dimensional slice at offset 0 (one point, global rank 0).
   Slice() = default;
 
-  /// Throws Error when sizes.size() != strides.size(), any size is 0, or the number of points or
-  /// the largest location (offset + sum((si-1)*ti)) overflows size_t.
+  /// Throws SliceError when sizes.size() != strides.size(), any size is 0, or the number of points
+  /// or the largest location (offset + sum((si-1)*ti)) overflows size_t.
   Slice(std::size_t offset, std::vector<std::size_t> sizes, std::vector<std::size_t> strides);
 
-  /// Row-major dense slice over sizes (offset 0). Throws Error on a zero size or overflow.
+  /// Row-major dense slice over sizes (offset 0). Throws SliceError on a zero size or overflow.
   static Slice dense(const std::vector<std::size_t>& sizes);
 
   [[nodiscard]] std::size_t offset() const noexcept { return offset_; }
@@ -61,33 +61,34 @@ class Slice {
   /// Number of points (product of sizes; 1 when zero-dimensional).
   [[nodiscard]] std::size_t len() const noexcept { return len_; }
 
-  /// Global rank of local coordinates. Throws Error on a wrong number of coordinates or a
+  /// Global rank of local coordinates. Throws SliceError on a wrong number of coordinates or a
   /// coordinate out of range (message names the dim "#i" and its size).
   [[nodiscard]] std::size_t location(const std::vector<std::size_t>& coords) const;
-  /// Local coordinates of a global rank. Throws Error if the rank is not in the slice.
+  /// Local coordinates of a global rank. Throws SliceError if the rank is not in the slice.
   [[nodiscard]] std::vector<std::size_t> coordinates(std::size_t global) const;
   /// Like coordinates(), but nullopt instead of throwing.
   [[nodiscard]] std::optional<std::vector<std::size_t>> try_coordinates(std::size_t global) const;
-  /// Local row-major index (0 <= index < len()) of a global rank. Throws Error if not in slice.
+  /// Local row-major index (0 <= index < len()) of a global rank. Throws SliceError if not in
+  /// slice.
   [[nodiscard]] std::size_t index(std::size_t global) const;
   /// Whether the global rank is one of this slice's points.
   [[nodiscard]] bool contains(std::size_t global) const;
-  /// Global rank of the local row-major index i (0 <= i < len(), else Error).
+  /// Global rank of the local row-major index i (0 <= i < len(), else SliceError).
   [[nodiscard]] std::size_t at_index(std::size_t i) const;
 
   /// True when strides are the row-major dense strides of sizes (size-1 dims are ignored), i.e.
   /// the points are exactly offset .. offset+len()-1 in order.
   [[nodiscard]] bool is_contiguous() const noexcept;
 
-  /// Fixes dim `dim` at `index` and drops it. Throws Error if dim or index is out of range.
+  /// Fixes dim `dim` at `index` and drops it. Throws SliceError if dim or index is out of range.
   [[nodiscard]] Slice at(std::size_t dim, std::size_t index) const;
-  /// Restricts dim `dim` to r. Throws Error if dim is out of range, r.step == 0, r.begin >= size,
-  /// r.end > size, or the range is empty (begin >= end).
+  /// Restricts dim `dim` to r. Throws SliceError if dim is out of range, r.step == 0, r.begin >=
+  /// size, r.end > size, or the range is empty (begin >= end).
   [[nodiscard]] Slice range(std::size_t dim, const Range& r) const;
   /// Replaces dim `dim` by dims of `sizes` (row-major); their product must equal the dim's size
-  /// and none may be 0, else Error.
+  /// and none may be 0, else SliceError.
   [[nodiscard]] Slice split(std::size_t dim, const std::vector<std::size_t>& sizes) const;
-  /// One-dimensional slice over the same ranks. Throws Error unless is_contiguous().
+  /// One-dimensional slice over the same ranks. Throws SliceError unless is_contiguous().
   [[nodiscard]] Slice flatten() const;
 
   /// Same offset and sizes, and the same strides in every dim of size > 1 (strides of size-1

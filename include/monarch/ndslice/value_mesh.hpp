@@ -28,11 +28,11 @@ class ValueMesh {
   /// Over the (local) extent of a shape.
   ValueMesh(const Shape& shape, T fill) : ValueMesh(shape.extent(), std::move(fill)) {}
 
-  /// values[r] is the value at rank r. Throws Error if values.size() != extent.num_ranks().
+  /// values[r] is the value at rank r. Throws SliceError if values.size() != extent.num_ranks().
   static ValueMesh from_vector(Extent extent, const std::vector<T>& values) {
     if (values.size() != extent.num_ranks()) {
-      throw Error("value_mesh: " + std::to_string(values.size()) + " values for extent " +
-                  extent.to_string() + " of " + std::to_string(extent.num_ranks()) + " ranks");
+      throw SliceError("value_mesh: " + std::to_string(values.size()) + " values for extent " +
+                       extent.to_string() + " of " + std::to_string(extent.num_ranks()) + " ranks");
     }
     ValueMesh m(std::move(extent), values[0]);
     for (std::size_t r = 1; r < values.size(); ++r) {
@@ -47,14 +47,14 @@ class ValueMesh {
   /// Number of runs of equal consecutive values (1 <= runs() <= size()).
   [[nodiscard]] std::size_t runs() const noexcept { return runs_.size(); }
 
-  /// Value at rank (0 <= rank < size(), else Error). O(log runs()).
+  /// Value at rank (0 <= rank < size(), else SliceError). O(log runs()).
   [[nodiscard]] const T& get(std::size_t rank) const { return runs_[find(rank)].value; }
   [[nodiscard]] const T& operator[](std::size_t rank) const { return get(rank); }
-  /// Value at a point; throws Error if p.extent() != extent().
+  /// Value at a point; throws SliceError if p.extent() != extent().
   [[nodiscard]] const T& get(const Point& p) const { return get(rank_of(p)); }
   [[nodiscard]] const T& operator[](const Point& p) const { return get(p); }
 
-  /// Sets the value at rank (0 <= rank < size(), else Error), splitting/merging runs.
+  /// Sets the value at rank (0 <= rank < size(), else SliceError), splitting/merging runs.
   void set(std::size_t rank, T value) {
     const std::size_t k = find(rank);
     if (runs_[k].value == value) return;
@@ -76,7 +76,7 @@ class ValueMesh {
       }
     }
   }
-  /// Sets the value at a point; throws Error if p.extent() != extent().
+  /// Sets the value at a point; throws SliceError if p.extent() != extent().
   void set(const Point& p, T value) { set(rank_of(p), std::move(value)); }
 
   /// All values in rank order.
@@ -150,8 +150,8 @@ class ValueMesh {
 
   std::size_t find(std::size_t rank) const {
     if (rank >= size()) {
-      throw Error("value_mesh: rank " + std::to_string(rank) + " out of range for extent " +
-                  extent_.to_string() + " of " + std::to_string(size()) + " ranks");
+      throw SliceError("value_mesh: rank " + std::to_string(rank) + " out of range for extent " +
+                       extent_.to_string() + " of " + std::to_string(size()) + " ranks");
     }
     auto it = std::upper_bound(runs_.begin(), runs_.end(), rank,
                                [](std::size_t r, const Run& run) { return r < run.begin; });
@@ -160,8 +160,8 @@ class ValueMesh {
 
   std::size_t rank_of(const Point& p) const {
     if (!(p.extent() == extent_)) {
-      throw Error("value_mesh: point " + p.to_string() + " is in extent " + p.extent().to_string() +
-                  ", not the mesh's extent " + extent_.to_string());
+      throw SliceError("value_mesh: point " + p.to_string() + " is in extent " +
+                       p.extent().to_string() + ", not the mesh's extent " + extent_.to_string());
     }
     return p.rank();
   }

@@ -78,11 +78,12 @@ const char* errc_name(RdmaErrc c);
 /// the operation, offset and length, and what went wrong.
 class RdmaError : public Error {
  public:
-  RdmaError(RdmaErrc code, const std::string& what) : Error(what), code_(code) {}
-  RdmaErrc code() const { return code_; }
+  RdmaError(RdmaErrc errc, const std::string& what) : Error(ErrorCode::Rdma, what), errc_(errc) {}
+  /// What went wrong, within the data plane (code() is ErrorCode::Rdma for every RdmaError).
+  RdmaErrc errc() const { return errc_; }
 
  private:
-  RdmaErrc code_;
+  RdmaErrc errc_;
 };
 
 /// Per-transfer options. Defaults come from the config layer (rdma.* keys, docs/config.md).

@@ -26,6 +26,8 @@
 #include <string_view>
 #include <vector>
 
+#include "monarch/error.hpp"
+
 namespace monarch::wire {
 
 inline constexpr std::uint32_t kFrameMagic = 0x4D4E5243;  // bytes on the wire: 'C','R','N','M'
@@ -74,9 +76,9 @@ struct Frame {
 
 // Malformed input (decoder) or a frame that cannot be represented (encoder). The message names the
 // field and the bad value, e.g. "frame: bad magic 0x41414141".
-class FrameError : public std::runtime_error {
+class FrameError : public monarch::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit FrameError(const std::string& message) : monarch::Error(ErrorCode::Frame, message) {}
 };
 
 using Parts = std::span<const std::span<const std::byte>>;

@@ -58,13 +58,15 @@
 #include <variant>
 #include <vector>
 
+#include "monarch/error.hpp"
+
 namespace monarch::wire {
 
 // Malformed, truncated or over-long bytes for the requested type. The message names the type,
 // e.g. "wire: cannot decode std::vector<int>: truncated input (...)".
-class DecodeError : public std::runtime_error {
+class DecodeError : public monarch::Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit DecodeError(const std::string& message) : monarch::Error(ErrorCode::Decode, message) {}
 };
 
 // Demangled name of a type ("std::vector<int, std::allocator<int> >").

@@ -41,8 +41,10 @@ std::vector<c10::intrusive_ptr<c10d::ProcessGroup>>& graveyard() {
 
 AllreduceError::AllreduceError(std::string prefix, int rank, int world_size,
                                const std::string& cause)
-    : std::runtime_error("allreduce group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
-                         std::to_string(world_size) + "): " + cause),
+    : monarch::Error(ErrorCode::Allreduce,
+                     "allreduce group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
+                         std::to_string(world_size) + "): " + cause,
+                     Origin{.rank = static_cast<std::size_t>(rank)}),
       prefix_(std::move(prefix)),
       rank_(rank),
       world_size_(world_size) {}
@@ -61,7 +63,8 @@ StoreServer::StoreServer(std::string host)
   try {
     impl_->store = c10::make_intrusive<c10d::TCPStore>(host_, opts);
   } catch (const std::exception& e) {
-    throw std::runtime_error("StoreServer: cannot listen for " + host_ + ": " + describe(e));
+    throw monarch::Error(ErrorCode::Allreduce,
+                         "StoreServer: cannot listen for " + host_ + ": " + describe(e));
   }
   port_ = impl_->store->getPort();
 }

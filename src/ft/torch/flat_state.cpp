@@ -41,12 +41,12 @@ struct FlatState::Impl {
 
 FlatState::FlatState(::torch::nn::Module& module) : impl_(std::make_unique<Impl>()) {
   auto parameters = module.parameters(/*recurse=*/true);
-  if (parameters.empty()) throw std::invalid_argument("FlatState: the module has no parameters");
+  if (parameters.empty()) throw UsageError("FlatState: the module has no parameters");
   std::size_t count = 0;
   for (const auto& p : parameters) {
     if (p.device() != torch::kCPU || p.scalar_type() != torch::kFloat32 || p.is_sparse()) {
-      throw std::invalid_argument("FlatState: parameter of shape " + c10::str(p.sizes()) +
-                                  " is not a dense CPU float32 tensor");
+      throw UsageError("FlatState: parameter of shape " + c10::str(p.sizes()) +
+                       " is not a dense CPU float32 tensor");
     }
     count += static_cast<std::size_t>(p.numel());
   }
@@ -85,12 +85,12 @@ FlatState& FlatState::operator=(FlatState&&) noexcept = default;
 
 void FlatState::load_from(std::span<const std::byte> src) {
   if (src.size() != size_) {
-    throw std::invalid_argument("FlatState::load_from: " + std::to_string(src.size()) +
-                                " bytes, expected " + std::to_string(size_));
+    throw UsageError("FlatState::load_from: " + std::to_string(src.size()) + " bytes, expected " +
+                     std::to_string(size_));
   }
   if (static_cast<std::uint64_t>(read_slot(src.data(), kMagicSlot)) != kMagic ||
       read_slot(src.data(), kCountSlot) != static_cast<std::int64_t>(num_params_)) {
-    throw std::invalid_argument(
+    throw UsageError(
         "FlatState::load_from: header mismatch (not a FlatState of a "
         "model with " +
         std::to_string(num_params_) + " parameters)");
@@ -101,7 +101,7 @@ void FlatState::load_from(std::span<const std::byte> src) {
 void FlatState::check_header() const {
   if (static_cast<std::uint64_t>(read_slot(base_, kMagicSlot)) != kMagic ||
       read_slot(base_, kCountSlot) != static_cast<std::int64_t>(num_params_)) {
-    throw std::invalid_argument(
+    throw UsageError(
         "FlatState: header after a raw read is not a FlatState of a "
         "model with " +
         std::to_string(num_params_) + " parameters");

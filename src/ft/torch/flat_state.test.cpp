@@ -121,19 +121,19 @@ TEST(FlatState, LoadFromRejectsForeignBytesAndKeepsState) {
   FlatState s(net);
   auto h = s.hash();
   std::vector<std::byte> shorter(s.bytes().begin(), s.bytes().end() - 64);
-  EXPECT_THROW(s.load_from(shorter), std::invalid_argument);
+  EXPECT_THROW(s.load_from(shorter), monarch::UsageError);
   std::vector<std::byte> bad(s.bytes().begin(), s.bytes().end());
   bad[0] ^= std::byte{0xff};  // magic
-  EXPECT_THROW(s.load_from(bad), std::invalid_argument);
+  EXPECT_THROW(s.load_from(bad), monarch::UsageError);
   std::vector<std::byte> other_count(s.bytes().begin(), s.bytes().end());
   other_count[8] ^= std::byte{1};  // P
-  EXPECT_THROW(s.load_from(other_count), std::invalid_argument);
+  EXPECT_THROW(s.load_from(other_count), monarch::UsageError);
   EXPECT_EQ(s.hash(), h);
 
   // A raw write straight into bytes() (what an RdmaBuffer read does) is checked afterwards.
   s.check_header();
   std::memcpy(s.bytes().data(), bad.data(), s.bytes().size());
-  EXPECT_THROW(s.check_header(), std::invalid_argument);
+  EXPECT_THROW(s.check_header(), monarch::UsageError);
 }
 
 TEST(FlatState, AdamMatchesTorchOptimAdam) {
@@ -162,9 +162,9 @@ TEST(FlatState, AdamMatchesTorchOptimAdam) {
 TEST(FlatState, RejectsNonFloatParameters) {
   torch::nn::Linear lin(2, 2);
   lin->to(torch::kFloat64);
-  EXPECT_THROW(FlatState{*lin}, std::invalid_argument);
+  EXPECT_THROW(FlatState{*lin}, monarch::UsageError);
   torch::nn::Module empty;
-  EXPECT_THROW(FlatState{empty}, std::invalid_argument);
+  EXPECT_THROW(FlatState{empty}, monarch::UsageError);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ RdmaError expect_rdma_error(F&& f, RdmaErrc code) {
   try {
     f();
   } catch (const RdmaError& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_EQ(e.errc(), code) << e.what();
     return e;
   }
   ADD_FAILURE() << "expected RdmaError(" << errc_name(code) << ")";

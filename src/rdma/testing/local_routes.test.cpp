@@ -162,7 +162,7 @@ TEST_F(LocalRoutes, ShmWritesRacingDropAreWholeAndNeverLandAfterIt) {  // RD-3 o
   ASSERT_EQ(word, "DROPPED");
   writer.join();
   ASSERT_TRUE(error.has_value());
-  EXPECT_EQ(error->code(), RdmaErrc::Dropped) << error->what();
+  EXPECT_EQ(error->errc(), RdmaErrc::Dropped) << error->what();
   EXPECT_EQ(owner.sum(0, size), at_drop);
   const auto& whole = at_drop == pat::checksum(a) ? a : b;
   EXPECT_EQ(at_drop, pat::checksum(whole)) << "torn: a write was still landing after drop()";
@@ -218,7 +218,7 @@ TEST_F(LocalRoutes, OwnerKilledDuringTransfersFailsClearlyWithoutHanging) {  // 
     owner.proc.kill(SIGKILL);
     reader.join();
     ASSERT_TRUE(error.has_value()) << "reads kept succeeding after the owner died";
-    EXPECT_EQ(error->code(), RdmaErrc::OwnerUnreachable) << error->what();
+    EXPECT_EQ(error->errc(), RdmaErrc::OwnerUnreachable) << error->what();
     EXPECT_NE(std::string(error->what()).find("peer-buffer"), std::string::npos) << error->what();
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
     for (uint64_t s : sums) EXPECT_EQ(s, want);  // reads that succeeded were complete

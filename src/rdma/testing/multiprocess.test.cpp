@@ -99,14 +99,14 @@ TEST(RdmaProcesses, RemoteDropAndBoundsAreReportedByTheOwner) {  // RD-3, RD-4
     lying.read_into(dst, 8000).get(10s);
     ADD_FAILURE() << "read past the owner's buffer succeeded";
   } catch (const RdmaError& e) {
-    EXPECT_EQ(e.code(), RdmaErrc::OutOfBounds) << e.what();
+    EXPECT_EQ(e.errc(), RdmaErrc::OutOfBounds) << e.what();
   }
   EXPECT_EQ(owner.ask("drop"), "DROPPED");
   try {
     owner.handle.read_into(dst).get(10s);
     ADD_FAILURE() << "read of a dropped buffer succeeded";
   } catch (const RdmaError& e) {
-    EXPECT_EQ(e.code(), RdmaErrc::Dropped) << e.what();
+    EXPECT_EQ(e.errc(), RdmaErrc::Dropped) << e.what();
     EXPECT_NE(std::string(e.what()).find("peer-buffer"), std::string::npos) << e.what();
   }
   std::vector<std::byte> src(10);
@@ -159,7 +159,7 @@ TEST(RdmaProcesses, WriteToAFrozenOwnerFailsByItsTimeoutAndLetsGoOfTheSpan) {
     w.get(20s);
     ADD_FAILURE() << "write to a frozen owner succeeded";
   } catch (const RdmaError& e) {
-    EXPECT_TRUE(e.code() == RdmaErrc::Timeout || e.code() == RdmaErrc::OwnerUnreachable)
+    EXPECT_TRUE(e.errc() == RdmaErrc::Timeout || e.errc() == RdmaErrc::OwnerUnreachable)
         << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);  // by its timeout, not the link's 30 s
@@ -195,7 +195,7 @@ TEST(RdmaProcesses, OwnerFrozenThenKilledMidTransferFailsByTheTimeout) {  // RD-
       fut->get(10s);
       ADD_FAILURE() << "transfer from a dead owner succeeded";
     } catch (const RdmaError& e) {
-      EXPECT_TRUE(e.code() == RdmaErrc::Timeout || e.code() == RdmaErrc::OwnerUnreachable)
+      EXPECT_TRUE(e.errc() == RdmaErrc::Timeout || e.errc() == RdmaErrc::OwnerUnreachable)
           << e.what();
       EXPECT_NE(std::string(e.what()).find("peer-buffer"), std::string::npos) << e.what();
     }

@@ -32,7 +32,7 @@ using namespace monarch::rdma;
 namespace {
 
 int report_error(const RdmaError& e) {
-  std::printf("ERROR %d %s\n", static_cast<int>(e.code()), e.what());
+  std::printf("ERROR %d %s\n", static_cast<int>(e.errc()), e.what());
   std::fflush(stdout);
   return 0;
 }

@@ -111,7 +111,7 @@ ActorId spawn_remote_id(Proc& proc, Cell* owner, const std::string& proc_addr, s
       "spawn_remote<A>(addr, name, args...): A has no constructor taking these arguments");
   // Reading `registered` odr-uses it, so every binary containing this call registers the factory
   // at static initialisation, including a worker that never makes the call.
-  if (!Reg::registered) throw std::logic_error("spawn_remote: factory registration failed");
+  if (!Reg::registered) throw Error("spawn_remote: factory registration failed");
   register_endpoints<A>();
   Tuple t(std::forward<Args>(args)...);
   return remote_spawn_id(proc, owner, proc_addr, std::move(name), Reg::key(), wire::encode(t));

@@ -16,12 +16,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "monarch/error.hpp"
+
 namespace monarch::ft {
 
 /// An allreduce (or group setup) failed: a peer died, aborted or missed the timeout. The group
 /// that threw is closed (its sockets are shut, so peers blocked on it fail fast too); the caller
 /// reconfigures with a new prefix before the next allreduce.
-class AllreduceError : public std::runtime_error {
+class AllreduceError : public monarch::Error {
  public:
   AllreduceError(std::string prefix, int rank, int world_size, const std::string& cause);
   const std::string& prefix() const noexcept { return prefix_; }

@@ -19,6 +19,8 @@
 #include <memory>
 #include <span>
 
+#include "monarch/error.hpp"
+
 namespace torch::nn {
 class Module;
 }
@@ -44,7 +46,7 @@ class FlatState {
   /// backward read and write the flat buffers with no copies. The buffers are shared with the
   /// module's tensors (reference counted), so either may outlive the other. Do not replace the
   /// module's parameters afterwards (module.to(), optimizer.zero_grad(set_to_none)), or they stop
-  /// aliasing. Throws std::invalid_argument if a parameter is not a dense CPU float32 tensor or
+  /// aliasing. Throws UsageError if a parameter is not a dense CPU float32 tensor or
   /// the module has none. Optimizer moments start at zero, step and data_position at 0.
   explicit FlatState(::torch::nn::Module& module);
   ~FlatState();
@@ -59,11 +61,11 @@ class FlatState {
   std::span<const std::byte> bytes() const noexcept { return {base_, size_}; }
 
   /// Overwrites the committed state with `src` (bytes() of another FlatState of the same model,
-  /// e.g. read from a donor). Throws std::invalid_argument, leaving this state unchanged, if the
+  /// e.g. read from a donor). Throws UsageError, leaving this state unchanged, if the
   /// size, magic or P differ.
   void load_from(std::span<const std::byte> src);
 
-  /// Throws std::invalid_argument unless the header in bytes() (magic, P) is this model's. For a
+  /// Throws UsageError unless the header in bytes() (magic, P) is this model's. For a
   /// healer that reads the donor's RdmaBuffer straight into bytes() (no staging copy): call it
   /// after the read completes.
   void check_header() const;
