@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "monarch/actor/runtime.hpp"
+#include "monarch/run_main.hpp"
 
 using namespace std::chrono_literals;
 
@@ -39,7 +40,7 @@ struct Supervisor : monarch::Actor {
   monarch::Promise<void> respawned;
 };
 
-int main() {
+static int run() {
   monarch::Proc proc;
   auto c = proc.spawn<Counter>("counter");
   std::printf("call incr(5)            -> %d\n", c.call(&Counter::incr, 5).get());
@@ -68,4 +69,9 @@ int main() {
     std::printf("call after stop         -> DeliveryFailure: %s\n", e.what());
   }
   return 0;
+}
+
+// A bad setting (a ConfigError) or any other error that escapes run() prints and exits 1.
+int main(int, char** argv) {
+  return monarch::run_main(argv[0], [] { return run(); });
 }

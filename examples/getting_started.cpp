@@ -12,6 +12,7 @@
 #include <string>
 
 #include "monarch/mesh/process.hpp"
+#include "monarch/run_main.hpp"
 
 using namespace std::chrono_literals;
 namespace mesh = monarch::mesh;
@@ -59,7 +60,7 @@ struct Controller : monarch::Actor {
   std::string seen_;
 };
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   mesh::bootstrap(argc, argv);  // in a worker process: serves the proc and never returns
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
@@ -94,4 +95,9 @@ int main(int argc, char** argv) {
   procs.stop();
   std::printf("done\n");
   return 0;
+}
+
+// A bad setting (a ConfigError) or any other error that escapes run() prints and exits 1.
+int main(int argc, char** argv) {
+  return monarch::run_main(argv[0], [&] { return run(argc, argv); });
 }

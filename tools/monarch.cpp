@@ -8,8 +8,9 @@
 #include <cstdio>
 
 #include "monarch/mesh/process.hpp"
+#include "monarch/run_main.hpp"
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv);  // started by an agent: become a worker, never return
 
   CLI::App app{"monarch: host agent and worker procs of monarch-cpp"};
@@ -37,4 +38,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "monarch agent: %s\n", e.what());
     return 1;
   }
+}
+
+// A bad setting (a ConfigError) or any other error that escapes run() prints and exits 1.
+int main(int argc, char** argv) {
+  return monarch::run_main(argv[0], [&] { return run(argc, argv); });
 }

@@ -22,6 +22,7 @@
 #include "fashion_mnist.hpp"
 #include "model.hpp"
 #include "monarch/ft/torch/allreduce.hpp"
+#include "monarch/run_main.hpp"
 
 extern char** environ;
 
@@ -135,7 +136,7 @@ int worker(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   Options o;
   CLI::App app{"Static gloo data-parallel training of the ft_train MLP (the FT baseline)"};
   app.add_option("--replicas", o.replicas, "worker processes")->check(CLI::Range(1, 64));
@@ -186,4 +187,9 @@ int main(int argc, char** argv) {
     std::cerr << "ddp_baseline: " << e.what() << "\n";
     return 1;
   }
+}
+
+// A bad setting (a ConfigError) or any other error that escapes run() prints and exits 1.
+int main(int argc, char** argv) {
+  return monarch::run_main(argv[0], [&] { return run(argc, argv); });
 }

@@ -42,6 +42,7 @@
 #include "monarch/ft/lighthouse.hpp"
 #include "monarch/ft/torch/allreduce.hpp"
 #include "monarch/mesh/process.hpp"
+#include "monarch/run_main.hpp"
 #include "plot.hpp"
 
 using namespace std::chrono_literals;
@@ -1130,7 +1131,7 @@ void print_table(const RunResult* ff, const RunResult& fr, double detection_s) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   mesh::bootstrap(argc, argv);  // worker processes (replica ranks) serve here and never return
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
@@ -1228,4 +1229,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ft_train: %s\n", e.what());
     return 1;
   }
+}
+
+// A bad setting (a ConfigError) or any other error that escapes run() prints and exits 1.
+int main(int argc, char** argv) {
+  return monarch::run_main(argv[0], [&] { return run(argc, argv); });
 }

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 extern char** environ;
@@ -94,6 +97,9 @@ const Order kOrder[] = {
     {"ft.heartbeat_timeout", "mesh.heartbeat_timeout"},
     {"mesh.heartbeat_timeout", "ft.step_timeout"},
     {"ft.step_timeout", "mesh.spawn_timeout"},
+    // Implied by the two pairs above, but stated so that a process mesh's own timeouts
+    // (mesh::ProcTimeouts, which has no ft.step_timeout) are checked for it too.
+    {"mesh.heartbeat_timeout", "mesh.spawn_timeout"},
     {"mesh.heartbeat_timeout", "channel.delivery_timeout"},
 };
 
@@ -147,6 +153,55 @@ std::string unknown_key_message(std::string_view key, const std::string& source)
   if (best != nullptr && best_d <= 4) msg += "; did you mean '" + std::string(best->name) + "'?";
   msg += " (keys are listed in docs/config.md)";
   return msg;
+}
+
+// MONARCH_* variables that are not settings: read by the channel (secrets), the config loader, the
+// worker bootstrap, the launchers, tests and benchmarks. Names or prefixes (ending in '_').
+constexpr std::string_view kNotSettings[] = {
+    "MONARCH_SECRET", "MONARCH_SECRET_FILE", "MONARCH_CONFIG_FILE", "MONARCH_WORKER_",
+    "MONARCH_RANK",   "MONARCH_WORLD_SIZE",  "MONARCH_POD_IP",      "MONARCH_AGENT_PROGRAM",
+    "MONARCH_SLURM_", "MONARCH_TEST_",       "MONARCH_BENCH_",      "MONARCH_UPDATE_GOLDEN",
+};
+
+bool is_known_non_setting(std::string_view name) {
+  for (std::string_view n : kNotSettings) {
+    if (n.ends_with('_') ? name.starts_with(n) : name == n) return true;
+  }
+  return false;
+}
+
+// The key whose variable `name` most likely misspells, comparing against both the full variable
+// name and the name without its section (MONARCH_SPAWN_TIMEOUT for mesh.spawn_timeout); nullptr
+// when none is within 4 edits.
+const KeyInfo* closest_setting(std::string_view name) {
+  const KeyInfo* best = nullptr;
+  size_t best_d = 5;
+  for (const auto& k : kKeys) {
+    std::string full = env_name(k.name);
+    std::string bare = "MONARCH_" + full.substr(full.find('_', 8) + 1);
+    size_t d = std::min(edit_distance(name, full), edit_distance(name, bare));
+    if (d < best_d) best_d = d, best = &k;
+  }
+  return best;
+}
+
+// Warns once per process and variable (stderr: the config layer has no logger) about a MONARCH_*
+// variable outside the setting sections that looks like a setting: it is ignored.
+void warn_lookalike(std::string_view name) {
+  if (is_known_non_setting(name)) return;
+  // Worker procs inherit the client's environment, and the client has warned already.
+  if (std::getenv("MONARCH_WORKER_OWNER") != nullptr) return;
+  const KeyInfo* k = closest_setting(name);
+  if (k == nullptr) return;
+  static std::mutex mu;
+  static std::set<std::string, std::less<>> warned;
+  std::lock_guard lock(mu);
+  if (!warned.emplace(name).second) return;
+  std::fprintf(stderr,
+               "monarch config: warning: environment variable %.*s is not a setting and is "
+               "ignored; did you mean %s (%.*s)? (keys are listed in docs/config.md)\n",
+               static_cast<int>(name.size()), name.data(), env_name(k->name).c_str(),
+               static_cast<int>(k->name.size()), k->name.data());
 }
 
 std::string trim(std::string_view s) {
@@ -411,7 +466,10 @@ void Config::merge_env(const char* const* envp) {
       std::string_view name = kv.substr(0, eq);
       bool ours = false;
       for (const char* s : kSections) ours = ours || name.starts_with(s);
-      if (!ours) continue;
+      if (!ours) {
+        if (name.starts_with("MONARCH_")) warn_lookalike(name);
+        continue;
+      }
       const KeyInfo* key = nullptr;
       for (const auto& k : kKeys) {
         if (env_name(k.name) == name) key = &k;
@@ -458,12 +516,14 @@ void Config::validate() const {
     const Entry& e = value(k);
     return std::string(k) + " = " + e.text + " (" + e.source + ")";
   };
+  std::vector<TimeoutValue> timeouts;
   for (const auto& o : kOrder) {
-    if (value(o.smaller).number >= value(o.larger).number) {
-      throw ConfigError("config: " + show(o.smaller) + " must be less than " + show(o.larger) +
-                        " (timeout order: docs/config.md)");
+    for (std::string_view k : {o.smaller, o.larger}) {
+      const Entry& e = value(k);
+      timeouts.push_back({k, std::chrono::milliseconds(e.number), e.text + " (" + e.source + ")"});
     }
   }
+  check_timeout_order(timeouts);
   if (value("channel.reconnect_initial").number > value("channel.reconnect_max").number) {
     throw ConfigError("config: " + show("channel.reconnect_initial") + " must not exceed " +
                       show("channel.reconnect_max"));
@@ -483,6 +543,22 @@ void Config::validate() const {
   }
   if (value("mesh.cast_fanout").number < 2) {
     throw ConfigError("config: " + show("mesh.cast_fanout") + " must be at least 2");
+  }
+}
+
+void check_timeout_order(const std::vector<TimeoutValue>& values) {
+  auto find = [&](std::string_view k) -> const TimeoutValue* {
+    for (const auto& v : values) {
+      if (v.key == k) return &v;
+    }
+    return nullptr;
+  };
+  for (const auto& o : kOrder) {
+    const TimeoutValue* a = find(o.smaller);
+    const TimeoutValue* b = find(o.larger);
+    if (a == nullptr || b == nullptr || a->value < b->value) continue;
+    throw ConfigError("config: " + std::string(a->key) + " = " + a->shown + " must be less than " +
+                      std::string(b->key) + " = " + b->shown + " (timeout order: docs/config.md)");
   }
 }
 

@@ -95,6 +95,34 @@ TEST(Config, UnknownKeysAreErrorsThatNameThem) {
   EXPECT_NE(e.find("'no.such.key'"), std::string::npos) << e;
 }
 
+// A MONARCH_* variable outside the setting sections that looks like a setting is ignored with one
+// warning naming the closest key; the variables that are not settings are ignored quietly.
+TEST(Config, LookalikeVariablesOutsideTheSectionsWarnOnceNamingTheClosestKey) {
+  Config c;
+  Env env({"MONARCH_SPAWN_TIMEOUT=1s", "MONARCH_SECRET=s3cret", "MONARCH_WORKER_RANK=3",
+           "MONARCH_RANK=0", "MONARCH_SLURM_DIR=/tmp/x", "MONARCH_NOTHING_LIKE_A_SETTING=1",
+           "OTHER_MESH_SPAWN_TIMEOUT=1s"});
+  testing::internal::CaptureStderr();
+  c.merge_env(env.envp());
+  c.merge_env(env.envp());  // warned once per process and variable, not per load
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("MONARCH_SPAWN_TIMEOUT is not a setting"), std::string::npos) << err;
+  EXPECT_NE(err.find("did you mean MONARCH_MESH_SPAWN_TIMEOUT (mesh.spawn_timeout)"),
+            std::string::npos)
+      << err;
+  size_t warnings = 0;
+  for (size_t at = err.find("is not a setting"); at != std::string::npos;
+       at = err.find("is not a setting", at + 1)) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 1u) << err;
+  for (const char* quiet : {"MONARCH_SECRET", "MONARCH_WORKER_RANK",
+                            "MONARCH_RANK=", "MONARCH_SLURM_DIR", "MONARCH_NOTHING", "OTHER_"}) {
+    EXPECT_EQ(err.find(quiet), std::string::npos) << quiet << " warned: " << err;
+  }
+  EXPECT_EQ(c.duration("mesh.spawn_timeout"), Config().duration("mesh.spawn_timeout"));
+}
+
 TEST(Config, BadValuesAreErrorsThatNameKeyAndSource) {
   Config c;
   auto e = error_of([&] { c.set("mesh.heartbeat_timeout", "soon"); });

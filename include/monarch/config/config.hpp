@@ -40,11 +40,17 @@
 #include <string_view>
 #include <vector>
 
+#include "monarch/error.hpp"
+
 namespace monarch::config {
 
-class ConfigError : public std::runtime_error {
+/// A bad setting: an unknown key, a value that does not parse, a timeout out of order. The message
+/// names the key, the value and where it came from (file, environment variable, code).
+/// A ConfigError is a UsageError (bad input from the user) with its own code, Config.
+class ConfigError : public monarch::UsageError {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ConfigError(const std::string& message)
+      : monarch::UsageError(ErrorCode::Config, message) {}
 };
 
 enum class Kind : uint8_t { Duration, Bytes, Int, Bool, String };
@@ -118,6 +124,21 @@ class Config {
 /// The process-wide configuration, loaded with Config::load() on first use. A bad file or
 /// environment throws ConfigError from this first call (and from every later one).
 Config& global();
+
+/// One timeout, as check_timeout_order() sees it: a key of the table, its value, how to show it.
+struct TimeoutValue {
+  std::string_view key;               ///< "mesh.heartbeat_timeout"
+  std::chrono::milliseconds value{};  ///< the value checked
+  std::string shown{};                ///< how the message shows it: "2s (env MONARCH_MESH_...)"
+};
+
+/// THE timeout-order rule, in one place (docs/config.md, "Timeout order"): for every ordered pair
+/// of keys in the rule table (e.g. mesh.heartbeat_interval < mesh.heartbeat_timeout) whose two keys
+/// are both in `values`, the first must be strictly less than the second. Pairs with a key not in
+/// `values` are skipped. Config::validate() checks the whole table through it, and
+/// mesh::ProcTimeouts::validate() checks a process mesh's own timeouts through it.
+/// Throws ConfigError: "KEY = SHOWN must be less than KEY2 = SHOWN2 (timeout order: ...)".
+void check_timeout_order(const std::vector<TimeoutValue>& values);
 
 /// Parses a duration ("250ms", "2s", "1m", "1h", or bare milliseconds). Throws ConfigError.
 std::chrono::milliseconds parse_duration(std::string_view text);

@@ -3,8 +3,9 @@
 // constructed; setting a field in code is the runtime override. Keys: mesh.heartbeat_interval,
 // mesh.heartbeat_timeout, mesh.spawn_timeout, mesh.stop_timeout, mesh.log_aggregate_window.
 //
-// Order (DESIGN.md section 3): heartbeat_interval * 2 <= heartbeat_timeout < spawn_timeout, and a
-// stop never waits longer than stop_timeout before it kills. validate() enforces it.
+// Order (docs/config.md, "Timeout order"; docs/design.md): heartbeat_interval < heartbeat_timeout <
+// spawn_timeout, checked by the config layer's one rule (config::check_timeout_order), and a stop
+// never waits longer than stop_timeout before it kills. validate() enforces it.
 #pragma once
 
 #include <chrono>
@@ -30,20 +31,22 @@ struct ProcTimeouts {
   /// ranks that wrote them (ms). 0: every line prints at once.
   ms log_window = config::global().duration("mesh.log_aggregate_window");
 
-  /// Throws UsageError naming the offending key when a value is out of range or out of order.
+  /// Throws config::ConfigError (a UsageError) naming the offending key when a value is out of
+  /// range or out of order. The order is the config layer's one rule,
+  /// config::check_timeout_order(): heartbeat_interval < heartbeat_timeout < spawn_timeout.
   void validate() const {
-    auto fail = [](const std::string& why) { throw UsageError("ProcTimeouts: " + why); };
+    auto fail = [](const std::string& why) { throw config::ConfigError("ProcTimeouts: " + why); };
     if (heartbeat_interval.count() <= 0) fail("heartbeat_interval must be > 0 ms");
-    if (heartbeat_timeout < 2 * heartbeat_interval) {
-      fail("heartbeat_timeout (" + std::to_string(heartbeat_timeout.count()) +
-           " ms) must be at least 2 * heartbeat_interval (" +
-           std::to_string(heartbeat_interval.count()) + " ms)");
-    }
-    if (spawn_timeout <= heartbeat_timeout) {
-      fail("spawn_timeout (" + std::to_string(spawn_timeout.count()) +
-           " ms) must exceed heartbeat_timeout (" + std::to_string(heartbeat_timeout.count()) +
-           " ms)");
-    }
+    auto shown = [](ms v, const char* field) {
+      return std::to_string(v.count()) + "ms (ProcTimeouts::" + field + ")";
+    };
+    config::check_timeout_order({
+        {"mesh.heartbeat_interval", heartbeat_interval,
+         shown(heartbeat_interval, "heartbeat_interval")},
+        {"mesh.heartbeat_timeout", heartbeat_timeout,
+         shown(heartbeat_timeout, "heartbeat_timeout")},
+        {"mesh.spawn_timeout", spawn_timeout, shown(spawn_timeout, "spawn_timeout")},
+    });
     if (stop_timeout.count() <= 0) fail("stop_timeout must be > 0 ms");
     if (log_window.count() < 0) fail("log_window must be >= 0 ms");
   }
