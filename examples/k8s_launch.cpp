@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   o.gpu_vendor =
       vendor == "amd" ? monarch::launch::GpuVendor::amd : monarch::launch::GpuVendor::nvidia;
+  o.host.listen = listen;
 
   try {
     monarch::launch::KubernetesJob job(o);
@@ -67,7 +68,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "pod failure: %s\n", f.to_string().c_str());
       return true;
     });
-    auto hosts = job.launch({.listen = listen});
+    auto hosts = job.start().at(0);  // one group: {hosts: replicas}
     auto procs = hosts.spawn_procs({{"procs", procs_per_pod}});
     procs.on_failure([](const monarch::MeshFailure& f) {
       std::fprintf(stderr, "proc failure: %s\n", f.to_string().c_str());
@@ -77,7 +78,8 @@ int main(int argc, char** argv) {
     auto where = hello.call(&Hello::where).get(std::chrono::seconds(60));
     for (size_t r = 0; r < where.size(); ++r) std::printf("rank %zu: %s\n", r, where[r].c_str());
     procs.stop();
-    return job.shutdown() ? 0 : 1;
+    job.stop();  // kubectl delete; throws (below) when it failed
+    return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "k8s_launch: %s\n", e.what());
     return 1;

@@ -1,13 +1,7 @@
 // KubernetesJob: manifests, kubectl, pod polling, attach, pod supervision.
 #include "monarch/launch/kubernetes.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <spdlog/spdlog.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -20,8 +14,7 @@
 #include <thread>
 
 #include "monarch/actor/errors.hpp"
-
-extern char** environ;
+#include "subprocess.hpp"
 
 namespace monarch::launch {
 
@@ -316,108 +309,7 @@ std::vector<PodInfo> parse_pods(const std::string& pod_list_json) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Commands
-
-CommandResult run_command(const std::vector<std::string>& argv, const std::string& input,
-                          std::chrono::milliseconds timeout) {
-  if (argv.empty()) throw UsageError("run_command: empty argv");
-  const std::string what = join(argv, " ");
-  int in[2], out[2], err[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) throw Error(what + ": pipe failed");
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(in[0]);
-    ::close(in[1]);
-    throw Error(what + ": pipe failed");
-  }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = ::posix_spawnp(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(in[0]);
-  ::close(out[1]);
-  ::close(err[1]);
-  if (rc != 0) {
-    ::close(in[1]);
-    ::close(out[0]);
-    ::close(err[0]);
-    throw Error(what + ": cannot start " + argv[0] + ": " + std::strerror(rc));
-  }
-
-  CommandResult r;
-  size_t written = 0;
-  int in_fd = in[1];
-  ::fcntl(in_fd, F_SETFL, O_NONBLOCK);
-  if (input.empty()) {
-    ::close(in_fd);
-    in_fd = -1;
-  }
-  // SIGPIPE when the child exits before reading its input: blocked here, taken back below.
-  sigset_t pipe_set, old_set;
-  sigemptyset(&pipe_set);
-  sigaddset(&pipe_set, SIGPIPE);
-  ::pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
-  const auto deadline = Clock::now() + timeout;
-  bool timed_out = false;
-  int open_fds = 2;
-  int fds[2] = {out[0], err[0]};
-  std::string* bufs[2] = {&r.out, &r.err};
-  while (open_fds > 0 || in_fd >= 0) {
-    auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p[3];
-    nfds_t n = 0;
-    for (int fd : fds) p[n++] = {fd, POLLIN, 0};
-    if (in_fd >= 0) p[n++] = {in_fd, POLLOUT, 0};
-    if (::poll(p, n, static_cast<int>(std::min<long>(left, 1000))) < 0 && errno != EINTR) break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i] < 0 || p[i].revents == 0) continue;
-      char buf[8192];
-      ssize_t k = ::read(fds[i], buf, sizeof buf);
-      if (k > 0) {
-        bufs[i]->append(buf, static_cast<size_t>(k));
-      } else if (k == 0 || (errno != EINTR && errno != EAGAIN)) {
-        ::close(fds[i]);
-        fds[i] = -1;
-        p[i].fd = -1;
-        --open_fds;
-      }
-    }
-    if (in_fd >= 0 && p[2].revents != 0) {
-      ssize_t k = ::write(in_fd, input.data() + written, input.size() - written);
-      if (k > 0) written += static_cast<size_t>(k);
-      if (written == input.size() || (k < 0 && errno != EAGAIN && errno != EINTR)) {
-        ::close(in_fd);
-        in_fd = -1;
-      }
-    }
-  }
-  if (in_fd >= 0) ::close(in_fd);
-  for (int fd : fds) {
-    if (fd >= 0) ::close(fd);
-  }
-  timespec zero{0, 0};
-  while (::sigtimedwait(&pipe_set, nullptr, &zero) > 0) {
-  }
-  ::pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
-  if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) throw Error(what + ": no answer within " + ms(timeout) + " (killed)");
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+// YAML
 
 std::string to_yaml(const std::vector<json>& docs) {
   std::string out;
@@ -435,7 +327,7 @@ struct KubernetesJob::State {
   KubernetesOptions opts;
   std::mutex mu;  // everything below
   std::condition_variable cv;
-  bool launched = false;
+  bool started = false;
   bool applied = false;
   bool stopping = false;
   bool deleted = false;
@@ -453,8 +345,9 @@ struct KubernetesJob::State {
     argv.insert(argv.end(), args.begin(), args.end());
     return argv;
   }
-  CommandResult run(const std::vector<std::string>& args, const std::string& input = {}) const {
-    return run_command(kubectl(args), input, opts.kubectl_timeout);
+  detail::CommandResult run(const std::vector<std::string>& args,
+                            const std::string& input = {}) const {
+    return detail::run_command(kubectl(args), {.input = input, .timeout = opts.kubectl_timeout});
   }
   std::string label_selector() const { return std::string(kJobLabel) + "=" + opts.name; }
   std::vector<ParsedPod> list_pods(std::string* err) const {
@@ -544,7 +437,11 @@ KubernetesJob::KubernetesJob(KubernetesOptions options) : state_(std::make_share
 }
 
 KubernetesJob::~KubernetesJob() {
-  shutdown();
+  try {
+    stop();
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+  }
 }
 
 const KubernetesOptions& KubernetesJob::options() const {
@@ -601,27 +498,32 @@ std::string KubernetesJob::render(Format format) const {
   return list.dump(2) + "\n";
 }
 
-mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
+std::vector<mesh::HostMesh> KubernetesJob::start() {
   auto& s = *state_;
   const auto& o = s.opts;
+  const mesh::HostOptions& host = o.host;
   if (!host.listen.starts_with("tcp://")) {
     throw UsageError("KubernetesJob " + o.name +
-                     ": launch needs HostOptions::listen = a tcp address the pods " +
+                     ": start needs KubernetesOptions::host.listen = a tcp address the pods " +
                      "can reach (e.g. tcp://<client pod IP>:0), not '" + host.listen + "'");
   }
   {
     std::lock_guard lock(s.mu);
-    if (s.launched) throw UsageError("KubernetesJob " + o.name + ": launch called twice");
-    s.launched = true;
+    if (s.started) throw UsageError("KubernetesJob " + o.name + ": start called twice");
+    s.started = true;
   }
   auto fail = [&](const std::string& why) {
-    shutdown();
+    try {
+      stop();
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+    }
     throw Error("KubernetesJob " + o.name + ": " + why);
   };
 
   std::vector<std::string> apply{"apply", "-f", "-"};
   if (!o.validate) apply.push_back("--validate=false");
-  CommandResult applied;
+  detail::CommandResult applied;
   try {
     applied = s.run(apply, render(Format::json));
   } catch (const Error& e) {  // kubectl hung or could not start; it may have created objects
@@ -725,13 +627,13 @@ mesh::HostMesh KubernetesJob::launch(mesh::HostOptions host) {
     s.failed.assign(ready.size(), false);
     s.watcher = std::thread([st = state_.get()] { st->watch(); });
   }
-  return *hosts;
+  return {*hosts};
 }
 
 mesh::HostMesh KubernetesJob::hosts() const {
   std::lock_guard lock(state_->mu);
   if (!state_->hosts)
-    throw UsageError("KubernetesJob " + state_->opts.name + ": hosts() before launch()");
+    throw UsageError("KubernetesJob " + state_->opts.name + ": hosts() before start()");
   return *state_->hosts;
 }
 
@@ -750,7 +652,7 @@ void KubernetesJob::set_fault_hook(std::function<void(const ActorSupervisionEven
   state_->fault_hook = std::move(hook);
 }
 
-bool KubernetesJob::shutdown() {
+void KubernetesJob::stop() {
   auto& s = *state_;
   std::thread watcher;
   {
@@ -762,21 +664,22 @@ bool KubernetesJob::shutdown() {
   if (watcher.joinable()) watcher.join();
   {
     std::lock_guard lock(s.mu);
-    if (!s.applied || s.deleted) return true;
+    if (!s.applied || s.deleted) return;
     s.deleted = true;
   }
   const auto& o = s.opts;
   std::string workload = o.jobset ? "jobsets.jobset.x-k8s.io/" + o.name : "job/" + o.name;
+  detail::CommandResult r;
   try {
-    auto r = s.run({"delete", "-n", o.ns, "service/" + o.name, workload, "--ignore-not-found",
-                    "--wait=false"});
-    if (r.status == 0) return true;
-    spdlog::error("KubernetesJob {}: kubectl delete exited with {}: {}", o.name, r.status,
-                  last_line(r.err));
+    r = s.run({"delete", "-n", o.ns, "service/" + o.name, workload, "--ignore-not-found",
+               "--wait=false"});
   } catch (const std::exception& e) {
-    spdlog::error("KubernetesJob {}: kubectl delete: {}", o.name, e.what());
+    throw Error("KubernetesJob " + o.name + ": kubectl delete: " + e.what());
   }
-  return false;
+  if (r.status != 0) {
+    throw Error("KubernetesJob " + o.name + ": kubectl delete exited with " +
+                std::to_string(r.status) + ": " + last_line(r.err));
+  }
 }
 
 }  // namespace monarch::launch

@@ -14,18 +14,21 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
 
+#include "launch/subprocess.hpp"
 #include "testing/mesh_failures.hpp"
 #include "testing/subprocess.hpp"
 
 using namespace std::chrono_literals;
 using monarch::MeshFailure;
+using monarch::launch::Job;
 using monarch::launch::KubernetesJob;
 using monarch::launch::KubernetesOptions;
-using monarch::launch::run_command;
+using monarch::launch::detail::run_command;
 using monarch::mesh::HostOptions;
 using monarch::ndslice::Extent;
 using nlohmann::json;
@@ -63,7 +66,8 @@ std::string slurp(const std::string& path) {
 
 bool have_kubectl() {
   try {
-    return run_command({"kubectl", "version", "--client"}, "", 20s).status == 0;
+    return run_command({"kubectl", "version", "--client"}, {.input = "", .timeout = 20s}).status ==
+           0;
   } catch (const monarch::Error&) {
     return false;
   }
@@ -109,12 +113,12 @@ class FakeApi {
   void step(const std::string& name) const {
     auto r = run_command({"kubectl", "--kubeconfig", kubeconfig_, "create", "--raw",
                           "/_fake/step/" + name, "-f", "-"},
-                         "{}", 20s);
+                         {.input = "{}", .timeout = 20s});
     if (r.status != 0) throw std::runtime_error("fake step " + name + ": " + r.err);
   }
   json log() const {
-    auto r = run_command({"kubectl", "--kubeconfig", kubeconfig_, "get", "--raw", "/_fake/log"}, "",
-                         20s);
+    auto r = run_command({"kubectl", "--kubeconfig", kubeconfig_, "get", "--raw", "/_fake/log"},
+                         {.input = "", .timeout = 20s});
     if (r.status != 0) throw std::runtime_error("fake log: " + r.err);
     return json::parse(r.out);
   }
@@ -235,8 +239,16 @@ TEST(KubernetesRender, OptionsAreValidatedNamingTheOption) {
   bad([](KubernetesOptions& o) { o.agent_port = 0; }, "agent_port is 0");
   bad([](KubernetesOptions& o) { o.env = {"NOVALUE"}; }, "env entry 'NOVALUE'");
   KubernetesJob job(sample());
-  EXPECT_THROW(job.launch(HostOptions{}), monarch::UsageError);  // listen must be tcp
+  EXPECT_THROW(job.start(), monarch::UsageError);  // host.listen (empty here) must be tcp
   EXPECT_THROW(job.hosts(), monarch::UsageError);
+}
+
+// Held as a launch::Job: the same checks through the interface; nothing to stop before start().
+TEST(KubernetesRender, IsALaunchJob) {
+  std::unique_ptr<Job> job = std::make_unique<KubernetesJob>(sample());
+  job->on_failure([](const MeshFailure&) { return true; });
+  EXPECT_THROW(job->start(), monarch::UsageError);  // sample() has no host.listen
+  EXPECT_NO_THROW(job->stop());
 }
 
 // What kubectl (1.20 from Debian, or newer) reads back from our YAML is what we built: the YAML
@@ -254,12 +266,12 @@ TEST(KubernetesRender, KubectlClientDryRunAcceptsTheManifests) {
     for (auto& a : api.kubectl_args()) argv.push_back(a);
     argv.insert(argv.end(),
                 {"apply", "--dry-run=client", "--validate=false", "-o", "yaml", "-f", file});
-    auto r = run_command(argv, "", 30s);
+    auto r = run_command(argv, {.input = "", .timeout = 30s});
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_THAT(r.out, HasSubstr(jobset ? "kind: JobSet" : "completionMode: Indexed"));
     // Same command with -o json: parse back and compare with manifests().
     argv[argv.size() - 3] = "json";
-    r = run_command(argv, "", 30s);
+    r = run_command(argv, {.input = "", .timeout = 30s});
     ASSERT_EQ(r.status, 0) << r.err;
     std::remove(file.c_str());
     json back = json::parse(r.out);
@@ -301,23 +313,23 @@ TEST(KubernetesPods, ParseRecordedPodListsByIndex) {
 
 TEST(KubernetesCommands, RunCommandFeedsStdinAndEnforcesItsTimeout) {
   std::string big(1 << 20, 'x');  // more than a pipe holds: stdin and stdout must interleave
-  auto r = run_command({"cat"}, big, 10s);
+  auto r = run_command({"cat"}, {.input = big, .timeout = 10s});
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(r.out.size(), big.size());
-  r = run_command({"sh", "-c", "echo oops >&2; exit 3"}, "", 10s);
+  r = run_command({"sh", "-c", "echo oops >&2; exit 3"}, {.input = "", .timeout = 10s});
   EXPECT_EQ(r.status, 3);
   EXPECT_EQ(r.err, "oops\n");
   auto start = std::chrono::steady_clock::now();
   try {
-    run_command({"sleep", "30"}, "", 200ms);
+    run_command({"sleep", "30"}, {.input = "", .timeout = 200ms});
     ADD_FAILURE() << "no timeout";
   } catch (const monarch::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("sleep 30: no answer within 200 ms"));
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-  EXPECT_THROW(run_command({"/nonexistent/kubectl"}, "", 1s), monarch::Error);
+  EXPECT_THROW(run_command({"/nonexistent/kubectl"}, {.input = "", .timeout = 1s}), monarch::Error);
   // A child that exits without reading its input does not kill us with SIGPIPE.
-  r = run_command({"true"}, big, 10s);
+  r = run_command({"true"}, {.input = big, .timeout = 10s});
   EXPECT_EQ(r.status, 0);
 }
 
@@ -336,6 +348,7 @@ KubernetesOptions fake_options(const FakeApi& api, size_t replicas, uint16_t por
   o.poll_interval = 50ms;
   o.ready_timeout = 20s;
   o.kubectl_timeout = 20s;
+  o.host = fast();
   return o;
 }
 
@@ -353,7 +366,9 @@ TEST(KubernetesLaunch, AttachesToReadyPodsInIndexOrderAndReportsPodFailures) {
   Failures pod_failures;  // before the job: its watcher reports here until the job is gone
   KubernetesJob job(fake_options(api, 2, static_cast<uint16_t>(std::stoi(port))));
   job.on_failure(pod_failures.handler());
-  auto hosts = job.launch(fast());
+  auto meshes = job.start();
+  ASSERT_EQ(meshes.size(), 1u);
+  auto hosts = meshes[0];
   EXPECT_EQ(hosts.extent().to_string(), "{hosts=2}");
   auto pods = job.pods();
   ASSERT_EQ(pods.size(), 2u);
@@ -413,11 +428,11 @@ TEST(KubernetesLaunch, AttachesToReadyPodsInIndexOrderAndReportsPodFailures) {
   EXPECT_EQ(pod_failures.snapshot().size(), 2u);
 
   procs.stop();
-  EXPECT_TRUE(job.shutdown());
+  EXPECT_NO_THROW(job.stop());
   log = api.log();
   EXPECT_EQ(api.count(log, "DELETE", "/api/v1/namespaces/monarch-test/services/trainers"), 1u);
   EXPECT_EQ(api.count(log, "DELETE", "/apis/batch/v1/namespaces/monarch-test/jobs/trainers"), 1u);
-  EXPECT_TRUE(job.shutdown());  // idempotent: no second delete
+  EXPECT_NO_THROW(job.stop());  // idempotent: no second delete
   EXPECT_EQ(api.count(api.log(), "DELETE", "/apis/batch/v1/namespaces/monarch-test/jobs/trainers"),
             1u);
 }
@@ -441,7 +456,7 @@ TEST(KubernetesLaunch, UnhandledPodFailureGoesToTheFaultHook) {
     events.push_back(ev);
     cv.notify_all();
   });
-  auto hosts = job.launch(fast());
+  auto hosts = job.start();
   api.step("pod-1-failed");
   std::unique_lock lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, 15s, [&] { return !events.empty(); }));
@@ -457,7 +472,7 @@ TEST(KubernetesLaunch, FailsNamingThePodWhenItsImageCannotBePulled) {
   FakeApi api("scenario-imagepull.json");
   KubernetesJob job(fake_options(api, 2, 26600));
   try {
-    job.launch(fast());
+    job.start();
     ADD_FAILURE() << "launch succeeded";
   } catch (const monarch::UsageError& e) {
     ADD_FAILURE() << e.what();
@@ -480,7 +495,7 @@ TEST(KubernetesLaunch, TimesOutNamingPodsThatAreNotReady) {
   o.ready_timeout = 500ms;
   KubernetesJob job(o);
   try {
-    job.launch(fast());
+    job.start();
     ADD_FAILURE() << "launch succeeded";
   } catch (const monarch::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("pods not Ready within 500 ms"));
@@ -502,15 +517,17 @@ TEST(KubernetesLaunch, RefusesAJobThatAlreadyExists) {
   std::vector<std::string> argv{"kubectl"};
   for (auto& a : api.kubectl_args()) argv.push_back(a);
   argv.insert(argv.end(), {"apply", "--validate=false", "-f", "-"});
-  ASSERT_EQ(run_command(argv, job.render(KubernetesJob::Format::json), 30s).status, 0);
+  ASSERT_EQ(
+      run_command(argv, {.input = job.render(KubernetesJob::Format::json), .timeout = 30s}).status,
+      0);
   try {
-    job.launch(fast());
+    job.start();
     ADD_FAILURE() << "launch adopted an existing Job";
   } catch (const monarch::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("a Job named trainers already exists in namespace monarch-test "
                                     "(kubectl apply: job.batch/trainers unchanged)"));
   }
-  job.shutdown();
+  job.stop();
   auto log = api.log();
   for (const auto& e : log) EXPECT_NE(e["method"], "DELETE") << e.dump();
   EXPECT_EQ(api.count(log, "GET", "/api/v1/namespaces/monarch-test/pods"), 0u);
@@ -523,7 +540,7 @@ TEST(KubernetesLaunch, ApplyFailureCarriesKubectlsError) {
   o.validate = true;  // the fake has no OpenAPI schema: kubectl's validation fails
   KubernetesJob job(o);
   try {
-    job.launch(fast());
+    job.start();
     ADD_FAILURE() << "launch succeeded";
   } catch (const monarch::Error& e) {
     // kubectl's own stderr (1.20: "Error from server (NotFound): ...", 1.32: "error validating

@@ -1,12 +1,7 @@
 // SLURM launcher (see include/monarch/launch/slurm.hpp and docs/launch-slurm.md).
 #include "monarch/launch/slurm.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <spdlog/spdlog.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,8 +19,7 @@
 
 #include "monarch/actor/errors.hpp"
 #include "monarch/launch/hostlist.hpp"
-
-extern char** environ;
+#include "subprocess.hpp"
 
 namespace monarch::launch {
 namespace fs = std::filesystem;
@@ -160,100 +154,24 @@ bool is_final_state(const std::string& s) {
 
 namespace {
 
-struct CommandResult {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string join(const std::vector<std::string>& argv) {
-  std::string s;
-  for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
-  return s;
-}
-
-// Runs argv (PATH lookup) with `extra_env` ("K=V", overriding ours), collects stdout/stderr,
-// kills it at `timeout`. Throws SlurmError when it cannot start or times out.
-CommandResult run_command(const std::vector<std::string>& argv,
-                          const std::vector<std::string>& extra_env, milliseconds timeout) {
-  int out_pipe[2], err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0)
-    throw SlurmError("pipe for `" + join(argv) + "`: " + std::strerror(errno));
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    ::close(out_pipe[0]);
-    ::close(out_pipe[1]);
-    throw SlurmError("pipe for `" + join(argv) + "`: " + std::strerror(errno));
-  }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
-
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv(*e);
-    std::string key = kv.substr(0, kv.find('='));
-    bool overridden = false;
-    for (const auto& x : extra_env) overridden = overridden || x.substr(0, x.find('=')) == key;
-    if (!overridden) env.push_back(std::move(kv));
-  }
-  env.insert(env.end(), extra_env.begin(), extra_env.end());
-  std::vector<char*> envp, args;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_copy = argv;
-  for (auto& a : argv_copy) args.push_back(a.data());
-  args.push_back(nullptr);
-
-  pid_t pid = -1;
-  int rc = ::posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
-  if (rc != 0) {
-    ::close(out_pipe[0]);
-    ::close(err_pipe[0]);
-    throw SlurmError("cannot run `" + join(argv) + "`: " + std::strerror(rc));
-  }
-  CommandResult r;
-  auto deadline = Clock::now() + timeout;
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  int open = 2;
-  bool timed_out = false;
-  char buf[65536];
-  while (open > 0) {
-    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      timed_out = true;
+// Runs argv (PATH lookup, stdin /dev/null) with `extra_env` ("K=V", overriding ours), collects
+// stdout/stderr, kills it at `timeout`. Throws SlurmError when it cannot start or times out.
+detail::CommandResult run_slurm(const std::vector<std::string>& argv,
+                                const std::vector<std::string>& extra_env, milliseconds timeout) {
+  auto r =
+      detail::try_run_command(argv, {.input = std::nullopt, .env = extra_env, .timeout = timeout});
+  const std::string what = detail::join_command(argv);
+  switch (r.failure) {
+    case detail::CommandFailure::none:
       break;
-    }
-    int n = ::poll(fds, 2, static_cast<int>(left));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
-      if (got > 0) {
-        (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(got));
-      } else if (got == 0 || errno != EINTR) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-      }
-    }
+    case detail::CommandFailure::pipe:
+      throw SlurmError("pipe for `" + what + "`: " + std::strerror(r.error));
+    case detail::CommandFailure::spawn:
+      throw SlurmError("cannot run `" + what + "`: " + std::strerror(r.error));
+    case detail::CommandFailure::timeout:
+      throw SlurmError("`" + what + "` did not finish within " + std::to_string(timeout.count()) +
+                       " ms");
   }
-  for (auto& f : fds) {
-    if (f.fd >= 0) ::close(f.fd);
-  }
-  if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) {
-    throw SlurmError("`" + join(argv) + "` did not finish within " +
-                     std::to_string(timeout.count()) + " ms");
-  }
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
 }
 
@@ -322,7 +240,7 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
   bool cancelled = false;
   bool start_failed = false;
   std::string ended_state;  // final state seen by the monitor
-  std::function<void(const MeshFailure&)> on_end;
+  FailureHandler on_end;
   std::thread monitor;
 
   std::string label() const {
@@ -333,8 +251,9 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
   SlurmJobState query() const {
     int mode = json_mode.load();
     if (mode != 0) {
-      CommandResult r = run_command({"squeue", "--json", "--jobs=" + id}, {}, opt.command_timeout);
-      if (r.rc == 0) {
+      detail::CommandResult r =
+          run_slurm({"squeue", "--json", "--jobs=" + id}, {}, opt.command_timeout);
+      if (r.status == 0) {
         try {
           auto st = detail::parse_squeue_json(r.out, id);
           json_mode.store(1);
@@ -346,19 +265,19 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
         if (r.err.find("Invalid job id") != std::string::npos)
           return SlurmJobState{{}, {}, {}, true};
         throw SlurmError("`squeue --json` for " + label() + " failed (exit " +
-                         std::to_string(r.rc) + "): " + trim(r.err));
+                         std::to_string(r.status) + "): " + trim(r.err));
       }
       if (mode == -1) {
         spdlog::info("{}: `squeue --json` unsupported here; using `squeue -h -o`", label());
       }
       json_mode.store(0);
     }
-    CommandResult r =
-        run_command({"squeue", "-h", "--states=all", "--jobs=" + id, "-o", "%i|%T|%N|%r"}, {},
-                    opt.command_timeout);
-    if (r.rc != 0) {
+    detail::CommandResult r =
+        run_slurm({"squeue", "-h", "--states=all", "--jobs=" + id, "-o", "%i|%T|%N|%r"}, {},
+                  opt.command_timeout);
+    if (r.status != 0) {
       if (r.err.find("Invalid job id") != std::string::npos) return SlurmJobState{{}, {}, {}, true};
-      throw SlurmError("`squeue` for " + label() + " failed (exit " + std::to_string(r.rc) +
+      throw SlurmError("`squeue` for " + label() + " failed (exit " + std::to_string(r.status) +
                        "): " + trim(r.err));
     }
     return detail::parse_squeue_text(r.out, id);
@@ -421,11 +340,7 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
                   (st.reason.empty() || st.reason == "None" ? "" : " (reason " + st.reason + ")");
         auto handler = on_end;
         lock.unlock();
-        if (handler) {
-          handler(f);
-        } else {
-          spdlog::error("{}", f.to_string());
-        }
+        if (!handler || !handler(f)) spdlog::error("{}", f.to_string());
         lock.lock();
         break;
       }
@@ -487,7 +402,7 @@ SlurmJob::SlurmJob(SlurmOptions options) : impl_(std::make_shared<Impl>()) {
 SlurmJob::~SlurmJob() {
   bool clean = true;
   try {
-    cancel();
+    stop();
   } catch (const std::exception& e) {
     clean = false;
     spdlog::error("~SlurmJob: {}", e.what());
@@ -564,11 +479,11 @@ std::string SlurmJob::submit() {
        *std::getenv("MONARCH_SECRET_FILE") != '\0');
   if (ch.secret.empty() && !env_secret) ch.secret = random_hex(32);
   if (!ch.secret.empty()) env.push_back("MONARCH_SECRET=" + ch.secret);
-  CommandResult r =
-      run_command({"sbatch", "--parsable", script.string()}, env, im.opt.command_timeout);
-  if (r.rc != 0) {
+  detail::CommandResult r =
+      run_slurm({"sbatch", "--parsable", script.string()}, env, im.opt.command_timeout);
+  if (r.status != 0) {
     throw SlurmError("`sbatch --parsable " + script.string() + "` failed (exit " +
-                     std::to_string(r.rc) + "): " + trim(r.err + r.out));
+                     std::to_string(r.status) + "): " + trim(r.err + r.out));
   }
   std::string id = trim(r.out);
   id = id.substr(0, id.find(';'));  // "42;cluster" on federated setups
@@ -683,7 +598,7 @@ std::vector<mesh::HostMesh> SlurmJob::start() {
   } catch (...) {
     im.start_failed = true;
     try {
-      cancel();
+      stop();
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
     }
@@ -724,21 +639,21 @@ mesh::ProcMesh SlurmJob::spawn_procs(size_t group, const ndslice::Extent& per_ho
   return hosts(group).spawn_procs(per_host, std::move(options));
 }
 
-void SlurmJob::on_job_end(std::function<void(const MeshFailure&)> handler) {
+void SlurmJob::on_failure(FailureHandler handler) {
   std::lock_guard lock(impl_->mu);
   impl_->on_end = std::move(handler);
 }
 
-void SlurmJob::cancel() {
+void SlurmJob::stop() {
   auto& im = *impl_;
   if (im.id.empty() || im.cancelled) return;
   im.cancelling.store(true);
   im.stop_monitor();
   im.hosts.clear();  // our references to the agents; users' copies stay valid (and see them go)
-  CommandResult r = run_command({"scancel", im.id}, {}, im.opt.command_timeout);
-  if (r.rc != 0) {
+  detail::CommandResult r = run_slurm({"scancel", im.id}, {}, im.opt.command_timeout);
+  if (r.status != 0) {
     throw SlurmError("`scancel " + im.id + "` for " + im.label() + " failed (exit " +
-                     std::to_string(r.rc) + "): " + trim(r.err));
+                     std::to_string(r.status) + "): " + trim(r.err));
   }
   auto deadline = Clock::now() + im.opt.cancel_timeout;
   SlurmJobState st;

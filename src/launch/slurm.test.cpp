@@ -7,10 +7,12 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "monarch/actor/errors.hpp"
 
+using monarch::launch::Job;
 using monarch::launch::SlurmError;
 using monarch::launch::SlurmGroup;
 using monarch::launch::SlurmJob;
@@ -105,6 +107,16 @@ TEST(SlurmScript, BadOptionsThrowNamingTheField) {
   o = SlurmOptions{};
   o.agent_host = "'$(evil)'";
   EXPECT_THAT(message(o), HasSubstr("agent_host"));
+}
+
+// Held as a launch::Job; before start() there is nothing to stop.
+TEST(SlurmScript, IsALaunchJob) {
+  SlurmOptions o;
+  o.shared_dir = "/shared/monarch";
+  std::unique_ptr<Job> job = std::make_unique<SlurmJob>(o);
+  job->on_failure([](const monarch::MeshFailure&) { return true; });
+  EXPECT_NO_THROW(job->stop());
+  EXPECT_NO_THROW(job->stop());
 }
 
 // Recorded from `squeue --json` of slurm 22.05.8 (trimmed to the fields we read, plus noise):

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -27,6 +28,7 @@
 
 using namespace std::chrono_literals;
 using monarch::MeshFailure;
+using monarch::launch::Job;
 using monarch::launch::SlurmJob;
 using monarch::launch::SlurmOptions;
 using monarch::mesh::SpawnOptions;
@@ -215,7 +217,7 @@ TEST(SlurmE2E, TwoTasksCastKillOneAndShutDown) {
     EXPECT_TRUE(procs.stop());
     long long stop_ms = ms_since(t_stop);
     auto t_cancel = std::chrono::steady_clock::now();
-    job.cancel();
+    job.stop();
     long long cancel_ms = ms_since(t_cancel);
     EXPECT_TRUE(all_dead({pids[0]}, 5s));
     std::printf("job %s: start %lld ms, procs.stop %lld ms, cancel %lld ms, total %lld ms\n",
@@ -236,7 +238,7 @@ TEST(SlurmE2E, JobCancelledFromOutsideIsASupervisionEvent) {
     job.start();
     id = job.job_id();
     Failures ended, failures;
-    job.on_job_end([&](const MeshFailure& f) { ended.add(f); });
+    job.on_failure(ended.handler());
     SpawnOptions so;
     so.name = "doomed";
     so.on_failure = [&](const MeshFailure& f) {
@@ -269,7 +271,7 @@ TEST(SlurmE2E, JobCancelledFromOutsideIsASupervisionEvent) {
       EXPECT_EQ(failed, (std::set<size_t>{0, 1}));
     }
     procs.stop();
-  }  // ~SlurmJob: cancel (already ended)
+  }  // ~SlurmJob: stop (already ended)
   expect_job_gone(id, o.shared_dir);
 }
 
@@ -287,9 +289,38 @@ TEST(SlurmE2E, TextSqueueSeesTheSameLifeCycle) {
     auto st = job.query();
     EXPECT_EQ(st.state, "RUNNING");
     EXPECT_EQ(st.nodelists, std::vector<std::string>{"localhost"});
-    job.cancel();
+    job.stop();
     st = job.query();
     EXPECT_TRUE(st.gone || st.state == "CANCELLED") << st.state;
+  }
+  expect_job_gone(id, o.shared_dir);
+}
+
+// The same job held as a launch::Job (what a scheduler-agnostic caller sees): start, a proc on
+// each host, stop, nothing left.
+TEST(SlurmE2E, ThroughTheJobInterface) {
+  if (auto why = why_skip(); !why.empty()) GTEST_SKIP() << why;
+  auto o = options("monarch-e2e-job");
+  std::string id;
+  {
+    auto slurm = std::make_unique<SlurmJob>(o);
+    SlurmJob& concrete = *slurm;
+    std::unique_ptr<Job> job = std::move(slurm);
+    Failures ended;
+    job->on_failure(ended.handler());
+    auto hosts = job->start();
+    id = concrete.job_id();
+    ASSERT_EQ(hosts.size(), 1u);
+    EXPECT_EQ(hosts[0].extent().to_string(), "{hosts=2}");
+    SpawnOptions so;
+    so.name = "via-job";
+    auto procs = hosts[0].spawn_procs(Extent{{"gpus", 1}}, so);
+    EXPECT_EQ(procs.lookup<Echo>("echo").call(&Echo::job).get(10s)[1], id);
+    EXPECT_TRUE(procs.stop());
+    job->stop();
+    job->stop();  // idempotent
+    std::lock_guard lock(ended.mu);
+    EXPECT_TRUE(ended.got.empty()) << ended.got[0].to_string();  // stopped by us: not a failure
   }
   expect_job_gone(id, o.shared_dir);
 }

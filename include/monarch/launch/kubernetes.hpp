@@ -1,18 +1,20 @@
-// KubernetesJob: a HostMesh whose hosts are the pods of a Kubernetes Indexed Job.
+// KubernetesJob: a HostMesh whose hosts are the pods of a Kubernetes Indexed Job. A launch::Job
+// (monarch/launch/job.hpp): start, stop, on_failure.
 //
 //   monarch::launch::KubernetesOptions o;
 //   o.name = "trainers"; o.image = "registry.example.com/monarch:latest"; o.replicas = 4;
 //   o.gpus_per_pod = 8; o.secret = "monarch-secret";      // Secret with key MONARCH_SECRET
+//   o.host.listen = "tcp://" + my_pod_ip + ":0";           // where the pods reach this client
 //   monarch::launch::KubernetesJob job(o);
 //   std::cout << job.render();                              // the manifests, YAML
-//   auto hosts = job.launch({.listen = "tcp://" + my_pod_ip + ":0"});   // HostMesh {hosts: 4}
 //   job.on_failure([](const monarch::MeshFailure& f) { ...; return true; });
+//   auto hosts = job.start().at(0);                         // HostMesh {hosts: 4}
 //   auto procs = hosts.spawn_procs({{"gpus", 8}});          // {hosts: 4, gpus: 8}
 //   ...
 //   procs.stop();
-//   job.shutdown();                                         // kubectl delete (the destructor too)
+//   job.stop();                                             // kubectl delete (the destructor too)
 //
-// What launch() does (docs/launch-kubernetes.md):
+// What start() does (docs/launch-kubernetes.md):
 //   1. `kubectl apply -f -` with manifests(): a headless Service (clusterIP: None) and a batch/v1
 //      Job with completionMode Indexed, parallelism = completions = replicas, backoffLimit 0.
 //      Pod index = rank (the Job's completion index; the pod sees it as JOB_COMPLETION_INDEX and
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include "monarch/actor/supervision.hpp"
+#include "monarch/launch/job.hpp"
 #include "monarch/mesh/process.hpp"
 
 namespace monarch::launch {
@@ -67,7 +70,7 @@ struct KubernetesOptions {
   /// the same secret in client and agents (docs/channels.md). Empty: none.
   std::string secret{};
   /// Render a JobSet (jobset.x-k8s.io/v1alpha2, one replicated job) instead of the Job. Rendered
-  /// only: launch() with jobset = true is untested against any server.
+  /// only: start() with jobset = true is untested against any server.
   bool jobset = false;
 
   std::string kubectl = "kubectl";          ///< program (searched on PATH)
@@ -78,6 +81,9 @@ struct KubernetesOptions {
   std::chrono::milliseconds ready_timeout{std::chrono::minutes(5)};     ///< apply until all Ready
   std::chrono::milliseconds poll_interval{std::chrono::seconds(1)};     ///< pod polling period
   std::chrono::milliseconds kubectl_timeout{std::chrono::seconds(60)};  ///< each kubectl run
+  /// How the client attaches to the agents. `host.listen` must be a TCP address the pods can
+  /// reach (e.g. "tcp://<client pod IP>:0"); start() throws UsageError otherwise.
+  mesh::HostOptions host{};
 };
 
 /// One pod of the job as last seen.
@@ -97,31 +103,17 @@ struct PodInfo {
 /// label batch.kubernetes.io/job-completion-index); others are skipped. Throws Error on bad JSON.
 std::vector<PodInfo> parse_pods(const std::string& pod_list_json);
 
-/// The result of a finished command.
-struct CommandResult {
-  int status = 0;  ///< exit code; 128+signal when killed
-  std::string out;
-  std::string err;
-};
-/// Runs argv[0] (searched on PATH) with `input` on its stdin; kills it after `timeout`. Throws
-/// Error naming the command when it cannot start or runs past the timeout.
-CommandResult run_command(const std::vector<std::string>& argv, const std::string& input,
-                          std::chrono::milliseconds timeout);
-
 /// Manifests as a YAML stream ("---" between documents). Strings are double-quoted.
 std::string to_yaml(const std::vector<nlohmann::json>& docs);
 
-class KubernetesJob {
+class KubernetesJob final : public Job {
  public:
-  /// Receives pod failures; true = handled. Runs on the job's watcher thread; must not call
-  /// shutdown() or destroy the job (the watcher is joined there).
-  using FailureHandler = std::function<bool(const MeshFailure&)>;
   enum class Format { yaml, json };
 
   /// Throws UsageError naming the bad option (name, image, replicas, port, env entry).
   explicit KubernetesJob(KubernetesOptions options);
-  /// shutdown().
-  ~KubernetesJob();
+  /// stop(); an error is logged.
+  ~KubernetesJob() override;
   KubernetesJob(const KubernetesJob&) = delete;
   KubernetesJob& operator=(const KubernetesJob&) = delete;
 
@@ -132,27 +124,32 @@ class KubernetesJob {
   std::string render(Format format = Format::yaml) const;
 
   /// Applies the manifests, waits until every pod is Ready (ready_timeout), attaches to the
-  /// agents and starts watching the pods. `host.listen` must be a TCP address the pods can reach
-  /// (e.g. "tcp://<client pod IP>:0"): UsageError otherwise. Throws Error naming the pod and its
-  /// phase when a pod fails or is not Ready in time, or the kubectl command and its stderr when
-  /// kubectl fails; the job is deleted before it throws. Call once.
-  mesh::HostMesh launch(mesh::HostOptions host);
-  /// The HostMesh of launch(); UsageError before.
+  /// agents (options().host) and starts watching the pods. Returns one HostMesh (one group),
+  /// {hosts: replicas}, host i = pod index i. options().host.listen must be a TCP address the
+  /// pods can reach (e.g. "tcp://<client pod IP>:0"): UsageError otherwise. Throws Error naming
+  /// the pod and its phase when a pod fails or is not Ready in time, or the kubectl command and
+  /// its stderr when kubectl fails; the job is deleted before it throws. Call once. stop() from
+  /// another thread while it waits for the pods makes it fail ("shut down while waiting").
+  std::vector<mesh::HostMesh> start() override;
+  /// The HostMesh of start(); UsageError before.
   mesh::HostMesh hosts() const;
-  /// Pods by index as last polled (empty before launch()).
+  /// Pods by index as last polled (empty before start()).
   std::vector<PodInfo> pods() const;
 
-  /// Pod failures after launch(): each failed index is reported once. Unhandled (no handler, or
-  /// it returns false): the fault hook.
-  void on_failure(FailureHandler handler);
+  /// Pod failures after start(): a MeshFailure {mesh: name, ranks: [pod index], cause: "pod
+  /// NAME-1-x7k2p (index 1) Failed: ..."}; each failed index is reported once. Runs on the job's
+  /// watcher thread; must not call stop() or destroy the job (the watcher is joined there).
+  /// Unhandled (no handler, or it returns false): the fault hook.
+  void on_failure(FailureHandler handler) override;
   /// Receives unhandled pod failures as an ActorSupervisionEvent of actor "<client>.k8s.NAME",
   /// type "KubernetesJob". Default: print and exit(1) (fail fast, like HostMesh).
   void set_fault_hook(std::function<void(const ActorSupervisionEvent&)> hook);
 
   /// Stops watching, then `kubectl delete` of the Service and the Job (cascading to the pods,
   /// not waiting for them). Stop your ProcMeshes first: their agents die with the pods.
-  /// Idempotent; returns false (and logs kubectl's stderr) when the delete failed.
-  bool shutdown();
+  /// Idempotent: the delete is issued once. Throws Error naming kubectl's exit status and the
+  /// last line of its stderr when the delete failed; a later stop() does not retry it.
+  void stop() override;
 
   struct State;
 

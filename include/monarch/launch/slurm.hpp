@@ -1,16 +1,18 @@
-// SLURM launcher: host meshes from a SLURM allocation (docs/launch-slurm.md).
+// SLURM launcher: host meshes from a SLURM allocation (docs/launch-slurm.md). A launch::Job
+// (monarch/launch/job.hpp): start, stop, on_failure.
 //
 //   monarch::launch::SlurmOptions o;
 //   o.groups[0].nodes = 4;                 // 4 nodes x 1 agent each -> HostMesh {hosts: 4}
 //   o.groups[0].gpus_per_node = 8;
 //   o.time_limit = "01:00:00";
 //   monarch::launch::SlurmJob job(o);      // nothing submitted yet; job.render_sbatch() is the
-//   script auto hosts = job.start();              // sbatch, wait RUNNING, attach: one HostMesh per
-//   group auto procs = job.spawn_procs(0, {{"gpus", 8}}, so);   // {hosts: 4, gpus: 8}; failures
-//   name the job
+//                                          // script
+//   auto hosts = job.start();              // sbatch, wait RUNNING, attach: one HostMesh per group
+//   auto procs = job.spawn_procs(0, {{"gpus", 8}}, so);   // {hosts: 4, gpus: 8}; failures name
+//                                                         // the job
 //   ...
 //   procs.stop();
-//   job.cancel();                          // scancel; also done by ~SlurmJob
+//   job.stop();                            // scancel; also done by ~SlurmJob
 //
 // How agents are found (robust against port clashes): the batch script runs one `monarch agent`
 // per SLURM task through srun; each binds port 0 on its node's name ($SLURMD_NODENAME) and prints
@@ -21,7 +23,7 @@
 // distribution), and rank t of its HostMesh is that agent.
 //
 // Threads: SlurmJob's methods are called from one thread (the owner's). A monitor thread polls
-// squeue every poll_interval while the job is attached and calls the on_job_end handler when the
+// squeue every poll_interval while the job is attached and calls the on_failure handler when the
 // job leaves RUNNING. Failure handlers passed to spawn_procs run on the mesh's monitor thread.
 #pragma once
 
@@ -34,6 +36,7 @@
 #include <vector>
 
 #include "monarch/error.hpp"
+#include "monarch/launch/job.hpp"
 #include "monarch/mesh/process.hpp"
 
 namespace monarch::launch {
@@ -63,8 +66,8 @@ struct SlurmOptions {
   /// Where the script and the agents' address files go; see the header comment. Empty:
   /// $MONARCH_SLURM_SHARED_DIR, else ./.monarch-slurm under the current directory.
   std::string shared_dir{};
-  /// Keep the work dir (script, agent output, batch output) after the job was cancelled; it is
-  /// always kept when starting or cancelling failed.
+  /// Keep the work dir (script, agent output, batch output) after the job was stopped; it is
+  /// always kept when starting or stopping failed.
   bool keep_work_dir = false;
   /// How the client attaches (HostOptions::listen empty: tcp://<this host name>:0). Without a
   /// secret in channel.secret, MONARCH_SECRET or MONARCH_SECRET_FILE, a random one is made for
@@ -99,13 +102,13 @@ struct SlurmError : monarch::Error {
   explicit SlurmError(const std::string& message) : monarch::Error(ErrorCode::Slurm, message) {}
 };
 
-class SlurmJob {
+class SlurmJob final : public Job {
  public:
   /// Validates the options (throws UsageError naming the field); submits nothing.
   explicit SlurmJob(SlurmOptions options);
-  /// cancel()s the job when it was submitted (errors are logged, not thrown), then removes the
+  /// stop()s the job when it was submitted (errors are logged, not thrown), then removes the
   /// work dir unless keep_work_dir.
-  ~SlurmJob();
+  ~SlurmJob() override;
   SlurmJob(const SlurmJob&) = delete;
   SlurmJob& operator=(const SlurmJob&) = delete;
 
@@ -114,8 +117,8 @@ class SlurmJob {
 
   /// submit(), wait_running(), then attach to every agent. Returns one HostMesh per group, each
   /// with extent {hosts: nodes * tasks_per_node}. Throws SlurmError naming the job id and state
-  /// when the job ends or does not start within start_timeout (the job is cancelled then).
-  std::vector<mesh::HostMesh> start();
+  /// when the job ends or does not start within start_timeout (the job is stopped then).
+  std::vector<mesh::HostMesh> start() override;
   /// Writes the script under the shared dir and runs `sbatch --parsable`; returns the job id.
   std::string submit();
   /// Polls squeue until the job is RUNNING; throws SlurmError when it ends first or the deadline
@@ -141,13 +144,14 @@ class SlurmJob {
   /// Called once (monitor thread) when the job leaves RUNNING while attached: a MeshFailure with
   /// mesh "slurm-<id>", every rank of every group (groups in order), cause "SLURM job 42
   /// 'monarch' ended: NODE_FAIL (reason ...)". While the job shows COMPLETING (its steps being
-  /// killed) the report waits up to 5 s for the final state. Default: logged as an error. Not
-  /// called after cancel() began.
-  void on_job_end(std::function<void(const MeshFailure&)> handler);
+  /// killed) the report waits up to 5 s for the final state. Unhandled (no handler, or it returns
+  /// false): logged as an error. Not called after stop() began.
+  void on_failure(FailureHandler handler) override;
 
   /// scancel the job and wait (cancel_timeout) until squeue shows it ended. Idempotent. Throws
-  /// SlurmError naming the job when scancel fails or the job outlives the deadline.
-  void cancel();
+  /// SlurmError naming the job when scancel fails or the job outlives the deadline; a later
+  /// stop() (or the destructor) tries again.
+  void stop() override;
 
   const std::string& job_id() const;    ///< "" before submit
   const std::string& work_dir() const;  ///< <shared_dir>/job-<tag>: script, agent files, job output
