@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "monarch/launch/kubernetes.hpp"
+#include "monarch/run_main.hpp"
 
 namespace {
 struct Hello : monarch::Actor {
@@ -28,7 +29,7 @@ struct Hello : monarch::Actor {
 };
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv);  // in a worker: serves the proc, never returns
 
   monarch::launch::KubernetesOptions o;
@@ -84,4 +85,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "k8s_launch: %s\n", e.what());
     return 1;
   }
+}
+
+// A bad setting (a ConfigError) or any other error that escapes run() prints and exits 1.
+int main(int argc, char** argv) {
+  return monarch::run_main(argv[0], [&] { return run(argc, argv); });
 }
