@@ -11,7 +11,7 @@ PACKAGES=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # SLURM launcher: slurm-local.sh runs a single-node cluster for its end-to-end test
   slurm-wlm
-  # runtime libraries (DESIGN.md section 5)
+  # runtime libraries (what each layer links: docs/design.md, "Layers")
   libspdlog-dev libfmt-dev libasio-dev libcereal-dev libcli11-dev nlohmann-json3-dev libssl-dev
   # data plane (monarch_rdma ucx backend) and its benchmark peer ucx_perftest
   libucx-dev ucx-utils

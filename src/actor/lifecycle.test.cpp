@@ -137,7 +137,7 @@ TEST(Lifecycle, StopDrainsPendingMessages) {  // CELL-3
   }
 }
 
-TEST(Lifecycle, KillDiscardsPendingMessages) {
+TEST(Lifecycle, KillDiscardsPendingMessages) {  // CELL-5
   Proc proc;
   auto s = proc.spawn<Slow>("slow");
   auto started = std::make_shared<Promise<void>>();
@@ -293,7 +293,7 @@ struct Sender : monarch::Actor {
   std::shared_ptr<Promise<std::string>> probe;
 };
 
-TEST(Undeliverable, SendToStoppedActorReturnsToSendersHandler) {
+TEST(Undeliverable, SendToStoppedActorReturnsToSendersHandler) {  // CELL-5
   Proc proc;
   HookCatcher hook;
   hook.install(proc);
@@ -427,6 +427,115 @@ TEST(Blocking, WorkQueuedBehindABlockingHandlerWakesTheSleepingWorker) {
       bool answered = reply.wait_for(5s);
       gate.set_value();
       ASSERT_TRUE(answered) << "round " << round << ": the call waited behind the blocked handler";
+      EXPECT_EQ(reply.get(), 7);
+    }
+  }
+  pool->shutdown();
+}
+
+// --- scheduling ----------------------------------------------------------------------------------
+
+// Counts handlers that found another activation of the same actor still running.
+struct Exclusive : monarch::Actor {
+  void enter() {
+    if (inside.fetch_add(1, std::memory_order_acq_rel) != 0) overlaps.fetch_add(1);
+    for (int i = 0; i < 20; ++i) std::this_thread::yield();  // widen the window for an overlap
+    inside.fetch_sub(1, std::memory_order_acq_rel);
+    ++runs;  // plain int: only ever touched by one activation at a time
+  }
+  std::pair<int, int> result() const { return {runs, overlaps.load()}; }
+  MONARCH_ENDPOINTS(Exclusive, enter, result)
+  std::atomic<int> inside{0};
+  std::atomic<int> overlaps{0};
+  int runs = 0;
+};
+
+struct ExclusivePoster : monarch::Actor {
+  void run(ActorRef<Exclusive> to, int n) {
+    for (int i = 0; i < n; ++i) to.send(&Exclusive::enter);
+  }
+  MONARCH_ENDPOINTS(ExclusivePoster, run)
+};
+
+// CELL-1, SCHED-1: one actor never runs on two workers at once, while threads outside actors
+// (global queue) and actors on other workers (their LIFO slots) post to it concurrently.
+TEST(Scheduling, AnActorNeverRunsOnTwoWorkersAtOnce) {
+  Proc proc(ProcOptions{.workers = 4});
+  auto target = proc.spawn<Exclusive>("exclusive");
+  constexpr int kThreads = 2, kActors = 2, kN = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kN; ++i) target.send(&Exclusive::enter);
+    });
+  }
+  std::vector<Future<void>> done;
+  for (int a = 0; a < kActors; ++a) {
+    done.push_back(proc.spawn<ExclusivePoster>("poster").call(&ExclusivePoster::run, target, kN));
+  }
+  for (auto& t : threads) t.join();
+  for (auto& d : done) d.get(30s);
+  auto [runs, overlaps] = target.call(&Exclusive::result).get(30s);
+  EXPECT_EQ(overlaps, 0);                      // never two activations at once
+  EXPECT_EQ(runs, (kThreads + kActors) * kN);  // each message ran once
+}
+
+// Two actors hitting a ball back and forth: each send goes to the idle peer, so it lands in the
+// LIFO slot of the worker that runs the sender.
+struct Volley : monarch::Actor {
+  void ball(ActorRef<Volley> peer, std::shared_ptr<std::atomic<bool>> stop,
+            std::shared_ptr<std::atomic<long>> volleys) {
+    if (stop->load()) return;
+    volleys->fetch_add(1);
+    peer.send(&Volley::ball, self<Volley>(), stop, volleys);
+  }
+  MONARCH_ENDPOINTS(Volley, ball)
+};
+
+// SCHED-2: with one worker and a ping-pong pair that never stops on its own, a message from
+// outside (global queue) still runs: the LIFO slot is taken at most kLifoStreak times in a row.
+TEST(Scheduling, APingPongPairDoesNotStarveOtherActors) {
+  Proc proc(ProcOptions{.workers = 1});
+  auto a = proc.spawn<Volley>("a");
+  auto b = proc.spawn<Volley>("b");
+  auto child = proc.spawn<Child>("child");
+  ASSERT_EQ(child.call(&Child::ping).get(10s), 7);
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  auto volleys = std::make_shared<std::atomic<long>>(0);
+  a.send(&Volley::ball, b, stop, volleys);
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (volleys->load() < 1000 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  const long before = volleys->load();
+  auto reply = child.call(&Child::ping);
+  bool answered = reply.wait_for(10s);
+  const long during = volleys->load();
+  stop->store(true);  // end the rally whatever happened, so the Proc can stop
+  ASSERT_GE(before, 1000) << "the rally never got going";
+  ASSERT_TRUE(answered) << "the call starved behind the ping-pong pair";
+  EXPECT_EQ(reply.get(), 7);
+  EXPECT_GT(during, before);  // the rally was still going while the call ran
+}
+
+// SCHED-3: a message queued while the only worker spins before sleeping runs at once. Nobody
+// wakes the worker for it (push_global wakes no sleeper while a worker spins, SCHED-4), so the
+// spinner must find it before it sleeps.
+TEST(Scheduling, WorkQueuedDuringTheIdleSpinIsNotSleptOn) {
+  monarch::testing::IntConfigOverride spin("actor.spin_us", "200000");  // idle spin: 200 ms
+  auto pool = std::make_shared<monarch::ThreadPoolScheduler>(1);
+  {
+    Proc proc(ProcOptions{.scheduler = pool});
+    auto child = proc.spawn<Child>("child");
+    ASSERT_EQ(child.call(&Child::ping).get(10s), 7);
+    for (int round = 0; round < 20; ++round) {
+      auto deadline = std::chrono::steady_clock::now() + 10s;
+      while (!pool->worker_spinning()) {
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no idle spin, round " << round;
+        std::this_thread::yield();
+      }
+      auto reply = child.call(&Child::ping);
+      ASSERT_TRUE(reply.wait_for(5s)) << "round " << round << ": the worker slept on queued work";
       EXPECT_EQ(reply.get(), 7);
     }
   }

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "monarch/mesh/proc_mesh.hpp"
@@ -232,6 +236,91 @@ TEST(CastTree, CAST7_AGoneCommActorIsADeliveryFailureForItsSubtree) {
   // Slices whose paths avoid proc 1 still work.
   EXPECT_EQ(m.slice("procs", Range(5, 8)).reduce(monarch::mesh::Sum{}, &Member::value, 0L).get(30s),
             3);
+}
+
+// A member that only counts what it was sent.
+struct Tally : monarch::Actor {
+  void record(int) { ++count_; }
+  long count() const { return count_; }
+  MONARCH_ENDPOINTS(Tally, record, count)
+  long count_ = 0;
+};
+
+// What came back undeliverable to a caster, by destination.
+struct Returned {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::set<std::string> destinations;  // ActorId::to_string()
+  bool wait_for(const std::set<std::string>& want, std::chrono::seconds timeout) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, timeout, [&] {
+      return std::includes(destinations.begin(), destinations.end(), want.begin(), want.end());
+    });
+  }
+};
+
+// Broadcasts from inside an actor, then counts through the tree what reached the reachable part.
+struct Caster : monarch::Actor {
+  Caster(monarch::mesh::ActorMesh<Tally> m, std::shared_ptr<Returned> r)
+      : mesh(std::move(m)), returned(std::move(r)) {}
+  monarch::Task<long> broadcast_then_count() {
+    mesh.broadcast(&Tally::record, 1);
+    // Same sender, so these casts reach each member after the broadcast (CAST-3).
+    long n = co_await mesh.slice("procs", Range(0, 2)).reduce(monarch::mesh::Sum{}, &Tally::count);
+    co_return n +
+        co_await mesh.slice("procs", Range(4, 6)).reduce(monarch::mesh::Sum{}, &Tally::count);
+  }
+  int ping() { return 1; }
+  void undeliverable(const monarch::DeliveryFailure& f) override {
+    {
+      std::lock_guard lock(returned->mu);
+      returned->destinations.insert(f.destination().to_string());
+    }
+    returned->cv.notify_all();
+  }
+  MONARCH_ENDPOINTS(Caster, broadcast_then_count, ping)
+  monarch::mesh::ActorMesh<Tally> mesh;
+  std::shared_ptr<Returned> returned;
+};
+
+// CAST-9: the relay never fails. A broadcast from an actor that reaches a gone member and a gone
+// comm actor reports both to that actor's undeliverable(), not to a comm actor; every other comm
+// actor lives on and relays the next casts, and no Proc's fault hook hears of it.
+TEST(CastTree, CAST9_LostBroadcastsGoToTheCasterAndTheRelayLivesOn) {
+  // 8 procs, fan-out 2: 0 -> {1, 5}; 1 -> {2, 4}; 2 -> {3}; 5 -> {6, 7}.
+  auto procs = ProcMesh::local(Extent{{"procs", 8}}, {}, CastOptions{2});
+  ASSERT_EQ(monarch::mesh::detail::cast_path(8, 2, 3), (std::vector<uint32_t>{0, 1, 2, 3}));
+  monarch::Proc home;
+  std::atomic<int> hooked{0};
+  auto count_hook = [&](const monarch::ActorSupervisionEvent& ev) {
+    ADD_FAILURE() << "fault hook: " << ev.cause;
+    ++hooked;
+  };
+  home.set_fault_hook(count_hook);
+  for (size_t p = 0; p < 8; ++p) procs.proc(p).set_fault_hook(count_hook);
+  auto m = procs.spawn<Tally>("t");
+  const auto gone_member = m.at(6).id();
+  m.at(6).kill().get(10s);
+  auto comm2 = procs.proc(2).lookup<CommActor>(monarch::mesh::kCommActorName);
+  ASSERT_TRUE(comm2.has_value());
+  const auto gone_comm = comm2->id();
+  comm2->kill().get(10s);
+
+  auto returned = std::make_shared<Returned>();
+  auto caster = home.spawn<Caster>("caster", m, returned);
+  EXPECT_EQ(caster.call(&Caster::broadcast_then_count).get(30s), 4);  // members 0, 1, 4, 5
+  EXPECT_TRUE(returned->wait_for({gone_member.to_string(), gone_comm.to_string()}, 30s))
+      << "the lost broadcast was not reported to the caster";
+  EXPECT_EQ(caster.call(&Caster::ping).get(10s), 1);  // it handled the reports
+  for (size_t p : {0, 1, 3, 4, 5, 6, 7}) {
+    auto comm = procs.proc(p).lookup<CommActor>(monarch::mesh::kCommActorName);
+    ASSERT_TRUE(comm.has_value());
+    EXPECT_NE(comm->state(), monarch::Lifecycle::Failed) << "comm actor of proc " << p;
+    EXPECT_NE(comm->state(), monarch::Lifecycle::Stopped) << "comm actor of proc " << p;
+  }
+  // The relay still serves a cast that passes every surviving comm actor but the lost subtree.
+  EXPECT_EQ(m.slice("procs", 7).reduce(monarch::mesh::Sum{}, &Tally::count).get(30s), 1);
+  EXPECT_EQ(hooked.load(), 0);
 }
 
 // CAST-10: the same casts when the comm actors are in other processes: the procs serve abstract

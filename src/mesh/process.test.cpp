@@ -147,7 +147,7 @@ TEST(ProcessMesh, SpawnsWorkersCallsThemAndStops) {
 // A requested stop is not a loss: neither the client nor the workers warn of messages the stopped
 // procs did not acknowledge (workers of a cast tree used to wait out their flush and then warn
 // "reply ... lost: delivery timeout" for replies to a parent comm proc that stopped first).
-TEST(ProcessMesh, ANormalStopIsQuietAndQuick) {
+TEST(ProcessMesh, ANormalStopIsQuietAndQuick) {  // PH-6
   std::mutex mu;
   std::vector<std::string> worker_lines;
   SpawnOptions so;
@@ -191,7 +191,7 @@ struct Fault {
 
 class ProcessFailure : public ::testing::TestWithParam<Fault> {};
 
-TEST_P(ProcessFailure, BecomesAMeshFailureAndTheRestKeepsWorking) {
+TEST_P(ProcessFailure, BecomesAMeshFailureAndTheRestKeepsWorking) {  // PH-4, PH-5 (handled)
   const Fault& fault = GetParam();
   auto host = monarch::mesh::this_host(fast());
   Failures failures;
@@ -252,7 +252,7 @@ INSTANTIATE_TEST_SUITE_P(
               "rank 2 exploded"}),
     [](const auto& p) { return std::string(p.param.name); });
 
-TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {
+TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {  // PH-4, PH-5
   auto host = monarch::mesh::this_host(fast());
   Failures failures;
   SpawnOptions so;
@@ -352,7 +352,7 @@ TEST(ProcessMesh, AHandlerThatSpawnsCastsAndWaitsDoesNotWaitOnItself) {
   EXPECT_EQ(spawner.call(&Spawner::spawn_and_cast).get(20s), 10u);
 }
 
-TEST(ProcessMesh, UnhandledFailureGoesToTheClientFaultHook) {
+TEST(ProcessMesh, UnhandledFailureGoesToTheClientFaultHook) {  // PH-5
   auto host = monarch::mesh::this_host(fast());
   std::promise<std::string> report;
   std::atomic<bool> once{false};
@@ -368,7 +368,7 @@ TEST(ProcessMesh, UnhandledFailureGoesToTheClientFaultHook) {
   EXPECT_THAT(f.get(), HasSubstr("mesh unhandled: rank [1] failed: killed by signal 9 (SIGKILL)"));
 }
 
-TEST(ProcessMesh, StopFinishesWithinItsDeadlineWhenRanksAreFrozenOrDead) {
+TEST(ProcessMesh, StopFinishesWithinItsDeadlineWhenRanksAreFrozenOrDead) {  // PH-6
   auto opts = fast();
   opts.timeouts.stop_timeout = 1s;
   auto host = monarch::mesh::this_host(opts);
@@ -567,7 +567,7 @@ int run_client(const std::string& mode) {
 
 class NoOrphans : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {
+TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {  // PH-1
   std::optional<monarch::testing::Subprocess> agent;
   if (GetParam().starts_with("agent-")) {
     // Workers of a remote agent: the agent outlives the client; they must notice and exit.

@@ -1,4 +1,5 @@
-// Lighthouse and Manager: the control side of fault-tolerant training (DESIGN.md section 6).
+// Lighthouse and Manager: the control side of fault-tolerant training (docs/ft.md; terms in
+// docs/design.md, "Vocabulary").
 //
 //   // client (controller) process
 //   auto lighthouse = client.spawn<ft::Lighthouse>("lighthouse", ft::LighthouseOptions{});

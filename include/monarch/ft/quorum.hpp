@@ -1,6 +1,6 @@
-// Quorum rules of fault-tolerant training (DESIGN.md section 6), as plain data and a pure state
-// machine. The Lighthouse actor (lighthouse.hpp) drives a QuorumState with real time; tests drive
-// it with made-up time points.
+// Quorum rules of fault-tolerant training (docs/design.md, "Vocabulary"; docs/ft.md), as plain
+// data and a pure state machine. The Lighthouse actor (lighthouse.hpp) drives a QuorumState with
+// real time; tests drive it with made-up time points.
 //
 // Vocabulary: a *replica group* (one model replica, `world_size` ranks) joins a *quorum* each
 // step. The quorum lists the participating groups, their steps and `max_step`; groups behind

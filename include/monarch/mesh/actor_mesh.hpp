@@ -7,7 +7,7 @@
 //   int one = workers.slice("hosts", 0).slice("gpus", 1).call_one(&Worker::step, 3).get();
 //   workers.slice("gpus", ndslice::Range(0, 2)).broadcast(&Worker::reset);
 //
-// Adverbs (DESIGN.md vocabulary):
+// Adverbs (docs/design.md, "Vocabulary"):
 //   call      every member; Future<ValueMesh<R>> indexed by the view's points. If any member fails,
 //             the future fails with that member's error (ActorError / DeliveryFailure).
 //   call_one  the view must hold exactly one member (UsageError otherwise).

@@ -1,4 +1,5 @@
-// Data plane: one-sided reads and writes of registered memory (DESIGN.md section 1.4).
+// Data plane: one-sided reads and writes of registered memory (docs/data-plane.md; its place
+// among the layers: docs/design.md, "Layers").
 //
 //   // owner process
 //   std::vector<std::byte> weights(64 << 20);

@@ -4,6 +4,8 @@
 #include <signal.h>
 
 #include <atomic>
+#include <future>
+#include <utility>
 
 #include "remote_actors.hpp"
 #include "testing/subprocess.hpp"
@@ -123,6 +125,53 @@ TEST(Remote, StoppedOrUnknownRemoteActorIsADeliveryFailure) {
     EXPECT_EQ(e.reason(), "unknown actor");
     EXPECT_EQ(e.destination(), local.id());
   }
+}
+
+// Sends to a remote actor from inside an actor and hands on what comes back undeliverable.
+struct RemoteSender : monarch::Actor {
+  using Returned = std::pair<monarch::ActorId, std::string>;
+  explicit RemoteSender(std::shared_ptr<std::promise<Returned>> p) : probe(std::move(p)) {}
+  void fire(ActorRef<Counter> to) { to.send(&Counter::add, 1); }
+  int ping() { return 1; }
+  void undeliverable(const monarch::DeliveryFailure& f) override {
+    if (!reported.exchange(true)) probe->set_value({f.destination(), f.reason()});
+  }
+  MONARCH_ENDPOINTS(RemoteSender, fire, ping)
+  std::shared_ptr<std::promise<Returned>> probe;
+  std::atomic<bool> reported{false};
+};
+
+// REM-2: a remote send that cannot be delivered comes back to the sending actor's
+// undeliverable(), as a local one does (the actor handles it and lives on); from outside actors
+// it goes to the sending Proc's fault hook.
+TEST(Remote, UndeliverableRemoteSendComesBackToTheSender) {
+  Proc server(listening("server"));
+  Proc client(listening("client"));
+  auto local = server.spawn<Counter>("counter");
+  server.register_name("counter", local);
+  auto c = client.lookup_remote<Counter>(server.address(), "counter").get(5s);
+  local.stop().get(5s);  // the ref now names an actor the server no longer has
+
+  std::promise<std::string> hooked;
+  std::atomic<int> hook_calls{0};
+  client.set_fault_hook([&](const monarch::ActorSupervisionEvent& e) {
+    if (hook_calls.fetch_add(1) == 0) hooked.set_value(e.cause);
+  });
+  auto probe = std::make_shared<std::promise<RemoteSender::Returned>>();
+  auto returned = probe->get_future();
+  auto sender = client.spawn<RemoteSender>("sender", probe);
+  sender.send(&RemoteSender::fire, c);
+  ASSERT_EQ(returned.wait_for(10s), std::future_status::ready) << "the send never came back";
+  auto [dest, reason] = returned.get();
+  EXPECT_EQ(dest, local.id());
+  EXPECT_EQ(reason, "unknown actor");
+  EXPECT_EQ(sender.call(&RemoteSender::ping).get(5s), 1);  // handled: the sender lives on
+  EXPECT_EQ(hook_calls.load(), 0);
+
+  c.send(&Counter::add, 1);  // from outside any actor
+  auto cause = hooked.get_future();
+  ASSERT_EQ(cause.wait_for(10s), std::future_status::ready);
+  EXPECT_THAT(cause.get(), HasSubstr("undeliverable"));
 }
 
 TEST(Remote, RealPeerProcessAndItsDeath) {

@@ -1,4 +1,4 @@
-// Gradient allreduce across replica groups, reconfigurable per quorum (DESIGN.md section 6).
+// Gradient allreduce across replica groups, reconfigurable per quorum (docs/ft-torch.md).
 //
 // A StoreServer (hosted by the controller) is the rendezvous point: a c10d TCPStore on an
 // ephemeral port. Each quorum gets a fresh key prefix ("q<quorum_id>"), and every participant

@@ -1,5 +1,5 @@
 // FlatState: a replica's whole committed training state in one contiguous CPU buffer, so that
-// healing is one RdmaBuffer read and replica equality is one hash (DESIGN.md section 6).
+// healing is one RdmaBuffer read and replica equality is one hash (docs/ft.md, docs/ft-torch.md).
 //
 // Layout of bytes() (all little-endian host order, 64-byte aligned, size a multiple of 64 B):
 //   [0, 64)                       header: magic, P (number of parameter floats), step,
