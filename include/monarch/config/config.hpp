@@ -132,10 +132,10 @@ struct TimeoutValue {
   std::string shown{};                ///< how the message shows it: "2s (env MONARCH_MESH_...)"
 };
 
-/// THE timeout-order rule, in one place (docs/config.md, "Timeout order"): for every ordered pair
-/// of keys in the rule table (e.g. mesh.heartbeat_interval < mesh.heartbeat_timeout) whose two keys
-/// are both in `values`, the first must be strictly less than the second. Pairs with a key not in
-/// `values` are skipped. Config::validate() checks the whole table through it, and
+/// THE timeout-order rule, in one place (docs/config.md, "Timeouts, in order"): for every ordered
+/// pair of keys in the rule table (e.g. mesh.heartbeat_interval < mesh.heartbeat_timeout) whose two
+/// keys are both in `values`, the first must be strictly less than the second. Pairs with a key not
+/// in `values` are skipped. Config::validate() checks the whole table through it, and
 /// mesh::ProcTimeouts::validate() checks a process mesh's own timeouts through it.
 /// Throws ConfigError: "KEY = SHOWN must be less than KEY2 = SHOWN2 (timeout order: ...)".
 void check_timeout_order(const std::vector<TimeoutValue>& values);

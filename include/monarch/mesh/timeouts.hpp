@@ -3,9 +3,10 @@
 // constructed; setting a field in code is the runtime override. Keys: mesh.heartbeat_interval,
 // mesh.heartbeat_timeout, mesh.spawn_timeout, mesh.stop_timeout, mesh.log_aggregate_window.
 //
-// Order (docs/config.md, "Timeout order"; docs/design.md): heartbeat_interval < heartbeat_timeout <
-// spawn_timeout, checked by the config layer's one rule (config::check_timeout_order), and a stop
-// never waits longer than stop_timeout before it kills. validate() enforces it.
+// Order (docs/config.md, "Timeouts, in order"; docs/design.md, "Timeouts"): heartbeat_interval <
+// heartbeat_timeout < spawn_timeout, checked by the config layer's one rule
+// (config::check_timeout_order), and a stop never waits longer than stop_timeout before it kills.
+// validate() enforces it.
 #pragma once
 
 #include <chrono>

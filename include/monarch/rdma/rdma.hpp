@@ -21,16 +21,8 @@
 // (process_vm_readv: reads of any buffer). These copy on the calling thread; the Future is ready
 // when read_into/write_from returns. rdma.local_routes=false turns them off; route_for() tells.
 //
-// Guarantees (numbered; tests cite them):
-//  RD-1 A transfer's Future completes once, with success only after every byte is in place
-//       (read: in the caller's span; write: in the owner's memory).
-//  RD-2 Every transfer completes (value or RdmaError) by its timeout, whatever the owner does
-//       (dies, freezes, drops the buffer). After the Future failed, the caller's span is no
-//       longer touched.
-//  RD-3 drop() (or the RdmaBuffer's destructor) returns only when no transfer is touching the
-//       memory, and later transfers on its handles fail with RdmaError(Dropped) naming the buffer.
-//  RD-4 Bad input (zero length, offset + size past the end, a forged or stale handle) fails with
-//       RdmaError naming the buffer, the offset and the length; nothing crashes.
+// Guarantees RD-1..RD-5 (tests cite them) are stated once, in docs/data-plane.md, "Guarantees"
+// (index: docs/design.md).
 //
 // Threads: every function may be called from any thread, including actor handlers (get() there
 // blocks the worker; prefer then/co_await). Futures complete on the data plane's I/O thread.
