@@ -1,4 +1,5 @@
-// Cell: one actor's mailbox processing, lifecycle and supervision.
+// Cell: one actor's mailbox processing and lifecycle. How its failures become supervision events
+// and reach its owner: supervision.cpp.
 //
 // Invariants (cited by tests as CELL-n):
 //  CELL-1 At most one activation of a cell runs at a time: `scheduled_` is set by whoever
@@ -50,55 +51,12 @@ struct ChildStoppedEnvelope final : Envelope {
   std::string_view endpoint() const noexcept override { return "<child stopped>"; }
 };
 
-struct ChildEventEnvelope final : Envelope {
-  std::shared_ptr<const ActorSupervisionEvent> event;
-  explicit ChildEventEnvelope(std::shared_ptr<const ActorSupervisionEvent> e)
-      : event(std::move(e)) {
-    system = true;
-  }
-  void invoke(Cell& c) override { c.on_child_event(event); }
-  void bounce(const DeliveryFailure&) noexcept override {
-    spdlog::error("monarch: supervision event lost (owner gone): {}", event->to_string());
-  }
-  std::string_view endpoint() const noexcept override { return "<supervise>"; }
-};
-
-struct MeshFailureEnvelope final : Envelope {
-  std::shared_ptr<const MeshFailure> failure;
-  explicit MeshFailureEnvelope(std::shared_ptr<const MeshFailure> f) : failure(std::move(f)) {
-    system = true;
-  }
-  void invoke(Cell& c) override {
-    if (c.actor() == nullptr)
-      return bounce(DeliveryFailure(c.id(), "<supervise mesh>", "owner is gone"));
-    bool handled = false;
-    std::string why;
-    try {
-      handled = c.actor()->supervise(*failure);
-    } catch (...) {
-      why = " (supervise threw: " + describe_exception(std::current_exception()) + ")";
-    }
-    if (!handled) c.fail("unhandled " + failure->to_string() + why);
-  }
-  void bounce(const DeliveryFailure&) noexcept override {
-    spdlog::error("monarch: mesh failure lost (owner gone): {}", failure->to_string());
-  }
-  std::string_view endpoint() const noexcept override { return "<supervise mesh>"; }
-};
-
 }  // namespace
 
 size_t live_cells() noexcept {
   return g_live_cells.load();
 }
 
-void post_mesh_failure(Cell* owner, std::shared_ptr<const MeshFailure> failure) {
-  owner->post(new MeshFailureEnvelope(std::move(failure)));
-}
-
-void post_child_event(Cell* owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
-  owner->post(new ChildEventEnvelope(std::move(ev)));
-}
 size_t current_message_rank() noexcept {
   return tls_message_rank;
 }
@@ -271,16 +229,6 @@ void Cell::dispatch(Envelope* e) {
   if (state() == Lifecycle::Processing) state_.store(Lifecycle::Idle, std::memory_order_release);
 }
 
-void Cell::fail(std::string cause, std::shared_ptr<const ActorSupervisionEvent> caused_by) {
-  if (terminal() || failure_) return;
-  failure_ = ActorSupervisionEvent{id_, type_name(), std::move(cause), std::move(caused_by)};
-  if (state() == Lifecycle::Stopping) {
-    // Already stopping (e.g. cleanup is pending on children): record the failure only.
-    return;
-  }
-  begin_stop(true);
-}
-
 void Cell::begin_stop(bool kill) {
   Lifecycle st = state();
   if (st == Lifecycle::Stopping || terminal()) return;
@@ -309,24 +257,6 @@ void Cell::on_child_stopped(Cell* child) {
   }
   child->release();  // the envelope's reference
   if (state() == Lifecycle::Stopping && children_.empty()) finish_stop();
-}
-
-void Cell::on_child_event(std::shared_ptr<const ActorSupervisionEvent> ev) {
-  Lifecycle st = state();
-  if (st == Lifecycle::Stopping || terminal() || actor_ == nullptr) {
-    spdlog::debug("monarch: {} is stopping; ignoring child failure {}", id_.to_string(),
-                  ev->actor.to_string());
-    return;
-  }
-  bool handled = false;
-  std::string why = "unhandled failure of child " + ev->actor.to_string();
-  try {
-    handled = actor_->supervise(*ev);
-  } catch (...) {
-    why = "supervise() threw while handling child " + ev->actor.to_string() + ": " +
-          describe_exception(std::current_exception());
-  }
-  if (!handled) fail(std::move(why), std::move(ev));
 }
 
 void Cell::finish_stop() {
@@ -358,7 +288,7 @@ void Cell::finish_stop() {
   if (failure_) ev = std::make_shared<const ActorSupervisionEvent>(*failure_);
   if (parent_ != nullptr) {
     Cell* parent = std::exchange(parent_, nullptr);
-    if (ev) parent->post(new ChildEventEnvelope(ev));
+    if (ev) post_child_event(parent, ev);
     add_ref();
     parent->post(new ChildStoppedEnvelope(this));
     parent->release();

@@ -1,4 +1,5 @@
-// ActorSupervisionEvent: what an owner receives in supervise() when a child fails.
+// What an owner's supervise() receives: ActorSupervisionEvent when a child actor fails,
+// MeshFailure when procs of a mesh it owns fail. Both are plain values of the actor layer.
 #pragma once
 
 #include <memory>
@@ -35,6 +36,14 @@ struct ActorSupervisionEvent {
 /// 1500 ms"), or an actor's unhandled failure (the supervision report, with the exception's
 /// message). Failures of procs of a ProcMesh (mesh layer, monarch/mesh/process.hpp), delivered to
 /// the owner's Actor::supervise(const MeshFailure&) when the mesh was spawned from inside an actor.
+///
+/// Why it is defined here, in the actor layer, though the mesh layer produces it: it is the
+/// argument of Actor::supervise(const MeshFailure&), and the actor layer delivers it
+/// (detail::post_mesh_failure, src/actor/supervision.cpp) and, when supervise() returns false,
+/// fails the actor with its to_string(), so the actor layer needs the complete type. Layers
+/// include only downwards (actor must not include mesh), and the type itself depends on nothing
+/// of the mesh. monarch/mesh/failure.hpp re-exports it as monarch::mesh::MeshFailure; include
+/// that one from mesh code.
 struct MeshFailure {
   std::string mesh;           ///< the mesh's name (SpawnOptions::name)
   std::vector<size_t> ranks;  ///< failed global ranks of the mesh

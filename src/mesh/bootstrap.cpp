@@ -1,0 +1,147 @@
+// The worker side of a process mesh: bootstrap() turns a process started by a host agent into a
+// worker (its Proc, the user's setup, heartbeats to the owner, WorkerControl's stop) and never
+// returns; elsewhere it returns at once.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "host_agent.hpp"
+#include "monarch/mesh/cast.hpp"
+
+namespace monarch::mesh {
+
+using namespace std::chrono_literals;
+
+namespace process_detail {
+
+void WorkerControl::stop_worker(std::vector<std::string> stopping) {
+  std::lock_guard lock(s_->mu);
+  s_->stop = true;
+  s_->stopping = std::move(stopping);
+  s_->cv.notify_all();
+}
+
+namespace {
+
+std::string env_or(const char* key, const char* dflt) {
+  const char* v = std::getenv(key);
+  return v != nullptr ? v : dflt;
+}
+
+[[noreturn]] void quit(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(code);
+}
+
+int run_worker(const WorkerSetup& setup) {
+  const std::string owner = env_or("MONARCH_WORKER_OWNER", "");
+  const std::string controller_name = env_or("MONARCH_WORKER_CONTROLLER", "");
+  WorkerInfo info{env_or("MONARCH_WORKER_MESH", "procs"),
+                  std::stoull(env_or("MONARCH_WORKER_RANK", "0"))};
+  const std::chrono::milliseconds interval{
+      std::stoll(env_or("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS", "100"))};
+  const std::chrono::milliseconds timeout{
+      std::stoll(env_or("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS", "1500"))};
+  auto shared = std::make_shared<WorkerControl::Shared>();
+
+  ProcOptions o;
+  o.listen = env_or("MONARCH_WORKER_LISTEN", "");
+  o.channel.delivery_timeout = timeout;
+  o.stop_timeout = std::max<std::chrono::milliseconds>(timeout, 1000ms);
+  Proc proc(o);
+  // An unhandled actor failure: the main loop reports it to the owner, then the proc exits.
+  proc.set_fault_hook([shared](const ActorSupervisionEvent& ev) {
+    std::lock_guard lock(shared->mu);
+    if (!shared->failure) shared->failure = ev.to_string();
+    shared->cv.notify_all();
+  });
+  ActorRef<MeshController> owner_ref;
+  try {
+    owner_ref = proc.lookup_remote<MeshController>(owner, controller_name).get(timeout);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "monarch worker %s[%zu]: cannot reach owner %s: %s\n", info.mesh.c_str(),
+                 info.rank, owner.c_str(), e.what());
+    quit(2);
+  }
+  auto report = [&](const std::string& why) {
+    try {
+      owner_ref.call(&MeshController::actor_failed, uint64_t{info.rank}, why).get(timeout);
+    } catch (...) {
+    }
+    quit(1);
+  };
+  try {
+    if (setup) setup(proc, info);
+  } catch (const std::exception& e) {
+    report(std::string("worker setup threw: ") + e.what());
+  }
+  auto control = proc.spawn<WorkerControl>("monarch.worker", shared);
+  auto comm = monarch::mesh::detail::install_comm(proc);  // this proc's node of the cast tree
+  try {
+    if (!owner_ref
+             .call(&MeshController::ready, uint64_t{info.rank}, proc.address(), int64_t{::getpid()},
+                   control, comm.id())
+             .get(timeout)) {
+      quit(0);  // the owner no longer wants this rank
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "monarch worker %s[%zu]: ready not acknowledged: %s\n", info.mesh.c_str(),
+                 info.rank, e.what());
+    quit(2);
+  }
+  std::vector<std::string> stopping;  // procs stopped with this one
+  while (true) {
+    std::optional<std::string> failure;
+    {
+      std::unique_lock lock(shared->mu);
+      shared->cv.wait_for(lock, interval, [&] { return shared->stop || shared->failure; });
+      if (shared->failure) failure = shared->failure;
+      if (shared->stop && !failure) {
+        stopping = shared->stopping;
+        break;
+      }
+    }
+    if (failure) report(*failure);
+    bool wanted = false;
+    try {
+      wanted = owner_ref.call(&MeshController::heartbeat, uint64_t{info.rank}).get(timeout);
+    } catch (const std::exception& e) {
+      // The owner is gone (killed, or its link lost): a worker never outlives its owner.
+      std::fprintf(stderr, "monarch worker %s[%zu]: owner unreachable (%s); exiting\n",
+                   info.mesh.c_str(), info.rank, e.what());
+      quit(0);
+    }
+    if (!wanted) quit(0);
+  }
+  // Not under shared->mu: forget_proc waits for the channel I/O thread, which runs the fault hook.
+  for (const auto& peer : stopping) {
+    if (peer != proc.address())
+      proc.forget_proc(peer, "proc " + peer + " stopped with " + proc.address());
+  }
+  proc.shutdown(o.stop_timeout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace process_detail
+
+void bootstrap(int argc, char** argv, WorkerSetup setup) {
+  (void)argc;
+  (void)argv;
+  if (std::getenv("MONARCH_WORKER_OWNER") == nullptr ||
+      std::getenv("MONARCH_WORKER_CONTROLLER") == nullptr)
+    return;
+  int code = 1;
+  try {
+    code = process_detail::run_worker(setup);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "monarch worker: %s\n", e.what());
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(code);
+}
+
+}  // namespace monarch::mesh

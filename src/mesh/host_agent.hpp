@@ -1,0 +1,160 @@
+// Internal: the actors of the agent protocol (host agent, mesh controller, worker control).
+//
+// Protocol (all messages are actor calls over the existing remote-actor layer):
+//   client -> agent   HostAgent::spawn(spec, controller) -> {incarnation, pids};
+//                     HostAgent::kill(pid, sig); HostAgent::incarnation() (pinged every
+//                     heartbeat_interval: an answer other than the incarnation that spawned a
+//                     mesh's procs (a restart), or none (a lost agent), fails that host's ranks)
+//   agent -> client   MeshController::exited(rank, code, signal, core) at once on exit (pidfd);
+//                     MeshController::log(rank, stream, line)
+//   worker -> client  MeshController::ready(rank, addr, pid, control, comm); heartbeat(rank) every
+//                     heartbeat_interval (false = you were declared failed: exit);
+//                     actor_failed(rank, report) before exiting on an unhandled actor failure
+//   client -> worker  WorkerControl::stop_worker(addresses of the procs stopped with it)
+// Outside actors only calls are used (never send): an undeliverable send would reach the sending
+// Proc's fault hook, which fails fast; a call's failure just completes its future.
+//
+// Their bodies: HostAgent in host_agent.cpp, MeshController in process_group.cpp (it forwards to
+// the ProcessGroup), WorkerControl in bootstrap.cpp (the worker's side).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "monarch/mesh/process.hpp"
+#include "process_host.hpp"
+
+namespace monarch::mesh::process_detail {
+
+struct ProcessGroup;
+class MeshController;
+
+/// Unique suffixes for the names and addresses this process makes (mesh and controller names,
+/// listen addresses): one counter for all of them (host_agent.cpp).
+extern std::atomic<uint64_t> g_counter;
+
+/// Where the workers of the agent listening on `agent_addr` listen:
+/// "unix://@x" -> "unix://@monarch-w-<pid>-<n>"; "tcp://H:P" -> "tcp://H".
+std::string worker_listen_base(const std::string& agent_addr);
+
+struct SpawnSpec {
+  std::string mesh;
+  std::string program;
+  std::vector<std::string> args;
+  std::vector<std::string> env;
+  uint64_t first_rank = 0;
+  uint64_t count = 0;
+  int64_t heartbeat_interval_ms = 0;
+  int64_t heartbeat_timeout_ms = 0;
+  std::string controller_name;  // registered name of the MeshController in the client Proc
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(mesh, program, args, env, first_rank, count, heartbeat_interval_ms, heartbeat_timeout_ms,
+       controller_name);
+  }
+};
+
+/// What HostAgent::spawn answers: the agent's incarnation (the procs die with it) and their pids.
+struct SpawnReply {
+  uint64_t incarnation = 0;
+  std::vector<int64_t> pids;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(incarnation, pids);
+  }
+};
+
+/// The worker's control actor (registered as "monarch.worker").
+class WorkerControl : public Actor {
+ public:
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false;
+    std::vector<std::string> stopping;   // procs stopped with this one (stop_worker)
+    std::optional<std::string> failure;  // an unhandled actor failure to report
+  };
+  explicit WorkerControl(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+  /// The owner stops this proc and `stopping` (its mesh's procs) with it: messages between them
+  /// that are still unacknowledged are moot, so the worker forgets those procs (Proc::forget_proc)
+  /// before it shuts down instead of waiting for acks or warning of their loss.
+  void stop_worker(std::vector<std::string> stopping);
+  MONARCH_ENDPOINTS(WorkerControl, stop_worker)
+
+ private:
+  std::shared_ptr<Shared> s_;
+};
+
+/// Client side; one per process mesh. Forwards to the ProcessGroup while it exists.
+class MeshController : public Actor {
+ public:
+  struct Link {
+    std::mutex mu;
+    ProcessGroup* group = nullptr;  // null once the group is gone
+  };
+  explicit MeshController(std::shared_ptr<Link> link) : link_(std::move(link)) {}
+  bool ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control,
+             ActorId comm);
+  bool heartbeat(uint64_t rank);
+  void actor_failed(uint64_t rank, std::string report);
+  void exited(uint64_t rank, int code, int sig, bool core);
+  void log(uint64_t rank, int stream, std::string line);
+  MONARCH_ENDPOINTS(MeshController, ready, heartbeat, actor_failed, exited, log)
+
+ private:
+  std::shared_ptr<Link> link_;
+};
+
+/// Exit and log callbacks of the agent's children run on the reaper thread and post to the
+/// controller through its Proc. An embedded agent's Proc is the client's, which the HostMesh
+/// destroys: it closes the gate first, waiting for a callback in flight, so none touches it after.
+struct CallbackGate {
+  std::mutex mu;
+  bool open = true;
+  uint64_t next = 0;
+  // The refs live here, not in the callbacks: close() releases them while the Proc is alive.
+  std::unordered_map<uint64_t, ActorRef<MeshController>> targets;
+  uint64_t add(ActorRef<MeshController> ref) {
+    std::lock_guard lock(mu);
+    targets.emplace(next, std::move(ref));
+    return next++;
+  }
+  template <class F>
+  void with(uint64_t id, F&& f) {
+    std::lock_guard lock(mu);
+    if (!open) return;
+    if (auto it = targets.find(id); it != targets.end()) f(it->second);
+  }
+  void close() {
+    std::unordered_map<uint64_t, ActorRef<MeshController>> gone;
+    std::lock_guard lock(mu);
+    open = false;
+    gone.swap(targets);
+  }
+};
+
+/// The host agent actor (registered as "monarch.agent" by run_agent; embedded for this_host()).
+class HostAgent : public Actor {
+ public:
+  /// `listen_base`: workers listen on "<base>-<n>" (unix) or "<base>:0" (tcp).
+  HostAgent(std::string listen_base, std::shared_ptr<CallbackGate> gate);
+  SpawnReply spawn(SpawnSpec spec, ActorRef<MeshController> controller);
+  bool kill(int64_t pid, int sig);
+  uint64_t incarnation() const { return incarnation_; }
+  MONARCH_ENDPOINTS(HostAgent, spawn, kill, incarnation)
+
+ private:
+  std::string listen_base_;
+  std::shared_ptr<CallbackGate> gate_;
+  uint64_t incarnation_;
+  uint64_t next_ = 0;
+};
+
+}  // namespace monarch::mesh::process_detail

@@ -1,0 +1,201 @@
+// The public API of process meshes: HostMesh (this_host, attach_to_workers, spawn_procs) and the
+// process-mesh members of ProcMesh, over the state in process_group.hpp.
+#include <unistd.h>
+
+#include <cctype>
+
+#include "process_group.hpp"
+
+namespace monarch::mesh {
+
+namespace process_detail {
+
+HostMeshState::~HostMeshState() {
+  gate->close();
+  agents.clear();
+  client.reset();
+}
+
+}  // namespace process_detail
+
+struct HostMesh::State : process_detail::HostMeshState {};
+
+namespace {
+std::shared_ptr<HostMesh::State> make_host_state(const HostOptions& options,
+                                                 const std::string& listen) {
+  options.timeouts.validate();
+  process_detail::ProcessHost::instance();  // its threads (PDEATHSIG anchor) start before any child
+  auto s = std::make_shared<HostMesh::State>();
+  s->timeouts = options.timeouts;
+  ProcOptions o;
+  o.listen = listen;
+  o.channel = options.channel;
+  s->client = std::make_unique<Proc>(o);
+  // Failures reaching the client: of actors on our procs -> MeshFailure; others -> the user hook.
+  auto* raw = s.get();
+  s->client->set_fault_hook([raw](const ActorSupervisionEvent& ev) { raw->on_fault(ev); });
+  return s;
+}
+}  // namespace
+
+HostMesh this_host(HostOptions options) {
+  std::string listen = options.listen.empty()
+                           ? "unix://@monarch-client-" + std::to_string(::getpid()) + "-" +
+                                 std::to_string(process_detail::g_counter++)
+                           : options.listen;
+  auto s = make_host_state(options, listen);
+  auto agent = s->client->spawn<process_detail::HostAgent>(
+      "monarch.agent", process_detail::worker_listen_base(s->client->address()), s->gate);
+  s->incarnations.push_back(
+      agent.call(&process_detail::HostAgent::incarnation).get(options.timeouts.spawn_timeout));
+  s->agents.push_back(agent);
+  s->agent_addrs.push_back("embedded in " + s->client->address());
+  return HostMesh(s);
+}
+
+HostMesh attach_to_workers(const std::vector<std::string>& agents, HostOptions options) {
+  if (agents.empty()) throw UsageError("attach_to_workers: no agent addresses");
+  std::string listen = options.listen;
+  if (listen.empty()) {
+    listen = agents[0].starts_with("tcp://")
+                 ? "tcp://127.0.0.1:0"
+                 : "unix://@monarch-client-" + std::to_string(::getpid()) + "-" +
+                       std::to_string(process_detail::g_counter++);
+  }
+  auto s = make_host_state(options, listen);
+  s->extent = ndslice::Extent({"hosts"}, {agents.size()});
+  for (const auto& addr : agents) {
+    try {
+      auto ref = s->client->lookup_remote<process_detail::HostAgent>(addr, "monarch.agent")
+                     .get(options.timeouts.spawn_timeout);
+      s->incarnations.push_back(
+          ref.call(&process_detail::HostAgent::incarnation).get(options.timeouts.spawn_timeout));
+      s->agents.push_back(ref);
+      s->agent_addrs.push_back(addr);
+    } catch (const std::exception& e) {
+      throw Error("attach_to_workers: host agent " + addr + " unreachable: " + e.what());
+    }
+  }
+  return HostMesh(s);
+}
+
+const ndslice::Extent& HostMesh::extent() const {
+  return state_->extent;
+}
+Proc& HostMesh::client() const {
+  return *state_->client;
+}
+void HostMesh::set_fault_hook(Proc::FaultHook hook) const {
+  std::lock_guard lock(state_->groups_mu);
+  state_->fault_hook = std::move(hook);
+}
+const ProcTimeouts& HostMesh::timeouts() const {
+  return state_->timeouts;
+}
+
+ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions options) const {
+  if (per_host.num_ranks() == 0)
+    throw UsageError("spawn_procs: empty extent " + per_host.to_string());
+  std::vector<std::string> labels = state_->extent.labels();
+  std::vector<size_t> sizes = state_->extent.sizes();
+  for (const auto& l : per_host.labels()) labels.push_back(l);
+  for (size_t s : per_host.sizes()) sizes.push_back(s);
+  ndslice::Extent extent(labels, sizes);
+  std::string name =
+      options.name.empty() ? "procs" + std::to_string(process_detail::g_counter++) : options.name;
+  for (char c : name) {
+    if (std::isalnum(static_cast<unsigned char>(c)) == 0 && c != '_' && c != '-') {
+      throw UsageError("spawn_procs: mesh name '" + name +
+                       "' may hold only letters, digits, '_' and '-'");
+    }
+  }
+  if (!options.on_failure) options.on_failure = process_detail::owner_failure_handler();
+  auto group = std::make_shared<process_detail::ProcessGroup>(
+      state_, name, extent, per_host.num_ranks(), std::move(options));
+  group->start();
+  auto st = std::make_shared<ProcMesh::State>();
+  st->group = std::move(group);
+  return ProcMesh(std::move(st), ndslice::Shape(extent));
+}
+
+process_detail::ProcessGroup& ProcMesh::group() const {
+  if (!state_->group)
+    throw UsageError("this ProcMesh is local (ProcMesh::local): it has no processes");
+  return *state_->group;
+}
+
+Proc& ProcMesh::proc(size_t local) const {
+  if (state_->group) {
+    throw UsageError("ProcMesh::proc: mesh " + state_->group->name +
+                     " runs in other processes; use address(), lookup<A>() or its actors");
+  }
+  return *state_->procs[view_.global_rank(local)];
+}
+
+const std::string& ProcMesh::name() const {
+  return group().name;
+}
+
+std::string ProcMesh::address(size_t local) const {
+  auto& g = group();
+  std::lock_guard lock(g.mu);
+  return g.ranks.at(view_.global_rank(local)).addr;
+}
+
+int ProcMesh::pid(size_t local) const {
+  auto& g = group();
+  std::lock_guard lock(g.mu);
+  return static_cast<int>(g.ranks.at(view_.global_rank(local)).pid);
+}
+
+void ProcMesh::on_failure(FailureHandler handler) const {
+  auto& g = group();
+  std::lock_guard lock(g.mu);
+  g.options.on_failure = std::move(handler);
+}
+
+std::vector<size_t> ProcMesh::failed_ranks() const {
+  auto& g = group();
+  std::lock_guard lock(g.mu);
+  std::vector<size_t> out;
+  for (size_t r = 0; r < g.ranks.size(); ++r) {
+    if (g.ranks[r].st == process_detail::ProcessGroup::St::Failed) out.push_back(r);
+  }
+  return out;
+}
+
+Proc& ProcMesh::client() const {
+  return *group().hosts->client;
+}
+
+bool ProcMesh::stop() const {
+  return group().stop();
+}
+
+std::vector<ActorId> ProcMesh::comm_ids() const {
+  auto& g = group();
+  std::lock_guard lock(g.mu);
+  std::vector<ActorId> out;
+  for (const auto& r : g.ranks) out.push_back(r.comm);
+  return out;
+}
+
+size_t ProcMesh::base_size() const {
+  return state_->group ? state_->group->ranks.size() : state_->procs.size();
+}
+
+void ProcMesh::check_usable(size_t local) const {
+  auto& g = group();
+  size_t rank = view_.global_rank(local);
+  std::lock_guard lock(g.mu);
+  if (g.ranks.at(rank).st != process_detail::ProcessGroup::St::Ready) {
+    throw UsageError("mesh " + g.name + ": rank " + std::to_string(rank) +
+                     " failed or stopped; slice it out of the view");
+  }
+}
+
+std::chrono::milliseconds ProcMesh::lookup_timeout() const {
+  return group().hosts->timeouts.spawn_timeout;
+}
+
+}  // namespace monarch::mesh
