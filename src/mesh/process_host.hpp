@@ -1,12 +1,10 @@
 // Internal: the process side of a host agent. Forks worker processes from one long-lived thread,
 // watches each with a pidfd, reaps it with waitid(P_PIDFD), and streams its stdout/stderr lines.
 //
-// PH-1 Every child gets PR_SET_PDEATHSIG(SIGKILL) bound to the spawner thread, which lives until
-//      this process exits: when the host process dies (any way, SIGKILL included), its children
-//      die.
-// PH-2 A child's exit is reported once, as soon as the pidfd becomes readable, after the lines it
-//      wrote before exiting (what is in its pipes then) were delivered.
-// PH-3 Signals go through the pidfd, so a reaped pid that the kernel reused is never signalled.
+// It implements PH-1 (no orphans: PR_SET_PDEATHSIG bound to a spawner thread that lives as long
+// as the process) and PH-2 (exits seen at once through the pidfd, after the lines written before
+// the exit; signals go through the pidfd, so a reused pid is never signalled) of
+// docs/processes.md, where the PH family is stated (index: docs/design.md).
 #pragma once
 
 #include <sys/types.h>
@@ -48,7 +46,7 @@ class ProcessHost {
   /// pipe fails; an exec failure shows up as an exit with code 127 and a stderr line.
   /// Any thread; the fork itself runs on the spawner thread.
   pid_t spawn(const ChildSpec& spec, OnLine on_line, OnExit on_exit);
-  /// Sends `sig` to the child `pid` if it was not reaped yet (PH-3). Returns false otherwise.
+  /// Sends `sig` to the child `pid` if it was not reaped yet (PH-2). Returns false otherwise.
   bool signal(pid_t pid, int sig);
   /// Children not yet reaped.
   size_t live() const;
