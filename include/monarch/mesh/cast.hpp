@@ -87,6 +87,7 @@ struct NoReducer;  // detail/cast_job.hpp
 /// Settings of the cast tree of a ProcMesh.
 struct CastOptions {
   /// Most children one comm actor forwards a cast to (>= 1; 1 makes a chain). Default 16.
+  /// ProcMesh::local throws UsageError for 0.
   size_t fanout = 16;
 };
 
@@ -125,8 +126,9 @@ struct CastWire {
   }
 };
 
-/// The per-proc system actor that relays casts. In process, casts reach it as internal envelopes
-/// (detail::CastEnvelope); from other processes through its endpoints below.
+/// The per-proc system actor that relays casts; it runs on its Proc's scheduler like any actor,
+/// one cast at a time. In process, casts reach it as internal envelopes (detail::CastEnvelope);
+/// from other processes through its endpoints below, which casters and other comm actors call.
 class CommActor final : public Actor {
  public:
   /// A cast hop from another process (its parent node or the caster); replies with the
@@ -180,7 +182,7 @@ class Stream {
     return item;
   }
 
-  /// Internal: registers member `rank`'s reply.
+  /// Internal: registers member `rank`'s reply (any thread; `f` completes on a runtime thread).
   void add(size_t rank, Future<R> f) {
     auto q = q_;
     f.on_complete([q, rank](monarch::detail::State<R>& st) {
