@@ -226,7 +226,7 @@ struct RemoteCast {
     void done(V&& v) {
       st->member_done(slot, std::forward<V>(v));
     }
-    void fail(std::exception_ptr e) const noexcept { st->fail(std::move(e)); }
+    void fail(std::exception_ptr e) const { st->fail(std::move(e)); }
   };
   using Call = MemberCall<A, M, Reply>;
 

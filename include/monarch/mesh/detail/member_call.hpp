@@ -37,9 +37,11 @@ inline constexpr bool member_replies_directly_v =
 
 /// The envelope of one member's request. Sink is where the reply goes:
 ///   const Stored& args() const      the converted argument tuple (copied here, once per member)
-///   void done()  / void done(R&&)   the handler returned (void / a value); on the member's thread
+///   void done()  / void done(R&&)   the handler returned (void / a value); on the member's thread,
+///                                   outside the handler's try (only the handler's own throw is
+///                                   the member's error)
 ///   void fail(std::exception_ptr)   the handler threw (an ActorError naming the member) or the
-///                                   member cannot be reached (its DeliveryFailure); noexcept
+///                                   member cannot be reached (its DeliveryFailure, from bounce)
 template <class A, class M, class Sink>
 struct MemberCall final : monarch::detail::Envelope {
   using Stored = typename monarch::detail::method_traits<M>::stored;
@@ -52,7 +54,6 @@ struct MemberCall final : monarch::detail::Envelope {
   void invoke(monarch::detail::Cell& c) override {
     A& self = static_cast<A&>(*c.actor());
     Stored a = sink.args();  // the handler may move from its own copy
-    // Only the handler's own throw is the member's error; the sink's work runs outside the try.
     if constexpr (std::is_void_v<R>) {
       try {
         monarch::detail::apply_method(self, method, a);
