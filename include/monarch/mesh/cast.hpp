@@ -19,47 +19,10 @@
 // comm actors are remote refs (ActorMesh::attach / from_ids), a hop is a CommActor::cast(CastWire)
 // call over the channel and partial results travel cereal-encoded (CAST-10).
 //
-// Invariants (tests cite them by number):
-//   CAST-1  Bounded fan-out. A comm actor forwards one cast to at most `fanout` children; the
-//           chunk boundaries depend only on (lo, hi, fanout), never on the destinations. The
-//           caster sends one message per cast (to proc 0's comm actor), whatever the view's size.
-//   CAST-2  Fixed paths. A cast to a member on proc p travels caster -> comm[0] -> ... -> comm[p]
-//           -> member, a function of (P, fanout, p) only (detail::cast_path). Only subtrees that
-//           hold members of the view are visited; procs on the path without members relay.
-//   CAST-3  Per-pair FIFO. Two casts from one sender (an actor, or a thread outside actors) that
-//           both include member X reach X in send order, even when cast to different slices.
-//   CAST-4  No atomicity, no order with direct messages. A cast behaves like one send per member
-//           (some may run it, others fail). A direct message (at(i).call/send, call_one, choose)
-//           and a cast to the same member travel different paths and may arrive in either order.
-//   CAST-5  One accumulated reply, each member counted once. Every node folds its members'
-//           replies and its children's partials under its own lock and passes one partial up;
-//           the caster receives one result: call() collects into message-rank slots (ValueMesh),
-//           reduce() applies the reducer (associative, commutative, callable as const and
-//           concurrently). Context::message_rank() is the receiver's rank in the cast view.
-//   CAST-6  First error wins. The first member error fails call()/reduce(): an ActorError naming
-//           the member (actor id, endpoint, message), or a DeliveryFailure (CAST-7). Later
-//           replies are dropped; nodes that see a failed cast stop fanning it out. Members live
-//           on (a request handler's exception does not fail its actor).
-//   CAST-7  Nothing hangs. A member that is gone yields a DeliveryFailure naming it. A comm actor
-//           that is gone yields one naming it (<proc>.monarch.comm[uid]) for its whole subtree:
-//           call()/reduce() fail with it, stream() gives it as the reply of exactly the members
-//           below it, broadcast() reports it to the caster's undeliverable() (or the Proc's fault
-//           hook outside actors).
-//   CAST-8  Scale. An in-process mesh of 100k actors over 1000 procs completes a reducing cast
-//           (bench_mesh cast_100k). In process no hop serialises; arguments are converted once and
-//           copied once per member; a plain-value handler's reply is folded into its node by the
-//           member's envelope (no Future per member), in process and across processes.
-//   CAST-9  The relay never fails. Comm actors run no user code; undeliverable reports of
-//           in-process broadcasts go to the caster; CommActor::undeliverable only logs.
-//   CAST-10 Same tree across processes. With remote comm actors a hop is CommActor::cast
-//           (cast_send for broadcast) carrying a CastWire; the reply is the subtree's encoded
-//           partial, one per link per cast. CAST-1..7 hold unchanged. Endpoint arguments and reply
-//           must be serialisable and the reducer stateless or serialisable, else the adverb throws
-//           UsageError at the call; a worker whose binary never casts calls register_cast.
-//   CAST-11 A cast right after spawn reaches the new actors. The casts (call, reduce, broadcast)
-//           of a mesh made by ProcMesh::spawn on a process mesh wait, asynchronously, until every
-//           proc has answered a request sent on the same link after its Spawns. Direct messages
-//           (at, call_one, choose, stream) need no such fence (REM-3).
+// Invariants CAST-1..CAST-11 (fan-out, fixed paths, per-pair FIFO, no atomicity, one accumulated
+// reply, first error wins, nothing hangs, scale, the relay never fails, the same tree across
+// processes, a cast right after spawn) are stated once, in docs/cast-tree.md, "Invariants"; tests
+// cite them by number (index: docs/design.md).
 #pragma once
 
 #include <chrono>
