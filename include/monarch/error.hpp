@@ -40,6 +40,7 @@ enum class ErrorCode : uint16_t {
   Allreduce = 16,      ///< ft::AllreduceError: a collective failed or timed out
   Slurm = 17,          ///< launch::SlurmError: sbatch/squeue/scancel failed, or the job ended
   Hostlist = 18,       ///< launch::HostlistError: a SLURM hostlist that does not parse
+  Kubernetes = 19,     ///< launch::KubernetesError: kubectl failed, or the job's pods did
 };
 
 /// "usage", "timeout", "slice", ... (lower case, stable; "unknown" for a value outside the enum).

@@ -510,12 +510,19 @@ TEST(Scheduling, APingPongPairDoesNotStarveOtherActors) {
   const long before = volleys->load();
   auto reply = child.call(&Child::ping);
   bool answered = reply.wait_for(10s);
-  const long during = volleys->load();
+  // The rally goes on after the answer: the call ran beside it, not after it ended. (Comparing
+  // with `before` instead is racy: the worker may take the call before the next volley.)
+  const long at_answer = volleys->load();
+  deadline = std::chrono::steady_clock::now() + 10s;
+  while (volleys->load() <= at_answer && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  const bool still_going = volleys->load() > at_answer;
   stop->store(true);  // end the rally whatever happened, so the Proc can stop
   ASSERT_GE(before, 1000) << "the rally never got going";
   ASSERT_TRUE(answered) << "the call starved behind the ping-pong pair";
   EXPECT_EQ(reply.get(), 7);
-  EXPECT_GT(during, before);  // the rally was still going while the call ran
+  EXPECT_TRUE(still_going) << "the rally stopped while the call ran";
 }
 
 // SCHED-3: a message queued while the only worker spins before sleeping runs at once. Nobody

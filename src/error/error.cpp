@@ -40,6 +40,8 @@ std::string_view error_code_name(ErrorCode code) noexcept {
       return "slurm";
     case ErrorCode::Hostlist:
       return "hostlist";
+    case ErrorCode::Kubernetes:
+      return "kubernetes";
   }
   return "unknown";
 }

@@ -22,6 +22,7 @@ TEST(ErrorRoot, CodesAreStableNumbersWithDistinctNames) {
       {ErrorCode::Channel, 10},       {ErrorCode::Actor, 11}, {ErrorCode::Delivery, 12},
       {ErrorCode::Supervision, 13},   {ErrorCode::Rdma, 14},  {ErrorCode::Quorum, 15},
       {ErrorCode::Allreduce, 16},     {ErrorCode::Slurm, 17}, {ErrorCode::Hostlist, 18},
+      {ErrorCode::Kubernetes, 19},
   };
   std::set<std::string> names;
   for (auto [code, number] : pinned) {

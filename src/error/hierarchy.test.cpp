@@ -12,6 +12,7 @@
 #include "monarch/ft/lighthouse.hpp"
 #include "monarch/ft/torch/allreduce.hpp"
 #include "monarch/launch/hostlist.hpp"
+#include "monarch/launch/kubernetes.hpp"
 #include "monarch/launch/slurm.hpp"
 #include "monarch/ndslice/error.hpp"
 #include "monarch/ndslice/extent.hpp"
@@ -75,6 +76,7 @@ TEST(ErrorHierarchy, EveryClassCarriesItsOwnCode) {
   EXPECT_EQ(rdma::RdmaError(rdma::RdmaErrc::Timeout, "r").errc(), rdma::RdmaErrc::Timeout);
   EXPECT_EQ(ft::QuorumError("q").code(), ErrorCode::Quorum);
   EXPECT_EQ(launch::SlurmError("s").code(), ErrorCode::Slurm);
+  EXPECT_EQ(launch::KubernetesError("k").code(), ErrorCode::Kubernetes);
 }
 
 }  // namespace

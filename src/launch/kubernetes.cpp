@@ -250,7 +250,7 @@ std::vector<ParsedPod> parse_pods_full(const std::string& text) {
   try {
     list = json::parse(text);
   } catch (const std::exception& e) {
-    throw Error(std::string("pod list is not JSON: ") + e.what());
+    throw KubernetesError(std::string("pod list is not JSON: ") + e.what());
   }
   std::vector<ParsedPod> out;
   for (const auto& item : list.value("items", json::array())) {
@@ -518,7 +518,7 @@ std::vector<mesh::HostMesh> KubernetesJob::start() {
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
     }
-    throw Error("KubernetesJob " + o.name + ": " + why);
+    throw KubernetesError("KubernetesJob " + o.name + ": " + why);
   };
 
   std::vector<std::string> apply{"apply", "-f", "-"};
@@ -541,10 +541,10 @@ std::vector<mesh::HostMesh> KubernetesJob::start() {
     if (!line.starts_with(kind + ".") ||
         !(line.ends_with(" unchanged") || line.ends_with(" configured")))
       continue;
-    throw Error("KubernetesJob " + o.name + ": a " + (o.jobset ? "JobSet" : "Job") + " named " +
-                o.name + " already exists in namespace " + o.ns + " (kubectl apply: " + line +
-                "); delete it (kubectl delete -n " + o.ns + " " + kind + "/" + o.name +
-                ") or choose another name");
+    throw KubernetesError("KubernetesJob " + o.name + ": a " + (o.jobset ? "JobSet" : "Job") +
+                          " named " + o.name + " already exists in namespace " + o.ns +
+                          " (kubectl apply: " + line + "); delete it (kubectl delete -n " + o.ns +
+                          " " + kind + "/" + o.name + ") or choose another name");
   }
   {
     std::lock_guard lock(s.mu);
@@ -674,11 +674,11 @@ void KubernetesJob::stop() {
     r = s.run({"delete", "-n", o.ns, "service/" + o.name, workload, "--ignore-not-found",
                "--wait=false"});
   } catch (const std::exception& e) {
-    throw Error("KubernetesJob " + o.name + ": kubectl delete: " + e.what());
+    throw KubernetesError("KubernetesJob " + o.name + ": kubectl delete: " + e.what());
   }
   if (r.status != 0) {
-    throw Error("KubernetesJob " + o.name + ": kubectl delete exited with " +
-                std::to_string(r.status) + ": " + last_line(r.err));
+    throw KubernetesError("KubernetesJob " + o.name + ": kubectl delete exited with " +
+                          std::to_string(r.status) + ": " + last_line(r.err));
   }
 }
 

@@ -26,7 +26,7 @@
 // Errors. Options are checked by the concrete constructor (UsageError naming the field). start()
 // throws UsageError when called twice or when the options cannot work (e.g. a Kubernetes client
 // address the pods cannot reach); otherwise the scheduler's error (SlurmError for SlurmJob,
-// monarch::Error for KubernetesJob) naming the job, what failed and why: a scheduler command and
+// KubernetesError for KubernetesJob) naming the job, what failed and why: a scheduler command and
 // its stderr, a deadline and the job's state then, a host that failed or never came up. When
 // start() fails after it submitted the job, it stops the job before it throws (an error of that
 // stop is logged): nothing it started is left running. stop() throws the same kinds.

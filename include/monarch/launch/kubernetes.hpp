@@ -50,6 +50,13 @@ namespace monarch::launch {
 
 enum class GpuVendor { nvidia, amd };  ///< resource nvidia.com/gpu or amd.com/gpu
 
+/// Thrown by KubernetesJob when kubectl fails (apply, get, delete), a name is taken, or the pods
+/// fail or never come up; what() names the job and what kubectl said.
+struct KubernetesError : monarch::Error {
+  explicit KubernetesError(const std::string& message)
+      : monarch::Error(ErrorCode::Kubernetes, message) {}
+};
+
 struct KubernetesOptions {
   /// Job and Service name: a DNS-1035 label of at most 52 characters (pods are NAME-INDEX-xxxxx).
   std::string name{};
