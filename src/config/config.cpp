@@ -170,9 +170,10 @@ bool is_known_non_setting(std::string_view name) {
   return false;
 }
 
-// The key whose variable `name` most likely misspells, comparing against both the full variable
-// name and the name without its section (MONARCH_SPAWN_TIMEOUT for mesh.spawn_timeout); nullptr
-// when none is within 4 edits.
+// The key whose variable `name` most likely misspells (used for the error on an unknown variable
+// inside a setting section and for the warning on a lookalike outside them), comparing against both
+// the full variable name and the name without its section (MONARCH_SPAWN_TIMEOUT for
+// mesh.spawn_timeout); nullptr when none is within 4 edits.
 const KeyInfo* closest_setting(std::string_view name) {
   const KeyInfo* best = nullptr;
   size_t best_d = 5;
@@ -475,17 +476,11 @@ void Config::merge_env(const char* const* envp) {
         if (env_name(k.name) == name) key = &k;
       }
       if (key == nullptr) {
-        // Suggest by comparing against the variable names.
-        std::string best;
-        size_t best_d = std::numeric_limits<size_t>::max();
-        for (const auto& k : kKeys) {
-          size_t d = edit_distance(name, env_name(k.name));
-          if (d < best_d) best_d = d, best = env_name(k.name);
-        }
-        throw ConfigError("config: environment variable " + std::string(name) +
-                          " names no config key" +
-                          (best_d <= 4 ? "; did you mean " + best + "?" : std::string()) +
-                          " (keys are listed in docs/config.md)");
+        const KeyInfo* best = closest_setting(name);
+        throw ConfigError(
+            "config: environment variable " + std::string(name) + " names no config key" +
+            (best != nullptr ? "; did you mean " + env_name(best->name) + "?" : std::string()) +
+            " (keys are listed in docs/config.md)");
       }
       put(key->name, kv.substr(eq + 1), "env " + std::string(name), false);
     }
@@ -516,9 +511,12 @@ void Config::validate() const {
     const Entry& e = value(k);
     return std::string(k) + " = " + e.text + " (" + e.source + ")";
   };
-  std::vector<TimeoutValue> timeouts;
+  std::vector<TimeoutValue> timeouts;  // each key of the order table once
   for (const auto& o : kOrder) {
     for (std::string_view k : {o.smaller, o.larger}) {
+      if (std::any_of(timeouts.begin(), timeouts.end(), [&](auto& t) { return t.key == k; })) {
+        continue;
+      }
       const Entry& e = value(k);
       timeouts.push_back({k, std::chrono::milliseconds(e.number), e.text + " (" + e.source + ")"});
     }
