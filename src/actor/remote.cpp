@@ -169,6 +169,15 @@ bool Proc::proc_failed(const std::string& proc_addr) const {
   return remote_ && remote_->is_failed(proc_addr);
 }
 
+std::optional<std::string> Proc::proc_failure(const std::string& proc_addr) const {
+  if (!remote_ || remote_->failed_count.load(std::memory_order_acquire) == 0) return std::nullopt;
+  return remote_->failure_of(proc_addr);
+}
+
+size_t Proc::failed_proc_count() const noexcept {
+  return remote_ ? remote_->failed_count.load(std::memory_order_acquire) : 0;
+}
+
 void Proc::forward_supervision(const ActorId& owner,
                                std::shared_ptr<const ActorSupervisionEvent> ev) {
   if (!remote_) return on_root_event(*ev);

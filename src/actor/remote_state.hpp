@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -99,6 +100,7 @@ struct Proc::Remote {
   std::unordered_map<uint64_t, Exported> ports;  // guarded by mu
   // Procs declared failed (declare_proc_failed): address -> cause. Never removed (REM-5).
   std::unordered_map<std::string, std::string> failed;  // guarded by mu
+  std::atomic<size_t> failed_count{0};                  // failed.size(), readable without mu
   // Why remotely spawned actors of this Proc are gone (spawn refused, failed): uid -> reason, so
   // a later message to them says more than "unknown actor". Bounded, oldest dropped first.
   static constexpr size_t kMaxTombstones = 4096;
@@ -164,6 +166,7 @@ struct Proc::Remote {
     {
       std::lock_guard lock(mu);
       if (closed || !failed.emplace(addr, cause).second) return;
+      failed_count.store(failed.size(), std::memory_order_release);
       for (auto it = pending.begin(); it != pending.end();) {
         if (it->second.dest.proc == addr) {
           lost.push_back(std::move(it->second));
@@ -208,6 +211,12 @@ struct Proc::Remote {
   bool is_failed(const std::string& addr) {
     std::lock_guard lock(mu);
     return failed.count(addr) != 0;
+  }
+  std::optional<std::string> failure_of(const std::string& addr) {
+    std::lock_guard lock(mu);
+    auto it = failed.find(addr);
+    if (it == failed.end()) return std::nullopt;
+    return it->second;
   }
 
   // The link to `addr` closed (delivery timeout, peer unreachable): calls already delivered there

@@ -22,6 +22,10 @@ void WorkerControl::stop_worker(std::vector<std::string> stopping) {
   s_->cv.notify_all();
 }
 
+void WorkerControl::proc_failed(std::string addr, std::string cause) {
+  if (addr != proc().address()) proc().declare_proc_failed(addr, cause);
+}
+
 namespace {
 
 std::string env_or(const char* key, const char* dflt) {

@@ -103,6 +103,13 @@ std::vector<uint32_t> cast_path(uint32_t procs, size_t fanout, uint32_t p) {
   return path;
 }
 
+std::vector<uint32_t> cast_path(uint32_t procs, size_t fanout, uint32_t p, const DeadProcs& dead) {
+  if (dead.has(p)) throw UsageError("cast_path: proc " + std::to_string(p) + " is dead");
+  auto path = cast_path(procs, fanout, p);
+  std::erase_if(path, [&](uint32_t q) { return dead.has(q); });
+  return path;
+}
+
 void CastFence::arrive() {
   std::vector<UniqueFunction<void()>> run;
   {
@@ -155,13 +162,69 @@ CastWire cast_subtree_wire(const CastWire& w, const CastSpan& s) {
   return sub;
 }
 
-CastPlan CastPlan::make(const ndslice::Shape& view, size_t per_proc) {
+std::vector<uint32_t> cast_ranks(const CastWire& w) {
+  std::vector<uint32_t> out;
+  for (const auto& run : w.runs) {
+    for (uint32_t k = 0; k < run.count; ++k) out.push_back(run.rank + k);
+  }
+  return out;
+}
+
+DeadProcs relay_dead(Proc& proc, const CastWire& w) {
+  DeadProcs dead;
+  dead.procs = w.dead;
+  dead.causes = w.dead_causes;
+  if (proc.failed_proc_count() == 0) return dead;
+  for (uint32_t p = w.lo; p < w.hi; ++p) {
+    if (auto why = proc.proc_failure(w.comm[p - w.lo].proc)) dead.add(p, std::move(*why));
+  }
+  return dead;
+}
+
+std::exception_ptr dead_proc_error(const ActorId& comm, const std::string& cause) {
+  return std::make_exception_ptr(SupervisionError(comm, cause));
+}
+
+void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& cause) {
+  spdlog::warn("monarch.comm of {}: broadcast not delivered on the failed proc of {}: {}",
+               proc.name(), comm.to_string(), cause);
+}
+
+std::vector<CastWire> cast_root_hops(CastWire w, const DeadProcs& dead) {
+  w.dead = dead.procs;
+  w.dead_causes = dead.causes;
+  if (!dead.has(0)) return {std::move(w)};
+  std::vector<CastWire> hops;
+  const CastSpan root{w.lo, w.hi, 0, static_cast<uint32_t>(w.procs.size())};
+  auto child = [&](const CastSpan& s) {
+    CastWire sub = cast_subtree_wire(w, s);
+    for (size_t i = 0; i < dead.procs.size(); ++i) {
+      if (dead.procs[i] >= s.lo && dead.procs[i] < s.hi) {
+        sub.dead.push_back(dead.procs[i]);
+        sub.dead_causes.push_back(dead.causes[i]);
+      }
+    }
+    hops.push_back(std::move(sub));
+  };
+  auto lost = [](uint32_t) {};  // none: the caster took dead destinations out of the plan
+  plan_live_span(root, w.fanout, w.procs, dead, child, lost);
+  return hops;
+}
+
+DeadProcs CastTopology::dead() const {
+  DeadProcs out;
+  if (client == nullptr || client->failed_proc_count() == 0) return out;
+  for (uint32_t p = 0; p < comm.size(); ++p) {
+    if (auto why = client->proc_failure(comm[p].id().proc)) out.add(p, std::move(*why));
+  }
+  return out;
+}
+
+CastPlan CastPlan::make(const std::vector<size_t>& globals, size_t per_proc) {
   CastPlan plan;
-  plan.members.reserve(view.num_ranks());
+  plan.members.reserve(globals.size());
   uint32_t rank = 0;
-  for (size_t g : view.base()) plan.members.emplace_back(g, rank++);
-  // Views never permute dims, so global ranks already ascend in message-rank order; sort anyway
-  // so that a future transposing view stays correct.
+  for (size_t g : globals) plan.members.emplace_back(g, rank++);
   if (!std::is_sorted(plan.members.begin(), plan.members.end()))
     std::sort(plan.members.begin(), plan.members.end());
   for (uint32_t i = 0; i < plan.members.size(); ++i) {
@@ -173,6 +236,15 @@ CastPlan CastPlan::make(const ndslice::Shape& view, size_t per_proc) {
   }
   plan.starts.push_back(static_cast<uint32_t>(plan.members.size()));
   return plan;
+}
+
+CastPlan CastPlan::make(const ndslice::Shape& view, size_t per_proc) {
+  std::vector<size_t> globals;
+  globals.reserve(view.num_ranks());
+  for (size_t g : view.base()) globals.push_back(g);
+  // Views never permute dims, so global ranks already ascend in message-rank order; make()
+  // sorts anyway so that a future transposing view stays correct.
+  return make(globals, per_proc);
 }
 
 }  // namespace detail

@@ -152,7 +152,8 @@ TEST(CastTree, CAST3_PerPairFifoHoldsAcrossDifferentSlices) {
   for (size_t r = 0; r < m.size(); ++r) EXPECT_EQ(logs[r], expected[r]) << "member " << r;
 }
 
-// CAST-6: the first member error fails the cast and names the member, here deep in the tree.
+// CAST-6: a member error deep in the tree names the member: call() holds it in that member's
+// rank while the others answer; reduce() fails with it.
 TEST(CastTree, CAST6_AMemberErrorDeepInTheTreeFailsTheCastNamingTheMember) {
   auto procs = ProcMesh::local(Extent{{"procs", 257}}, {}, CastOptions{4});
   auto m = procs.spawn<Member>("m", Extent{{"actors", 2}}, 0L);
@@ -160,9 +161,12 @@ TEST(CastTree, CAST6_AMemberErrorDeepInTheTreeFailsTheCastNamingTheMember) {
   for (int round = 0; round < 2; ++round) {
     try {
       if (round == 0) {
-        m.call(&Member::fail_on, bad).get(30s);
+        auto vm = m.call(&Member::fail_on, bad).get(30s);
+        EXPECT_EQ(vm.failed_ranks(), (std::vector<size_t>{bad}));
+        EXPECT_EQ(vm[bad - 1], 1);  // the others answered
+        vm.throw_if_failed();
       } else {
-        m.reduce(monarch::mesh::Sum{}, &Member::fail_on, bad).get(30s);
+        (void)m.reduce(monarch::mesh::Sum{}, &Member::fail_on, bad).get(30s);
       }
       FAIL() << "the cast succeeded";
     } catch (const monarch::ActorError& e) {
@@ -182,7 +186,10 @@ TEST(CastTree, CAST7_AGoneMemberIsADeliveryFailureNamingIt) {
   const auto gone = m.at(20).id();  // on proc 10
   m.at(20).kill().get(10s);
   try {
-    m.call(&Member::value, 0L).get(30s);
+    auto vm = m.call(&Member::value, 0L).get(30s);
+    EXPECT_EQ(vm.failed_ranks(), (std::vector<size_t>{20}));
+    EXPECT_EQ(vm[21], 21);
+    (void)vm[20];
     FAIL() << "the cast succeeded";
   } catch (const monarch::DeliveryFailure& e) {
     EXPECT_EQ(e.destination(), gone);
@@ -214,7 +221,10 @@ TEST(CastTree, CAST7_AGoneCommActorIsADeliveryFailureForItsSubtree) {
   ASSERT_TRUE(comm.has_value());
   comm->kill().get(10s);
   try {
-    m.call(&Member::value, 0L).get(30s);
+    auto vm = m.call(&Member::value, 0L).get(30s);
+    EXPECT_EQ(vm.failed_ranks(), (std::vector<size_t>{1, 2, 3, 4}));  // exactly its subtree
+    EXPECT_EQ(vm[5], 5);
+    vm.throw_if_failed();
     FAIL() << "the cast succeeded";
   } catch (const monarch::DeliveryFailure& e) {
     EXPECT_EQ(e.destination().name, "monarch.comm");
@@ -361,9 +371,12 @@ TEST(CastTree, CAST10_CastsCrossProcessesBetweenCommActors) {
   }
   EXPECT_EQ(got, (std::vector<long>{7, 8, 9}));
 
-  // CAST-6: a member error names the member.
+  // CAST-6: a member error names the member, in its own rank.
   try {
-    m.call(&Member::fail_on, size_t{10}).get(30s);
+    auto vm = m.call(&Member::fail_on, size_t{10}).get(30s);
+    EXPECT_EQ(vm.failed_ranks(), (std::vector<size_t>{10}));
+    EXPECT_EQ(vm[11], 1);
+    vm.throw_if_failed();
     FAIL() << "the cast succeeded";
   } catch (const monarch::ActorError& e) {
     EXPECT_EQ(e.actor(), local.at(10).id());
@@ -388,10 +401,14 @@ TEST(CastTree, CAST10_CastsCrossProcessesBetweenCommActors) {
   auto logs = m.call(&Member::log).get(30s);
   for (size_t r = 0; r < m.size(); ++r) EXPECT_EQ(logs[r], expected[r]) << "member " << r;
 
-  // CAST-7: a comm actor that is gone fails the cast with a DeliveryFailure naming it.
+  // CAST-7: a comm actor that is gone fails its subtree's members with a DeliveryFailure naming
+  // it; the other members answer (CAST-6).
   procs.proc(1).lookup<CommActor>(monarch::mesh::kCommActorName)->kill().get(10s);
   try {
-    m.call(&Member::value, 0L).get(30s);
+    auto vm = m.call(&Member::value, 0L).get(30s);
+    EXPECT_FALSE(vm.failed_ranks().empty());
+    EXPECT_TRUE(vm.ok(0));
+    vm.throw_if_failed();
     FAIL() << "the cast succeeded";
   } catch (const monarch::DeliveryFailure& e) {
     EXPECT_EQ(e.destination().name, "monarch.comm");

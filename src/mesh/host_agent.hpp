@@ -10,7 +10,8 @@
 //   worker -> client  MeshController::ready(rank, addr, pid, control, comm); heartbeat(rank) every
 //                     heartbeat_interval (false = you were declared failed: exit);
 //                     actor_failed(rank, report) before exiting on an unhandled actor failure
-//   client -> worker  WorkerControl::stop_worker(addresses of the procs stopped with it)
+//   client -> worker  WorkerControl::stop_worker(addresses of the procs stopped with it);
+//                     proc_failed(addr, cause) when any proc of this host mesh was declared failed
 // Outside actors only calls are used (never send): an undeliverable send would reach the sending
 // Proc's fault hook, which fails fast; a call's failure just completes its future.
 //
@@ -86,7 +87,12 @@ class WorkerControl : public Actor {
   /// that are still unacknowledged are moot, so the worker forgets those procs (Proc::forget_proc)
   /// before it shuts down instead of waiting for acks or warning of their loss.
   void stop_worker(std::vector<std::string> stopping);
-  MONARCH_ENDPOINTS(WorkerControl, stop_worker)
+  /// The owner declared the proc at `addr` failed (`cause`: the MeshFailure's text): this worker
+  /// declares it failed too (Proc::declare_proc_failed), so that its link there closes at once,
+  /// its calls pending there fail with SupervisionError naming the cause, and its comm actor routes
+  /// casts around that proc (CAST-12) instead of waiting out the delivery timeout.
+  void proc_failed(std::string addr, std::string cause);
+  MONARCH_ENDPOINTS(WorkerControl, stop_worker, proc_failed)
 
  private:
   std::shared_ptr<Shared> s_;

@@ -96,6 +96,8 @@ const ProcTimeouts& HostMesh::timeouts() const {
 ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions options) const {
   if (per_host.num_ranks() == 0)
     throw UsageError("spawn_procs: empty extent " + per_host.to_string());
+  if (options.cast.fanout == 0)
+    throw UsageError("spawn_procs: SpawnOptions::cast.fanout must be at least 1");
   std::vector<std::string> labels = state_->extent.labels();
   std::vector<size_t> sizes = state_->extent.sizes();
   for (const auto& l : per_host.labels()) labels.push_back(l);
@@ -178,6 +180,10 @@ std::vector<ActorId> ProcMesh::comm_ids() const {
   std::vector<ActorId> out;
   for (const auto& r : g.ranks) out.push_back(r.comm);
   return out;
+}
+
+size_t ProcMesh::cast_fanout() const {
+  return state_->group ? state_->group->options.cast.fanout : state_->topo->fanout;
 }
 
 size_t ProcMesh::base_size() const {

@@ -119,11 +119,14 @@ TEST(ActorMesh, ReduceCombinesRepliesIntoOneValue) {
   EXPECT_EQ(workers.slice("gpus", 0).reduce(shifted, &Worker::add, 0).get(10s), 100 + 101 + 1000);
 }
 
-TEST(ActorMesh, AMemberFailureFailsTheCallWithThatMembersError) {
+TEST(ActorMesh, AMemberFailureLeavesThatMembersErrorInItsRank) {
   auto procs = ProcMesh::local(Extent{{"gpus", 4}});
   auto workers = procs.spawn<Worker>("worker", 0);
   try {
-    workers.call(&Worker::fail_on, size_t{2}).get(10s);
+    auto vm = workers.call(&Worker::fail_on, size_t{2}).get(10s);
+    EXPECT_EQ(vm.failed_ranks(), (std::vector<size_t>{2}));  // CAST-6: the others answered
+    EXPECT_EQ(vm[3], 0);
+    vm.throw_if_failed();
     FAIL();
   } catch (const monarch::ActorError& e) {
     EXPECT_THAT(e.remote_message(), HasSubstr("rank 2 failed"));

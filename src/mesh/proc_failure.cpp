@@ -31,6 +31,32 @@ bool HostMeshState::dispatch(const ActorSupervisionEvent& ev) {
   return false;
 }
 
+void HostMeshState::notify_proc_failed(const std::vector<std::string>& dead,
+                                       const std::string& cause) {
+  std::vector<ActorRef<WorkerControl>> live;
+  {
+    std::lock_guard lock(groups_mu);
+    for (ProcessGroup* g : groups) {
+      std::lock_guard glock(g->mu);
+      for (const auto& r : g->ranks) {
+        if (r.st == ProcessGroup::St::Ready && r.control.valid()) live.push_back(r.control);
+      }
+    }
+  }
+  for (const auto& addr : dead) {
+    for (const auto& c : live) {
+      if (c.id().proc == addr) continue;
+      try {
+        // A call, not a send (host_agent.hpp): its failure (that worker died too) only completes
+        // a future nobody waits on.
+        (void)c.call(&WorkerControl::proc_failed, addr, cause);
+      } catch (const std::exception&) {
+        // That worker was declared failed meanwhile: nothing to tell it.
+      }
+    }
+  }
+}
+
 void HostMeshState::on_fault(const ActorSupervisionEvent& ev) {
   if (dispatch(ev)) return;
   Proc::FaultHook hook;
@@ -160,9 +186,9 @@ void ProcessGroup::deliver_failures(std::unique_lock<std::mutex>& lock) {
     std::vector<std::string> dead;
     for (size_t r : f.ranks) dead.push_back(ranks[r].addr);
     lock.unlock();
-    for (auto& a : dead) {
-      if (!a.empty()) hosts->client->declare_proc_failed(a, f.to_string());
-    }
+    std::erase(dead, std::string());
+    for (auto& a : dead) hosts->client->declare_proc_failed(a, f.to_string());
+    hosts->notify_proc_failed(dead, f.to_string());
     bool handled = false;
     try {
       handled = handler && handler(f);

@@ -521,7 +521,9 @@ TEST(ProcessMesh, AnAgentRestartFailsItsProcsAndTheNewAgentServes) {
   EXPECT_EQ(failed, (std::set<size_t>{0, 1}));
   EXPECT_THAT(procs.failed_ranks(), ElementsAre(0u, 1u));
   EXPECT_THROW(pending.get(10s), monarch::SupervisionError);
-  EXPECT_THROW(workers.call(&Worker::rank).get(10s), monarch::SupervisionError);
+  auto known = workers.call(&Worker::rank).get(10s);  // known dead: fails at once, per rank
+  EXPECT_EQ(known.failed_ranks(), (std::vector<size_t>{0, 1}));
+  EXPECT_THROW(known.throw_if_failed(), monarch::SupervisionError);
   auto t0 = std::chrono::steady_clock::now();
   procs.stop();  // every rank failed already: nothing to wait for
   EXPECT_LT(std::chrono::steady_clock::now() - t0, fast().timeouts.stop_timeout);

@@ -38,6 +38,11 @@ struct HostMeshState {
   /// Hands `ev` to the group whose proc the failed actor ran on (ProcessGroup::fail_rank_of);
   /// false when it ran on none of them.
   bool dispatch(const ActorSupervisionEvent& ev);
+  /// Tells every live worker of every mesh on these hosts that the procs at `dead` failed
+  /// (WorkerControl::proc_failed), so their links there close and their comm actors route around
+  /// them (CAST-12). Fire and forget: calls whose futures nobody waits on. Any thread but under
+  /// no group's `mu`.
+  void notify_proc_failed(const std::vector<std::string>& dead, const std::string& cause);
   ~HostMeshState();
 };
 

@@ -129,6 +129,11 @@ class Proc {
   void declare_proc_failed(const std::string& proc_addr, const std::string& cause);
   /// Whether declare_proc_failed(proc_addr, ...) was called.
   bool proc_failed(const std::string& proc_addr) const;
+  /// The cause given to the first declare_proc_failed(proc_addr, ...), if any. Any thread.
+  std::optional<std::string> proc_failure(const std::string& proc_addr) const;
+  /// How many procs were declared failed so far (never decreases): a cheap check before asking
+  /// proc_failure for each address of a mesh. Any thread.
+  size_t failed_proc_count() const noexcept;
   /// The Proc at `proc_addr` is gone by design (it exited, or is exiting, because it was asked to
   /// stop): closes this Proc's link to it without warnings, so that neither a later shutdown nor
   /// the channel's delivery_timeout waits on messages it will never acknowledge. Messages to it

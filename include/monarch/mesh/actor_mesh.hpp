@@ -8,14 +8,19 @@
 //   workers.slice("gpus", ndslice::Range(0, 2)).broadcast(&Worker::reset);
 //
 // Adverbs (docs/design.md, "Vocabulary"):
-//   call      every member; Future<ValueMesh<R>> indexed by the view's points. If any member fails,
-//             the future fails with that member's error (ActorError / DeliveryFailure).
+//   call      every member; Future<ValueMesh<R>> indexed by the view's points. A member that
+//             fails holds its error in its rank (ActorError, DeliveryFailure, SupervisionError for
+//             a proc known dead: at once, without sending); the others hold their values
+//             (ValueMesh::ok / error / throw_if_failed; reading a failed rank rethrows its error).
 //   call_one  the view must hold exactly one member (UsageError otherwise).
 //   choose    one member picked at random.
 //   stream    every member; replies in arrival order, as (local rank, value) pairs.
 //   broadcast every member, fire and forget (a failing handler fails that actor: supervision).
 //   reduce    every member; replies combined with an associative reducer (Sum, Min, Max, any
-//             R(R, R)); the caller receives one value.
+//             R(R, R)); the caller receives one value. Fails with the first member error, and at
+//             once (SupervisionError naming the rank) when the view holds a proc known dead.
+// A broadcast to a view holding a proc known dead throws SupervisionError at once (nothing sent),
+// like ActorRef::send to a failed proc. survivors() and select() give views of the live members.
 // A cast behaves exactly like one message per member from the caller (same per-pair FIFO, even
 // across different slices; no atomicity across members). Inside a handler, Context::message_rank()
 // is the receiver's local rank in the view the message was cast to.
@@ -45,6 +50,7 @@
 #include "monarch/actor/runtime.hpp"
 #include "monarch/mesh/cast.hpp"
 #include "monarch/ndslice/ndslice.hpp"
+#include "monarch/ndslice/selection.hpp"
 
 namespace monarch::mesh {
 
@@ -82,26 +88,86 @@ class ActorMesh {
         topo_(std::move(topo)),
         per_proc_(per_proc) {}
 
-  const ndslice::Shape& shape() const { return view_; }
-  const ndslice::Extent& extent() const { return view_.extent(); }
-  size_t size() const { return view_.num_ranks(); }
+  /// The view's shape. For a view made by select() or survivors() (not rectangular in general):
+  /// a dense shape over extent() = {"ranks": size()}; parent_point(i) says where member i sits.
+  const ndslice::Shape& shape() const { return pick_ ? pick_->shape : view_; }
+  const ndslice::Extent& extent() const { return shape().extent(); }
+  size_t size() const { return pick_ ? pick_->globals.size() : view_.num_ranks(); }
   /// Members per proc (the product of the per-proc dims given to ProcMesh::spawn; 1 without).
   size_t per_proc() const { return per_proc_; }
 
   /// Views (see ndslice::Shape::slice): the dim is dropped (index) or restricted (range).
+  /// Throws UsageError on a select()/survivors() view (slice first, then select).
   ActorMesh slice(std::string_view dim, size_t index) const {
+    check_rectangular("slice");
     return {members_, view_.slice(dim, index), topo_, per_proc_};
   }
   ActorMesh slice(std::string_view dim, const ndslice::Range& r) const {
+    check_rectangular("slice");
     return {members_, view_.slice(dim, r), topo_, per_proc_};
   }
 
+  /// The members of this view that `sel` picks (evaluated over shape(), ndslice::eval), in rank
+  /// order, as a view with extent {"ranks": n} (parent_point maps back). Throws UsageError when
+  /// it picks no member, SelectionParse's ParseError for bad text ("*, 0:2", selection.hpp).
+  ActorMesh select(const ndslice::Selection& sel) const {
+    auto region = ndslice::eval(sel, shape());
+    std::vector<size_t> locals;
+    locals.reserve(region.size());
+    if (pick_) {
+      for (size_t r : region) locals.push_back(r);  // dense shape: its ranks are local ranks
+    } else {
+      for (size_t g : region) locals.push_back(view_.point_of_rank(g).rank());
+    }
+    if (locals.empty()) {
+      throw UsageError("select: " + ndslice::to_string(sel) + " picks no member of the mesh view " +
+                       extent().to_string());
+    }
+    return pick(std::move(locals));
+  }
+  ActorMesh select(std::string_view text) const { return select(ndslice::parse(text)); }
+
+  /// The members whose procs the caster's Proc has not declared failed (on a process mesh: the
+  /// ranks its supervision has not failed, ProcMesh::failed_ranks), as a select() view; this same
+  /// view when all are alive (in-process meshes always are). Casts to it skip the dead procs and
+  /// route around them (CAST-12), so they succeed as soon as the failure is known. Throws
+  /// SupervisionError (naming a member and why) when every member is dead.
+  ActorMesh survivors() const {
+    const auto dead = topo_ ? topo_->dead() : detail::DeadProcs{};
+    if (dead.empty()) return *this;
+    std::vector<size_t> locals;
+    const std::string* why = nullptr;
+    for (size_t i = 0; i < size(); ++i) {
+      const auto proc = static_cast<uint32_t>(global(i) / per_proc_);
+      if (!dead.has(proc)) {
+        locals.push_back(i);
+      } else if (why == nullptr) {
+        why = &dead.cause(proc);
+      }
+    }
+    if (locals.empty()) {
+      throw SupervisionError(at(0).id(), "every member of the mesh view " + extent().to_string() +
+                                             " is on a failed proc (first: " + *why + ")");
+    }
+    if (locals.size() == size()) return *this;
+    return pick(std::move(locals));
+  }
+
+  /// Where member `local` of this view sits in the view select()/survivors() was applied to
+  /// (this view's own point for a sliced view).
+  ndslice::Point parent_point(size_t local) const {
+    if (!pick_) return extent().point(local);
+    return pick_->parent.extent().point(pick_->locals.at(local));
+  }
+
   /// The member at local rank `local` of this view.
-  const ActorRef<A>& at(size_t local) const { return (*members_)[view_.global_rank(local)]; }
+  const ActorRef<A>& at(size_t local) const { return (*members_)[global(local)]; }
 
   /// Every member; Future<ValueMesh<R>> (ValueMesh<Unit> for void endpoints) indexed by the
-  /// view's points. Fails with the first member error (ActorError naming the member, or
-  /// DeliveryFailure naming the member or comm actor that could not be reached).
+  /// view's points. Each member that fails holds its error in its rank (ActorError naming the
+  /// member; DeliveryFailure naming the member or the comm actor that could not be reached;
+  /// SupervisionError for a member on a proc known dead, at once); the others their values
+  /// (CAST-6). The future itself fails only for a UsageError.
   template <class M, class... Args>
   auto call(M method, const Args&... args) const {
     detail::check_endpoint<A, M, const Args&...>();
@@ -153,8 +219,9 @@ class ActorMesh {
 
   /// Every member; Stream::next() hands out each member's (already completed) reply future in
   /// the order the replies arrive, with the member's local rank. A comm actor that cannot be
-  /// reached gives each member below it a DeliveryFailure reply (CAST-7). On a mesh of procs in
-  /// other processes the members are called directly (not through the tree; see CAST-4).
+  /// reached gives each member below it a DeliveryFailure reply (CAST-7); a member on a proc known
+  /// dead a SupervisionError reply at once. On a mesh of procs in other processes the members are
+  /// called directly (not through the tree; see CAST-4).
   template <class M, class... Args>
   auto stream(M method, const Args&... args) const {
     using R = typename detail::reply_type<typename detail::method_traits<M>::ret>::type;
@@ -163,7 +230,16 @@ class ActorMesh {
     if (topo_ && topo_->remote) {
       // Across processes each member replies straight to the caller (its rank travels with the
       // call), so a stream is not ordered with tree casts to the same member (CAST-4).
-      for (size_t i = 0; i < size(); ++i) out.add(i, at(i).call_ranked(i, method, args...));
+      const auto dead = topo_->dead();
+      for (size_t i = 0; i < size(); ++i) {
+        const auto proc = static_cast<uint32_t>(global(i) / per_proc_);
+        if (dead.has(proc)) {
+          out.add(i, Future<R>::ready_error(std::make_exception_ptr(
+                         SupervisionError(at(i).id(), dead.cause(proc)))));
+          continue;
+        }
+        out.add(i, at(i).call_ranked(i, method, args...));
+      }
       return out;
     }
     auto job = make_job<detail::CastMode::Stream>(method, detail::NoReducer{}, args...);
@@ -174,7 +250,9 @@ class ActorMesh {
 
   /// Every member, fire and forget (a failing handler fails that actor: supervision). A member
   /// or comm actor that cannot be reached is reported to the caster's undeliverable() (or the
-  /// fault hook of the caster's Proc outside actors), as for ActorRef::send.
+  /// fault hook of the caster's Proc outside actors), as for ActorRef::send. Throws
+  /// SupervisionError (naming the member and why) before sending anything when the view holds a
+  /// member on a proc known dead: broadcast to survivors() instead.
   template <class M, class... Args>
   void broadcast(M method, const Args&... args) const {
     detail::check_endpoint<A, M, const Args&...>();
@@ -183,12 +261,13 @@ class ActorMesh {
       if constexpr (!RC::castable) {
         detail::throw_not_castable("broadcast", "the endpoint's arguments are");
       } else {
-        auto plan = detail::CastPlan::make(view_, per_proc_);
-        topo_->when_ready(
-            [comm = topo_->comm[0], w = RC::root(*members_, *topo_, plan, method,
-                                                 detail::NoReducer{}, args...)]() mutable {
-              comm.send(&CommActor::cast_send, std::move(w));
-            });
+        const auto dead = topo_->dead();
+        auto plan = checked_plan("broadcast", dead);
+        auto hops = detail::cast_root_hops(
+            RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...), dead);
+        topo_->when_ready([topo = topo_, hops = std::move(hops)]() mutable {
+          for (auto& w : hops) topo->comm[w.lo].send(&CommActor::cast_send, std::move(w));
+        });
         return;
       }
     }
@@ -197,8 +276,10 @@ class ActorMesh {
 
   /// This mesh as seen from `client`, a listening Proc in another process (or in this one, for
   /// tests): members and comm actors become remote refs, and casts travel as CastWire between
-  /// comm actors (CAST-10). Reducers must then be stateless or serialisable.
+  /// comm actors (CAST-10). Reducers must then be stateless or serialisable. Throws UsageError on
+  /// a select()/survivors() view.
   ActorMesh attach(Proc& client) const {
+    check_rectangular("attach");
     std::vector<ActorId> members, comm;
     members.reserve(members_->size());
     for (const auto& m : *members_) members.push_back(m.valid() ? m.id() : ActorId{});
@@ -221,11 +302,70 @@ class ActorMesh {
     topo->fanout = fanout;
     topo->remote = true;
     topo->fence = std::move(fence);
+    topo->client = &client;
     for (const auto& id : comm) topo->comm.emplace_back(&client, id, true);
     return ActorMesh(std::move(refs), std::move(view), std::move(topo), per_proc);
   }
 
  private:
+  // A select()/survivors() view: the picked members of the rectangular `parent` view.
+  struct Pick {
+    ndslice::Shape parent;        // the rectangular view they were picked from
+    std::vector<size_t> locals;   // their local ranks in `parent`, ascending
+    std::vector<size_t> globals;  // their global ranks (actor base space), ascending
+    ndslice::Shape shape;         // dense over {"ranks": n}
+  };
+
+  ActorMesh pick(std::vector<size_t> locals) const {
+    auto p = std::make_shared<Pick>();
+    p->parent = pick_ ? pick_->parent : view_;
+    for (size_t l : locals) {
+      p->locals.push_back(pick_ ? pick_->locals.at(l) : l);
+      p->globals.push_back(global(l));
+    }
+    p->shape = ndslice::Shape(ndslice::Extent{{"ranks", p->globals.size()}});
+    ActorMesh m(members_, view_, topo_, per_proc_);
+    m.pick_ = std::move(p);
+    return m;
+  }
+
+  void check_rectangular(const char* what) const {
+    if (pick_) {
+      throw UsageError(std::string(what) +
+                       ": this view was made by select()/survivors() and is not rectangular; " +
+                       what + " the mesh first, then select");
+    }
+  }
+
+  size_t global(size_t local) const {
+    return pick_ ? pick_->globals.at(local) : view_.global_rank(local);
+  }
+
+  detail::CastPlan plan() const {
+    return pick_ ? detail::CastPlan::make(pick_->globals, per_proc_)
+                 : detail::CastPlan::make(view_, per_proc_);
+  }
+
+  // The plan of a reduce/broadcast: throws SupervisionError when a member is on a dead proc.
+  detail::CastPlan checked_plan(const char* adverb, const detail::DeadProcs& dead) const {
+    auto p = plan();
+    if (dead.empty()) return p;
+    std::string first;
+    size_t n = 0, first_g = 0;
+    p = p.without(dead, [&](uint32_t rank, size_t g, uint32_t proc) {
+      if (n++ != 0) return;
+      first_g = g;
+      first = "rank " + std::to_string(rank) + ": " + dead.cause(proc);
+    });
+    if (n != 0) {
+      throw SupervisionError((*members_)[first_g].id(),
+                             std::string(adverb) + " to the mesh view " + extent().to_string() +
+                                 ": " + std::to_string(n) + " member" + (n == 1 ? " is" : "s are") +
+                                 " on failed procs (first " + first + "); cast to survivors()");
+    }
+    return p;
+  }
+
   template <class M, class... Args>
   auto remote_call(M method, const Args&... args) const
       -> Future<ndslice::ValueMesh<std::conditional_t<
@@ -237,36 +377,89 @@ class ActorMesh {
     if constexpr (!RC::castable) {
       detail::throw_not_castable("call", "the endpoint's arguments or reply are");
     } else {
-      auto plan = detail::CastPlan::make(view_, per_proc_);
-      Promise<ndslice::ValueMesh<Out>> p;
-      auto f = p.get_future();
-      auto on_reply = [p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
-        if (s.error) return p.set_error(s.error);
-        try {
-          auto parts = detail::decode_string<typename RC::Partial>(*s.value);
-          std::vector<std::optional<Out>> slots(ext.num_ranks());
-          for (auto& [r, v] : parts) {
-            if constexpr (std::is_void_v<R>) {
-              slots.at(r).emplace();
-            } else {
-              slots.at(r).emplace(std::move(v));
+      const auto dead = topo_->dead();
+      // The caster's accumulator: one slot per member; members on dead procs fail at once, the
+      // others as their root hops reply (CAST-6, CAST-12).
+      struct Acc {
+        std::mutex mu;
+        std::vector<std::optional<Out>> slots;
+        std::vector<std::pair<size_t, std::exception_ptr>> errors;
+        size_t pending = 0;
+        Promise<ndslice::ValueMesh<Out>> promise;
+        ndslice::Extent ext;
+        // One root hop finished (its replies, or its error for `ranks`); the last one resolves.
+        void hop(detail::State<std::string>& s, const std::vector<uint32_t>& ranks) {
+          std::unique_lock lock(mu);
+          if (s.error) {
+            for (uint32_t r : ranks) errors.emplace_back(r, s.error);
+          } else {
+            try {
+              auto parts = detail::decode_string<typename RC::Partial>(*s.value);
+              for (auto& [r, v] : parts.values) {
+                if constexpr (std::is_void_v<R>) {
+                  slots.at(r).emplace();
+                } else {
+                  slots.at(r).emplace(std::move(v));
+                }
+              }
+              for (auto& [r, e] : parts.errors) errors.emplace_back(r, e.to_exception_ptr());
+            } catch (...) {
+              auto e = std::current_exception();
+              for (uint32_t r : ranks) errors.emplace_back(r, e);
             }
           }
-          std::vector<Out> out;
-          out.reserve(slots.size());
+          if (--pending == 0) finish(lock);
+        }
+        void finish(std::unique_lock<std::mutex>& lock) {
+          // A rank neither answered nor failed is a relay's bug: say so rather than hang.
+          std::vector<bool> failed(slots.size());
+          for (auto& [r, e] : errors) failed.at(r) = true;
           for (size_t r = 0; r < slots.size(); ++r) {
-            if (!slots[r])
-              throw Error("cast: no reply from member " + std::to_string(r) + " of " +
-                          ext.to_string());
-            out.push_back(std::move(*slots[r]));
+            if (!slots[r] && !failed[r]) {
+              errors.emplace_back(r, std::make_exception_ptr(Error(
+                                         "cast: no reply from member " + std::to_string(r) +
+                                         " of " + ext.to_string())));
+            }
+            if (slots[r] && failed[r]) slots[r].reset();
           }
-          p.set_value(ndslice::ValueMesh<Out>::from_vector(ext, out));
-        } catch (...) {
-          p.set_error(std::current_exception());
+          auto sl = std::move(slots);
+          auto er = std::move(errors);
+          lock.unlock();
+          try {
+            promise.set_value(
+                ndslice::ValueMesh<Out>::from_slots(std::move(ext), std::move(sl), std::move(er)));
+          } catch (...) {
+            promise.set_error(std::current_exception());
+          }
         }
       };
-      send_cast(RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...),
-                std::move(on_reply));
+      auto acc = std::make_shared<Acc>();
+      acc->ext = extent();
+      acc->slots.resize(size());
+      auto f = acc->promise.get_future();
+      auto p = plan().without(dead, [&](uint32_t rank, size_t g, uint32_t proc) {
+        acc->errors.emplace_back(rank, std::make_exception_ptr(SupervisionError(
+                                           (*members_)[g].id(), dead.cause(proc))));
+      });
+      if (p.members.empty()) {
+        std::unique_lock lock(acc->mu);
+        acc->finish(lock);
+        return f;
+      }
+      auto hops = detail::cast_root_hops(
+          RC::root(*members_, *topo_, p, method, detail::NoReducer{}, args...), dead);
+      acc->pending = hops.size();
+      topo_->when_ready([topo = topo_, acc, hops = std::move(hops)]() mutable {
+        for (auto& w : hops) {
+          auto ranks = detail::cast_ranks(w);
+          const auto lo = w.lo;
+          topo->comm[lo]
+              .call(&CommActor::cast, std::move(w))
+              .on_complete([acc, ranks = std::move(ranks)](detail::State<std::string>& s) {
+                acc->hop(s, ranks);
+              });
+        }
+      });
       return f;
     }
   }
@@ -279,31 +472,61 @@ class ActorMesh {
     if constexpr (!RC::castable) {
       detail::throw_not_castable("reduce", "the endpoint's arguments, reply or the reducer are");
     } else {
-      auto plan = detail::CastPlan::make(view_, per_proc_);
-      Promise<R> p;
-      auto f = p.get_future();
-      auto on_reply = [p = std::move(p), ext = extent()](detail::State<std::string>& s) mutable {
-        if (s.error) return p.set_error(s.error);
-        try {
-          auto v = detail::decode_string<typename RC::Partial>(*s.value);
-          if (!v) throw Error("reduce: no reply from the members of " + ext.to_string());
-          p.set_value(std::move(*v));
-        } catch (...) {
-          p.set_error(std::current_exception());
-        }
+      const auto dead = topo_->dead();
+      detail::CastPlan p;
+      try {
+        p = checked_plan("reduce", dead);
+      } catch (...) {
+        return Future<R>::ready_error(std::current_exception());
+      }
+      auto hops = detail::cast_root_hops(RC::root(*members_, *topo_, p, method, reducer, args...),
+                                         dead);
+      // Several root hops only when base proc 0 is dead (CAST-12): their partials fold here.
+      struct Acc {
+        explicit Acc(Reducer r) : reducer(std::move(r)) {}
+        std::mutex mu;
+        std::optional<R> value;
+        size_t pending = 0;
+        bool done = false;
+        Promise<R> promise;
+        Reducer reducer;
+        std::string ext;
       };
-      send_cast(RC::root(*members_, *topo_, plan, method, reducer, args...), std::move(on_reply));
+      auto acc = std::make_shared<Acc>(std::move(reducer));
+      acc->pending = hops.size();
+      acc->ext = extent().to_string();
+      auto f = acc->promise.get_future();
+      topo_->when_ready([topo = topo_, acc, hops = std::move(hops)]() mutable {
+        for (auto& w : hops) {
+          const auto lo = w.lo;
+          topo->comm[lo].call(&CommActor::cast, std::move(w)).on_complete([acc](
+                                                                              detail::State<std::string>& s) {
+            std::unique_lock lock(acc->mu);
+            if (acc->done) return;
+            try {
+              if (s.error) std::rethrow_exception(s.error);
+              auto v = detail::decode_string<typename RC::Partial>(*s.value);
+              if (v) {
+                acc->value = acc->value ? std::optional<R>(std::as_const(acc->reducer)(
+                                              std::move(*acc->value), *v))
+                                        : std::move(v);
+              }
+              if (--acc->pending != 0) return;
+              acc->done = true;
+              if (!acc->value) throw Error("reduce: no reply from the members of " + acc->ext);
+              auto out = std::move(*acc->value);
+              lock.unlock();
+              acc->promise.set_value(std::move(out));
+            } catch (...) {
+              acc->done = true;
+              lock.unlock();
+              acc->promise.set_error(std::current_exception());
+            }
+          });
+        }
+      });
       return f;
     }
-  }
-
-  // The root hop of a remote call/reduce; on_reply gets the root's reply (CAST-10, CAST-11).
-  template <class OnReply>
-  void send_cast(CastWire w, OnReply on_reply) const {
-    topo_->when_ready(
-        [comm = topo_->comm[0], w = std::move(w), on_reply = std::move(on_reply)]() mutable {
-          comm.call(&CommActor::cast, std::move(w)).on_complete(std::move(on_reply));
-        });
   }
 
   template <detail::CastMode Mode, class M, class Reducer, class... Args>
@@ -311,14 +534,15 @@ class ActorMesh {
     if (!topo_)
       throw UsageError("ActorMesh: this mesh has no cast tree (it was not spawned by a ProcMesh)");
     using Job = detail::CastJob<A, M, Mode, Reducer, std::decay_t<Args>...>;
-    return std::make_shared<Job>(members_, topo_, detail::CastPlan::make(view_, per_proc_),
-                                 extent(), method, std::move(reducer), args...);
+    return std::make_shared<Job>(members_, topo_, plan(), extent(), method, std::move(reducer),
+                                 args...);
   }
 
   std::shared_ptr<const std::vector<ActorRef<A>>> members_;
   ndslice::Shape view_;
   std::shared_ptr<const detail::CastTopology> topo_;
   size_t per_proc_ = 1;
+  std::shared_ptr<const Pick> pick_;  // set on select()/survivors() views
 };
 
 }  // namespace monarch::mesh

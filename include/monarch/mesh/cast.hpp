@@ -49,9 +49,9 @@ struct NoReducer;  // detail/cast_job.hpp
 
 /// Settings of the cast tree of a ProcMesh.
 struct CastOptions {
-  /// Most children one comm actor forwards a cast to (>= 1; 1 makes a chain). Default 16.
-  /// ProcMesh::local throws UsageError for 0.
-  size_t fanout = 16;
+  /// Most children one comm actor forwards a cast to (>= 1; 1 makes a chain). Default: config
+  /// key mesh.cast_fanout (16). ProcMesh::local and HostMesh::spawn_procs throw UsageError for 0.
+  size_t fanout = static_cast<size_t>(config::global().integer("mesh.cast_fanout"));
 };
 
 /// Consecutive members of one destination proc: `count` actors named names[name] with uids
@@ -83,9 +83,13 @@ struct CastWire {
   std::vector<uint32_t> starts;    // procs[i]'s members: runs[starts[i] .. starts[i+1])
   std::vector<std::string> names;  // distinct member actor names
   std::vector<MemberRun> runs;     // destination members, grouped by proc
+  // Procs of [lo, hi) known dead when the hop was sent (ascending) and why (CAST-12): a node
+  // forwards past them to their children. Dead destinations were already taken out by the caster.
+  std::vector<uint32_t> dead;
+  std::vector<std::string> dead_causes;
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(handler, args, reducer, lo, hi, fanout, comm, procs, starts, names, runs);
+    ar(handler, args, reducer, lo, hi, fanout, comm, procs, starts, names, runs, dead, dead_causes);
   }
 };
 

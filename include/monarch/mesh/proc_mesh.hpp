@@ -95,7 +95,7 @@ class ProcMesh {
                            client().template lookup_remote<A>(address(i), name));
     }
     for (auto& [g, f] : pending) members[g] = f.get(lookup_timeout()).id();
-    return ActorMesh<A>::from_ids(client(), members, view_, comm_ids(), CastOptions{}.fanout, 1);
+    return ActorMesh<A>::from_ids(client(), members, view_, comm_ids(), cast_fanout(), 1);
   }
 
   /// One A per proc of this view, constructed from copies of `args`. Does not block; each actor's
@@ -147,7 +147,7 @@ class ProcMesh {
         }
       }
       return ActorMesh<A>::from_ids(client(), members, actor_view(per_proc), comm_ids(),
-                                    CastOptions{}.fanout, k, std::move(fence));
+                                    cast_fanout(), k, std::move(fence));
     }
     auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size() * k);
     for (size_t i = 0; i < size(); ++i) {
@@ -169,6 +169,7 @@ class ProcMesh {
   ndslice::Shape actor_view(const ndslice::Extent& per_proc) const;
   size_t base_size() const;
   std::vector<ActorId> comm_ids() const;  // by global rank (process meshes)
+  size_t cast_fanout() const;             // SpawnOptions::cast (process meshes)
   void check_usable(size_t local) const;
   std::chrono::milliseconds lookup_timeout() const;
   process_detail::ProcessGroup& group() const;

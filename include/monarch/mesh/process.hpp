@@ -86,6 +86,8 @@ struct SpawnOptions {
   LogSink log_sink{};
   /// Forward worker output at all (config key mesh.log_forwarding); false drops it.
   bool forward_logs = config::global().flag("mesh.log_forwarding");
+  /// The cast tree of the mesh's ActorMeshes (fan-out; default: config key mesh.cast_fanout).
+  CastOptions cast{};
 };
 
 /// Hosts, each running a host agent. Copies share the agents and the client Proc.

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <algorithm>
+#include <exception>
+#include <optional>
 #include <cstddef>
 #include <iterator>
 #include <string>
@@ -41,6 +43,34 @@ class ValueMesh {
     return m;
   }
 
+  // TEMP (lead's stand-in until H1's version lands)
+  static ValueMesh from_slots(Extent extent, std::vector<std::optional<T>> slots,
+                              std::vector<std::pair<std::size_t, std::exception_ptr>> failures) {
+    std::optional<T> any;
+    for (auto& v : slots) if (v) { any = v; break; }
+    if (!any) throw SliceError("from_slots: all failed (stand-in)");
+    std::vector<T> vals;
+    for (auto& v : slots) vals.push_back(v ? *v : *any);
+    ValueMesh m = from_vector(std::move(extent), vals);
+    std::sort(failures.begin(), failures.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    m.failures_ = std::move(failures);
+    return m;
+  }
+  bool ok(std::size_t r) const {
+    for (auto& f : failures_) if (f.first == r) return false;
+    return true;
+  }
+  std::exception_ptr error(std::size_t r) const {
+    for (auto& f : failures_) if (f.first == r) return f.second;
+    return nullptr;
+  }
+  std::vector<std::size_t> failed_ranks() const {
+    std::vector<std::size_t> o;
+    for (auto& f : failures_) o.push_back(f.first);
+    return o;
+  }
+  void throw_if_failed() const { if (!failures_.empty()) std::rethrow_exception(failures_[0].second); }
+  std::vector<std::pair<std::size_t, std::exception_ptr>> failures_;
   [[nodiscard]] const Extent& extent() const noexcept { return extent_; }
   /// Number of values (= extent().num_ranks()).
   [[nodiscard]] std::size_t size() const noexcept { return extent_.num_ranks(); }

@@ -71,8 +71,13 @@ struct CastTopology {
   bool remote = false;
   /// Remote casts wait for it when set (a mesh made by ProcMesh::spawn, CAST-11).
   std::shared_ptr<CastFence> fence;
+  /// The caster's Proc (remote meshes): what it knows of dead procs steers the tree (CAST-12).
+  Proc* client = nullptr;
   /// Runs `send` once casts may go (at once without a fence).
   void when_ready(UniqueFunction<void()> send) const;
+  /// The procs of this tree whose Proc the client declared failed (Proc::proc_failure), with
+  /// their causes. Empty for in-process meshes. O(1) while the client knows of no failure at all.
+  DeadProcs dead() const;
 };
 
 /// Which members one cast reaches: (global rank in the actor base space, message rank) sorted
@@ -82,6 +87,30 @@ struct CastPlan {
   std::vector<uint32_t> procs;   // distinct destination procs, ascending
   std::vector<uint32_t> starts;  // procs[i]'s members: members[starts[i] .. starts[i+1])
   static CastPlan make(const ndslice::Shape& view, size_t per_proc);
+  /// The members at these global ranks (ascending), message rank = index.
+  static CastPlan make(const std::vector<size_t>& globals, size_t per_proc);
+  /// This plan without the members on `dead` procs; `lost` receives (message rank, global rank,
+  /// dead proc) for each member taken out.
+  template <class Lost>
+  CastPlan without(const DeadProcs& dead, Lost&& lost) const {
+    CastPlan out;
+    for (size_t i = 0; i < procs.size(); ++i) {
+      const bool gone = dead.has(procs[i]);
+      if (!gone) {
+        out.procs.push_back(procs[i]);
+        out.starts.push_back(static_cast<uint32_t>(out.members.size()));
+      }
+      for (uint32_t m = starts[i]; m < starts[i + 1]; ++m) {
+        if (gone) {
+          lost(members[m].second, members[m].first, procs[i]);
+        } else {
+          out.members.push_back(members[m]);
+        }
+      }
+    }
+    out.starts.push_back(static_cast<uint32_t>(out.members.size()));
+    return out;
+  }
 };
 
 /// One hop of a cast: the subtree of procs [lo, hi) rooted at proc lo; its destination procs are
@@ -142,6 +171,7 @@ class CastJob final : public CastJobBase,
         args_(Stored(args...)) {
     if constexpr (Mode == CastMode::Collect) {
       slots_.resize(plan_.members.size());
+      errors_.resize(plan_.members.size());
       collect_.emplace();
     }
     if constexpr (Mode == CastMode::Reduce) reduce_.emplace();
@@ -195,12 +225,25 @@ class CastJob final : public CastJobBase,
       if (p == nullptr && topo_->comm[h.lo].cell() != nullptr)
         p = &topo_->comm[h.lo].cell()->proc();
       monarch::detail::route_undeliverable(sender_.get(), p, f);
+    } else if constexpr (Mode == CastMode::Collect) {
+      // CAST-6: each member below the lost comm actor holds the failure; the rest answer.
+      auto e = std::make_exception_ptr(f);
+      for (uint32_t i = plan_.starts[h.db]; i < plan_.starts[h.de]; ++i)
+        errors_[plan_.members[i].second] = e;
+      hop_done(h);
     } else {
       fail(std::make_exception_ptr(f));
     }
   }
 
  private:
+  // Hop `h` is accounted for without running (its comm actor is gone): its parent node counts
+  // it as one finished child.
+  void hop_done(const CastHop& h) noexcept {
+    if (!h.parent) return finish(Partial{});
+    complete_one(std::static_pointer_cast<Node>(h.parent), Partial{});
+  }
+
   void post_hop(CastHop h) {
     const auto& comm = topo_->comm[h.lo];
     auto* e = new CastEnvelope(this->shared_from_this(), std::move(h));
@@ -229,7 +272,13 @@ class CastJob final : public CastJobBase,
     void done(V&&... v) {
       job->member_done(std::move(node), rank, std::forward<V>(v)...);
     }
-    void fail(std::exception_ptr e) const noexcept { job->fail(std::move(e)); }
+    void fail(std::exception_ptr e) const noexcept {
+      if constexpr (Mode == CastMode::Collect) {
+        job->member_failed(node, rank, std::move(e));
+      } else {
+        job->fail(std::move(e));
+      }
+    }
   };
   using Call = MemberCall<A, M, Reply>;
 
@@ -262,7 +311,13 @@ class CastJob final : public CastJobBase,
         stream_add(rank, std::move(f));
       } else {
         f.on_complete([self = this->shared_from_this(), node, rank](State<R>& st) {
-          if (st.error) return self->fail(st.error);
+          if (st.error) {
+            if constexpr (Mode == CastMode::Collect) {
+              return self->member_failed(node, rank, st.error);
+            } else {
+              return self->fail(st.error);
+            }
+          }
           if constexpr (std::is_void_v<R>) {
             self->member_done(node, rank);
           } else {
@@ -283,6 +338,12 @@ class CastJob final : public CastJobBase,
       p.emplace(std::forward<V>(v)...);
     }
     complete_one(std::move(node), std::move(p));
+  }
+
+  // Member `rank` failed (Collect): its slot holds the error, the others still answer (CAST-6).
+  void member_failed(std::shared_ptr<Node> node, size_t rank, std::exception_ptr e) noexcept {
+    errors_[rank] = std::move(e);
+    complete_one(std::move(node), Partial{});
   }
 
   // One member or child finished with partial `p`: fold it in; a node whose last input arrived
@@ -314,10 +375,16 @@ class CastJob final : public CastJobBase,
   void finish(Partial p) {
     if (failed_.exchange(true)) return;
     if constexpr (Mode == CastMode::Collect) {
-      std::vector<Out> out;
-      out.reserve(slots_.size());
-      for (auto& v : slots_) out.push_back(std::move(*v));
-      collect_->set_value(ndslice::ValueMesh<Out>::from_vector(ext_, out));
+      std::vector<std::pair<size_t, std::exception_ptr>> failures;
+      for (size_t r = 0; r < errors_.size(); ++r) {
+        if (errors_[r]) failures.emplace_back(r, std::move(errors_[r]));
+      }
+      try {
+        collect_->set_value(
+            ndslice::ValueMesh<Out>::from_slots(ext_, std::move(slots_), std::move(failures)));
+      } catch (...) {
+        collect_->set_error(std::current_exception());
+      }
     } else if constexpr (Mode == CastMode::Reduce) {
       reduce_->set_value(std::move(*p));
     }
@@ -338,6 +405,7 @@ class CastJob final : public CastJobBase,
   Stored args_;  // converted once to the endpoint's parameter types; copied per member
   std::atomic<bool> failed_{false};
   std::vector<std::optional<Out>> slots_;  // Collect: by message rank; each written once
+  std::vector<std::exception_ptr> errors_;  // Collect: a failed member's error, by message rank
   std::optional<Promise<ndslice::ValueMesh<Out>>> collect_;
   std::optional<Promise<Out>> reduce_;
   std::optional<Stream<R>> stream_;

@@ -59,13 +59,39 @@ template <class Reducer>
 inline constexpr bool reducer_wireable_v =
     reducer_stateless_v<Reducer> || wire::is_serializable_v<Reducer>;
 
+/// A subtree's replies to a remote call() (CAST-6, CAST-10): values and per-member failures,
+/// by message rank.
+template <class V>
+struct CastReplies {
+  std::vector<std::pair<uint32_t, V>> values;
+  std::vector<std::pair<uint32_t, monarch::detail::WireError>> errors;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(values, errors);
+  }
+};
+
+/// The message ranks of the members a hop carries.
+std::vector<uint32_t> cast_ranks(const CastWire& w);
+/// What a relay knows of dead procs in [w.lo, w.hi): the wire's, plus those its own Proc was told
+/// of (WorkerControl::proc_failed) (CAST-12).
+DeadProcs relay_dead(Proc& proc, const CastWire& w);
+/// The error of the members of dead proc `p` (SupervisionError naming its comm actor and why).
+std::exception_ptr dead_proc_error(const ActorId& comm, const std::string& cause);
+/// A relay cannot tell a broadcast's caster that a destination proc is dead: it logs it.
+void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& cause);
+/// The caster's hops for the whole-tree wire `w` (CAST-12): `w` itself (with `dead` in it) when
+/// base proc 0 is alive, else the subtrees of proc 0's live descendants, each rooted at its own
+/// live node. `w`'s plan must hold no destination on a dead proc (CastPlan::without).
+std::vector<CastWire> cast_root_hops(CastWire w, const DeadProcs& dead);
+
 template <class A, class M, CastMode Mode, class Reducer>
 struct RemoteCast {
   using Stored = typename method_traits<M>::stored;
   using R = typename reply_type<typename method_traits<M>::ret>::type;
   using WireOut = std::conditional_t<std::is_void_v<R>, bool, R>;
-  using Partial = std::conditional_t<Mode == CastMode::Reduce, std::optional<WireOut>,
-                                     std::vector<std::pair<uint32_t, WireOut>>>;
+  using Partial =
+      std::conditional_t<Mode == CastMode::Reduce, std::optional<WireOut>, CastReplies<WireOut>>;
 
   static constexpr bool castable = wire::is_serializable_v<Stored> &&
                                    (std::is_void_v<R> || wire::is_serializable_v<R>)&&(
@@ -130,6 +156,8 @@ struct RemoteCast {
                                        !monarch::detail::is_future<Ret>::value;
 
   /// The accumulator of one node: the members on this proc and the partials of its children.
+  /// call(): a member or subtree that fails leaves its error in its ranks (CAST-6) and the rest
+  /// still answer; reduce(): the first error fails the node.
   struct NodeState {
     explicit NodeState(Reducer r) : reducer(std::move(r)) {}
     std::mutex mu;
@@ -138,10 +166,11 @@ struct RemoteCast {
     std::atomic<size_t> pending{0};
     Promise<std::string> promise;
     Reducer reducer;
-    // Collect: the local members' message ranks and replies, by local index; each slot is written
-    // once, by its member, before that member counts down.
+    // Collect: the local members' message ranks, replies and errors, by local index; each slot is
+    // written once, by its member, before that member counts down.
     std::vector<uint32_t> local_ranks;
     std::vector<std::optional<WireOut>> local_slots;
+    std::vector<std::exception_ptr> local_errors;
 
     void fail(std::exception_ptr e) {
       std::unique_lock lock(mu);
@@ -159,6 +188,22 @@ struct RemoteCast {
       }
       count_down();
     }
+    /// One input (a child hop, or a dead destination proc) failed as a whole: call() records `e`
+    /// for each of its `ranks`; reduce() fails.
+    void fail_ranks(const std::vector<uint32_t>& ranks, const std::exception_ptr& e) {
+      if constexpr (Mode == CastMode::Reduce) {
+        (void)ranks;
+        fail(e);
+      } else {
+        {
+          std::lock_guard lock(mu);
+          if (failed) return;
+          auto w = monarch::detail::WireError::from(e);
+          for (uint32_t r : ranks) acc.errors.emplace_back(r, w);
+        }
+        count_down();
+      }
+    }
     /// Local member `slot` replied `v`.
     void member_done(uint32_t slot, WireOut v) {
       if constexpr (Mode == CastMode::Reduce) {
@@ -171,6 +216,15 @@ struct RemoteCast {
       }
       count_down();
     }
+    /// Local member `slot` failed (its ActorError, or a DeliveryFailure naming it).
+    void member_failed(uint32_t slot, std::exception_ptr e) {
+      if constexpr (Mode == CastMode::Reduce) {
+        fail(std::move(e));
+      } else {
+        local_errors[slot] = std::move(e);
+        count_down();
+      }
+    }
 
    private:
     // Folds p into acc under `lock`; false (lock released, cast failed) if the reducer threw.
@@ -181,8 +235,10 @@ struct RemoteCast {
             acc = acc ? std::optional<WireOut>(std::as_const(reducer)(std::move(*acc), *p))
                       : std::move(p);
         } else {
-          acc.insert(acc.end(), std::make_move_iterator(p.begin()),
-                     std::make_move_iterator(p.end()));
+          acc.values.insert(acc.values.end(), std::make_move_iterator(p.values.begin()),
+                            std::make_move_iterator(p.values.end()));
+          acc.errors.insert(acc.errors.end(), std::make_move_iterator(p.errors.begin()),
+                            std::make_move_iterator(p.errors.end()));
         }
       } catch (...) {
         failed = true;
@@ -200,9 +256,14 @@ struct RemoteCast {
       std::string out;
       try {
         if constexpr (Mode != CastMode::Reduce) {
-          acc.reserve(acc.size() + local_slots.size());
+          acc.values.reserve(acc.values.size() + local_slots.size());
           for (size_t i = 0; i < local_slots.size(); ++i) {
-            if (local_slots[i]) acc.emplace_back(local_ranks[i], std::move(*local_slots[i]));
+            if (local_slots[i]) {
+              acc.values.emplace_back(local_ranks[i], std::move(*local_slots[i]));
+            } else if (local_errors[i]) {
+              acc.errors.emplace_back(local_ranks[i],
+                                      monarch::detail::WireError::from(local_errors[i]));
+            }
           }
         }
         out = to_string_bytes(wire::encode(acc));
@@ -226,15 +287,17 @@ struct RemoteCast {
     void done(V&& v) {
       st->member_done(slot, std::forward<V>(v));
     }
-    void fail(std::exception_ptr e) const { st->fail(std::move(e)); }
+    void fail(std::exception_ptr e) const { st->member_failed(slot, std::move(e)); }
   };
   using Call = MemberCall<A, M, Reply>;
 
   /// Runs one hop on the comm actor of `proc` (its thread): forwards to the child subtrees that
-  /// hold destinations, delivers to the members on this proc, and folds their replies.
+  /// hold destinations (past dead procs, CAST-12), delivers to the members on this proc, and
+  /// folds their replies.
   static Future<std::string> run(Proc& proc, M method, CastWire&& w) {
     if (w.starts.size() != w.procs.size() + 1 || w.comm.size() != size_t{w.hi} - w.lo ||
-        (w.starts.empty() ? false : w.starts.back() != w.runs.size())) {
+        (w.starts.empty() ? false : w.starts.back() != w.runs.size()) ||
+        w.dead.size() != w.dead_causes.size()) {
       return Future<std::string>::ready_error(std::make_exception_ptr(
           UsageError("comm actor of " + proc.name() + ": malformed cast hop [" +
                      std::to_string(w.lo) + ", " + std::to_string(w.hi) + ")")));
@@ -242,11 +305,25 @@ struct RemoteCast {
     auto args = std::make_shared<const Stored>(decode_string<Stored>(w.args));
     auto st = std::make_shared<NodeState>(decode_reducer(w.reducer));
     auto result = st->promise.get_future();
+    const DeadProcs dead = relay_dead(proc, w);
     std::vector<std::pair<ActorId, CastWire>> kids;
+    std::vector<uint32_t> lost;  // destination indices (into w.procs) on procs known dead here
     const CastSpan node{w.lo, w.hi, 0, static_cast<uint32_t>(w.procs.size())};
-    const bool here = plan_cast_node(node, w.fanout, w.procs, [&](const CastSpan& s) {
-      kids.emplace_back(w.comm[s.lo - w.lo], cast_subtree_wire(w, s));
-    });
+    const bool here = plan_live_node(
+        node, w.fanout, w.procs, dead,
+        [&](const CastSpan& s) {
+          kids.emplace_back(w.comm[s.lo - w.lo], cast_subtree_wire(w, s));
+          if (!dead.empty()) {
+            auto& sub = kids.back().second;
+            for (size_t i = 0; i < dead.procs.size(); ++i) {
+              if (dead.procs[i] >= s.lo && dead.procs[i] < s.hi) {
+                sub.dead.push_back(dead.procs[i]);
+                sub.dead_causes.push_back(dead.causes[i]);
+              }
+            }
+          }
+        },
+        [&](uint32_t di) { lost.push_back(di); });
     const uint32_t lb = here ? w.starts[0] : 0, le = here ? w.starts[1] : 0;  // this proc's runs
     size_t local = 0;
     for (uint32_t i = lb; i < le; ++i) local += w.runs[i].count;
@@ -257,23 +334,40 @@ struct RemoteCast {
           st->local_ranks.push_back(w.runs[i].rank + k);
       }
       st->local_slots.resize(local);
+      st->local_errors.resize(local);
     }
     // Set before anything is sent: replies may land (on other threads) while we still send.
-    const size_t pending = local + kids.size();
+    const size_t pending = local + kids.size() + lost.size();
     st->pending.store(pending, std::memory_order_relaxed);
+    for (uint32_t di : lost) {
+      const uint32_t p = w.procs[di];
+      auto e = dead_proc_error(w.comm[p - w.lo], dead.cause(p));
+      if constexpr (Mode == CastMode::Broadcast) {
+        log_dropped_broadcast(proc, w.comm[p - w.lo], dead.cause(p));
+      } else {
+        CastWire one;
+        one.starts = {0, w.starts[di + 1] - w.starts[di]};
+        one.runs.assign(w.runs.begin() + w.starts[di], w.runs.begin() + w.starts[di + 1]);
+        st->fail_ranks(cast_ranks(one), e);
+      }
+    }
     for (auto& [id, sub] : kids) {
       ActorRef<CommActor> child(&proc, id, true);
       if constexpr (Mode == CastMode::Broadcast) {
         child.send(&CommActor::cast_send, std::move(sub));
       } else {
-        child.call(&CommActor::cast, std::move(sub)).on_complete([st](State<std::string>& s) {
-          if (s.error) return st->fail(s.error);
-          try {
-            st->add(decode_string<Partial>(*s.value));
-          } catch (...) {
-            st->fail(std::current_exception());
-          }
-        });
+        std::vector<uint32_t> ranks;
+        if constexpr (Mode == CastMode::Collect) ranks = cast_ranks(sub);
+        child.call(&CommActor::cast, std::move(sub))
+            .on_complete([st, ranks = std::move(ranks)](State<std::string>& s) {
+              // A lost subtree (its comm actor died, CAST-7) fails its own members only.
+              if (s.error) return st->fail_ranks(ranks, s.error);
+              try {
+                st->add(decode_string<Partial>(*s.value));
+              } catch (...) {
+                st->fail(std::current_exception());
+              }
+            });
       }
     }
     ActorId id{proc.name(), {}, 0};  // reused: no allocation per member
@@ -303,7 +397,7 @@ struct RemoteCast {
           auto f = std::apply([&](const auto&... a) { return ref.call_ranked(rank, method, a...); },
                               *args);
           f.on_complete([st, slot](State<R>& s) {
-            if (s.error) return st->fail(s.error);
+            if (s.error) return st->member_failed(slot, s.error);
             if constexpr (std::is_void_v<R>) {
               st->member_done(slot, true);
             } else {

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace monarch::mesh::detail {
@@ -55,9 +57,57 @@ bool plan_cast_node(const CastSpan& node, size_t fanout, const std::vector<uint3
   return local;
 }
 
+/// Procs of the tree known to be dead (declared failed), ascending, with why (CAST-12).
+struct DeadProcs {
+  std::vector<uint32_t> procs;
+  std::vector<std::string> causes;  // causes[i] is why procs[i] is dead
+  bool empty() const noexcept { return procs.empty(); }
+  /// Whether proc `p` is dead (binary search).
+  bool has(uint32_t p) const noexcept { return std::binary_search(procs.begin(), procs.end(), p); }
+  /// Why `p` is dead ("" when it is not).
+  const std::string& cause(uint32_t p) const {
+    static const std::string none;
+    auto it = std::lower_bound(procs.begin(), procs.end(), p);
+    return it != procs.end() && *it == p ? causes[static_cast<size_t>(it - procs.begin())] : none;
+  }
+  /// Adds `p` (kept sorted; a proc already there keeps its first cause).
+  void add(uint32_t p, std::string why) {
+    auto it = std::lower_bound(procs.begin(), procs.end(), p);
+    if (it != procs.end() && *it == p) return;
+    causes.insert(causes.begin() + (it - procs.begin()), std::move(why));
+    procs.insert(it, p);
+  }
+};
+
+/// The subtree `s` as a live node sees it (CAST-12): when its root proc s.lo is alive, `child(s)`;
+/// when it is dead, its destination (if s.lo is one) goes to `lost(index into procs)` and its own
+/// children take its place, recursively, so a dead proc never cuts off the procs below it. The
+/// paths to the other procs do not change.
+template <class Child, class Lost>
+void plan_live_span(const CastSpan& s, size_t fanout, const std::vector<uint32_t>& procs,
+                    const DeadProcs& dead, Child& child, Lost& lost) {
+  if (!dead.has(s.lo)) return child(s);
+  auto grandchild = [&](const CastSpan& c) { plan_live_span(c, fanout, procs, dead, child, lost); };
+  if (plan_cast_node(s, fanout, procs, grandchild)) lost(s.db);
+}
+
+/// plan_cast_node for a live node that knows `dead` procs: children whose root is dead are
+/// replaced by their own live descendants (plan_live_span). Returns whether node.lo is itself a
+/// destination.
+template <class Child, class Lost>
+bool plan_live_node(const CastSpan& node, size_t fanout, const std::vector<uint32_t>& procs,
+                    const DeadProcs& dead, Child&& child, Lost&& lost) {
+  if (dead.empty()) return plan_cast_node(node, fanout, procs, child);
+  auto sub = [&](const CastSpan& c) { plan_live_span(c, fanout, procs, dead, child, lost); };
+  return plan_cast_node(node, fanout, procs, sub);
+}
+
 /// The comm actors a cast to base proc `p` passes through, root (proc 0) first and `p` last, in
 /// a tree over `procs` procs (plan_cast_node's children, followed down to `p`). Depends only on
 /// (procs, fanout, p): CAST-2. Throws UsageError when p >= procs.
+/// With `dead` procs (CAST-12) the path skips them: it is the live procs of the path above.
+/// Throws UsageError when p >= procs or p is dead.
 std::vector<uint32_t> cast_path(uint32_t procs, size_t fanout, uint32_t p);
+std::vector<uint32_t> cast_path(uint32_t procs, size_t fanout, uint32_t p, const DeadProcs& dead);
 
 }  // namespace monarch::mesh::detail
