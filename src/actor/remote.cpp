@@ -10,6 +10,9 @@
 //       Stopped or Failed there, or fails (DeliveryFailure, SupervisionError): never blocks.
 // REM-5 After declare_proc_failed(addr): every call pending on addr has failed with
 //       SupervisionError, and every later call/send/stop/spawn to addr fails with it at once.
+// REM-6 declare_proc_failed(addr) closes the link to addr at once: calls pending there fail with
+//       SupervisionError (REM-5), and sends from actors still unacknowledged on it come back to
+//       their sending actor's undeliverable() as DeliveryFailures naming that failure.
 // SPAWN-1 The receiving Proc creates a remotely spawned actor while reading the Spawn message
 //       (io thread), before it reads the next message on that link: with REM-3 and CELL-2,
 //       messages sent on the ref right after spawn_remote run after construction and init().

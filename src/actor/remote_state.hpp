@@ -181,8 +181,9 @@ struct Proc::Remote {
       }
       forgotten.erase(addr);
     }
-    spdlog::warn("monarch: {}: proc {} declared failed ({}); {} pending calls fail", address, addr,
-                 cause, lost.size());
+    spdlog::log(lost.empty() ? spdlog::level::debug : spdlog::level::warn,
+                "monarch: {}: proc {} declared failed ({}); {} pending calls fail", address, addr,
+                cause, lost.size());
     for (auto& call : lost) {
       call.handler(
           detail::RemoteResult{{}, std::make_exception_ptr(SupervisionError(call.dest, cause))});
@@ -321,11 +322,17 @@ struct Proc::Remote {
     }
     bool spawn_or_send =
         h.kind == RemoteKind::Spawn || h.kind == RemoteKind::Send || h.kind == RemoteKind::PortSend;
-    if (spawn_or_send && is_failed(h.dest.proc)) {
-      // REM-5: the Proc was declared failed by the mesh layer, which reports that failure to the
-      // owners itself; messages merely unacknowledged when the link closed are not news.
-      spdlog::debug("monarch: {}: dropped, its proc was declared failed", f.what());
-      return;
+    if (spawn_or_send) {
+      if (auto cause = failure_of(h.dest.proc)) {
+        // REM-6: the proc was declared failed. A send from an actor comes back to that actor as a
+        // DeliveryFailure naming the failure (its undeliverable() decides). From outside actors
+        // the mesh layer has reported that very failure (MeshFailure), so the client's fault hook
+        // is not called a second time for it. A spawn's failure is the mesh's to report.
+        DeliveryFailure gone(h.dest, h.endpoint, "its proc was declared failed: " + *cause);
+        if (h.kind != RemoteKind::Spawn && h.sender.uid != 0) return local_bounce(h.sender, gone);
+        spdlog::debug("monarch: {}: dropped: {}", address, gone.what());
+        return;
+      }
     }
     switch (h.kind) {
       case RemoteKind::Call:

@@ -611,6 +611,94 @@ INSTANTIATE_TEST_SUITE_P(ClientEnds, NoOrphans,
                            return n;
                          });
 
+// CAST-12: the cast tree routes around procs known dead, whether they were leaves, interior
+// nodes or proc 0, and nothing waits out a failure already known (issue 16 items 2 and 3).
+// 8 procs, fan-out 2: 0 -> {1, 5}; 1 -> {2, 4}; 2 -> {3}; 5 -> {6, 7}.
+TEST(ProcessMesh, CAST12_CastsRouteAroundADeadRootAndADeadInteriorNode) {
+  auto o = fast();
+  auto host = monarch::mesh::this_host(o);
+  Failures failures;
+  SpawnOptions so;
+  so.name = "cast12";
+  so.on_failure = failures.handler();
+  so.cast.fanout = 2;
+  auto procs = host.spawn_procs(Extent{{"gpus", 8}}, so);
+  auto workers = procs.lookup<Worker>("worker");
+  auto pids = pids_of(procs);
+  ASSERT_EQ(monarch::mesh::detail::cast_path(8, 2, 3), (std::vector<uint32_t>{0, 1, 2, 3}));
+  // Well under the delivery timeout: a known failure is never waited out.
+  const auto quick = o.channel.delivery_timeout / 2;
+
+  ::kill(pids[0], SIGKILL);
+  ASSERT_THAT(failures.wait_one().ranks, ElementsAre(0u));
+  // The slice 1:8 holds only live procs: its cast is rooted at its own live members.
+  auto live = workers.slice("gpus", Range(1, 8)).call(&Worker::rank).get(quick);
+  EXPECT_TRUE(live.all_ok());
+  for (size_t r = 0; r < 7; ++r) EXPECT_EQ(live[r], r + 1);
+  // The whole mesh: rank 0 holds its SupervisionError at once, the others answer.
+  auto all = workers.call(&Worker::rank).get(quick);
+  EXPECT_THAT(all.failed_ranks(), ElementsAre(0u));
+  EXPECT_EQ(all[7], 7u);
+  try {
+    (void)all[0];
+    ADD_FAILURE() << "rank 0 answered";
+  } catch (const monarch::SupervisionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("mesh cast12: rank [0] failed"));
+  }
+  // reduce and broadcast cannot leave a member out: they refuse at once, naming it.
+  try {
+    (void)workers.reduce(monarch::mesh::Sum{}, &Worker::rank).get(quick);
+    ADD_FAILURE() << "the reduce succeeded";
+  } catch (const monarch::SupervisionError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 0"));
+    EXPECT_THAT(e.what(), HasSubstr("survivors()"));
+  }
+  EXPECT_THROW(workers.broadcast(&Worker::where), monarch::SupervisionError);
+  // survivors(): exactly the live members, with message ranks in that view.
+  auto alive = workers.survivors();
+  EXPECT_EQ(alive.size(), 7u);
+  EXPECT_EQ(alive.reduce(monarch::mesh::Sum{}, &Worker::rank).get(quick), 28u);
+  EXPECT_EQ(alive.reduce(monarch::mesh::Sum{}, &Worker::where).get(quick), 21u);
+  EXPECT_EQ(alive.parent_point(0).rank(), 1u);
+  alive.broadcast(&Worker::where);
+
+  // An interior node: proc 1 relays for 2, 3 and 4.
+  ::kill(pids[1], SIGKILL);
+  ASSERT_TRUE(failures.wait(2, 10s));
+  ASSERT_THAT(failures.snapshot().back().ranks, ElementsAre(1u));
+  auto rest = workers.survivors().call(&Worker::rank).get(quick);
+  EXPECT_TRUE(rest.all_ok());
+  EXPECT_EQ(rest.size(), 6u);
+  for (size_t r = 0; r < 6; ++r) EXPECT_EQ(rest[r], r + 2);
+  auto below = workers.slice("gpus", Range(2, 5)).call(&Worker::rank).get(quick);
+  EXPECT_TRUE(below.all_ok());
+  // select(): a selection in text form over the view's dims.
+  auto odd = workers.survivors().select("3:6");
+  EXPECT_EQ(odd.size(), 3u);
+  EXPECT_EQ(odd.reduce(monarch::mesh::Sum{}, &Worker::rank).get(quick), 5u + 6u + 7u);
+  EXPECT_EQ(workers.select("0:2").size(), 2u);              // a selection says nothing of liveness
+  EXPECT_THROW(workers.select("9:"), monarch::UsageError);  // picks no member
+
+  // In flight: proc 3 freezes under a cast that proc 2 relays to it. Once the freeze is detected,
+  // the cast resolves: proc 3's member holds a named error, the others answered (CAST-7, CAST-12).
+  ::kill(pids[3], SIGSTOP);
+  auto frozen = workers.slice("gpus", Range(2, 8)).call(&Worker::rank);
+  ASSERT_TRUE(failures.wait(3, 10s));
+  auto got = frozen.get(o.channel.delivery_timeout);
+  EXPECT_THAT(got.failed_ranks(), ElementsAre(1u));
+  for (size_t r : {0u, 2u, 3u, 4u, 5u}) EXPECT_EQ(got[r], r + 2);
+  try {
+    std::rethrow_exception(got.error(1));
+  } catch (const monarch::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(procs.address(3)));
+  }
+
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(procs.stop());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, o.timeouts.stop_timeout);
+  EXPECT_TRUE(all_dead(pids, 5s));
+}
+
 TEST(ProcessMesh, AWorkerThatCannotStartFailsSpawnProcs) {
   auto host = monarch::mesh::this_host(fast());
   SpawnOptions so;

@@ -64,6 +64,7 @@ class ValueMesh {
     for (auto& f : failures_) if (f.first == r) return f.second;
     return nullptr;
   }
+  bool all_ok() const noexcept { return failures_.empty(); }
   std::vector<std::size_t> failed_ranks() const {
     std::vector<std::size_t> o;
     for (auto& f : failures_) o.push_back(f.first);
