@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 
+#include "testing/config_override.hpp"
 #include "testing/mesh_failures.hpp"
 #include "testing/subprocess.hpp"
 
@@ -610,6 +611,34 @@ INSTANTIATE_TEST_SUITE_P(ClientEnds, NoOrphans,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// mesh.cast_fanout shapes the tree of a process mesh (issue 16 item 1). 4 procs: with fan-out 2
+// the path to proc 2 is 0 -> 1 -> 2, so a cast to proc 2 waits while proc 1 is frozen; with the
+// default 16 it goes 0 -> 2 and does not.
+TEST(ProcessMesh, CastFanoutFromTheConfigShapesTheTree) {
+  auto host = monarch::mesh::this_host(fast());
+  for (int fanout : {2, 16}) {
+    SCOPED_TRACE("fanout " + std::to_string(fanout));
+    monarch::testing::IntConfigOverride c("mesh.cast_fanout", std::to_string(fanout));
+    SpawnOptions so;
+    so.name = "fanout" + std::to_string(fanout);
+    EXPECT_EQ(so.cast.fanout, static_cast<size_t>(fanout));
+    auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+    auto workers = procs.lookup<Worker>("worker");
+    ASSERT_EQ(workers.slice("gpus", 2).call(&Worker::rank).get(10s)[0], 2u);  // warm links
+    ::kill(procs.pid(1), SIGSTOP);
+    auto f = workers.slice("gpus", 2).call(&Worker::rank);
+    if (fanout == 2) {
+      // It cannot complete before proc 1 runs again (well within the heartbeat timeout).
+      EXPECT_FALSE(f.wait_for(300ms)) << "the cast did not go through proc 1";
+    } else {
+      EXPECT_TRUE(f.wait_for(10s)) << "the cast waited on proc 1";
+    }
+    ::kill(procs.pid(1), SIGCONT);
+    EXPECT_EQ(f.get(10s)[0], 2u);
+    EXPECT_TRUE(procs.stop());
+  }
+}
 
 // CAST-12: the cast tree routes around procs known dead, whether they were leaves, interior
 // nodes or proc 0, and nothing waits out a failure already known (issue 16 items 2 and 3).
