@@ -196,12 +196,13 @@ void Proc::begin_shutdown() {
 namespace detail {
 
 Cell* spawn_cell(Proc& proc, Cell* parent, std::string name, std::type_index type,
-                 Cell::Factory factory) {
+                 Cell::Factory factory, std::shared_ptr<const ndslice::Point> mesh_point) {
   if (parent != nullptr && parent->state() == Lifecycle::Stopping) {
     throw UsageError("spawn('" + name + "'): owner " + parent->id().to_string() + " is stopping");
   }
   auto* c = new Cell(proc, ActorId{proc.name(), std::move(name), proc.next_uid()}, parent, type,
                      std::move(factory));
+  c->set_mesh_point(std::move(mesh_point));  // before start(): init() may read it
   proc.register_cell_uid(c);
   if (parent != nullptr) {
     parent->adopt(c);
@@ -213,7 +214,7 @@ Cell* spawn_cell(Proc& proc, Cell* parent, std::string name, std::type_index typ
 }
 
 Cell* spawn_remote_cell(Proc& proc, ActorId id, std::type_index type, Cell::Factory factory,
-                        ActorId owner) {
+                        ActorId owner, std::shared_ptr<const ndslice::Point> mesh_point) {
   std::string what = id.to_string();
   auto* c = new Cell(proc, std::move(id), nullptr, type, std::move(factory));
   if (!proc.register_cell_uid(c)) {
@@ -221,6 +222,7 @@ Cell* spawn_remote_cell(Proc& proc, ActorId id, std::type_index type, Cell::Fact
     throw UsageError("actor id " + what + " is already taken in this proc");
   }
   c->set_remote_owner(std::move(owner));
+  c->set_mesh_point(std::move(mesh_point));
   proc.add_root_child(c);
   c->start();
   return c;

@@ -272,7 +272,7 @@ void remote_port_send(Proc& proc, const PortId& id, std::vector<std::byte> paylo
 }
 
 ActorId remote_spawn_id(Proc& proc, Cell* owner, const std::string& proc_addr, std::string name,
-                        const std::string& key, Bytes args) {
+                        const std::string& key, Bytes args, const ndslice::Point* mesh_point) {
   auto& r = proc.remote();
   std::string addr;
   try {
@@ -286,6 +286,12 @@ ActorId remote_spawn_id(Proc& proc, Cell* owner, const std::string& proc_addr, s
   h.endpoint = key;
   h.reply_proc = r.address;
   h.sender = owner != nullptr ? owner->id() : ActorId{r.address, "client", 0};
+  if (mesh_point != nullptr) {
+    h.message_rank = mesh_point->rank();
+    h.spawn_labels = mesh_point->extent().labels();
+    const auto& sizes = mesh_point->extent().sizes();
+    h.spawn_sizes.assign(sizes.begin(), sizes.end());
+  }
   r.send(addr, h, std::move(args));
   if (owner != nullptr) owner->add_remote_child(h.dest);
   return h.dest;

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "monarch/actor/proc.hpp"
+#include "monarch/ndslice/extent.hpp"
 
 namespace monarch {
 namespace detail {
@@ -26,7 +27,7 @@ struct DecodingScope {
 };
 std::shared_ptr<RemoteInvoker> find_invoker(std::type_index type, const std::string& endpoint);
 Cell* spawn_remote_cell(Proc& proc, ActorId id, std::type_index type, Cell::Factory factory,
-                        ActorId owner);
+                        ActorId owner, std::shared_ptr<const ndslice::Point> mesh_point);
 
 /// A supervision event chain on the wire: outermost first.
 struct WireEvent {
@@ -446,9 +447,20 @@ struct Proc::Remote {
       return refuse("cannot decode constructor arguments: " +
                     detail::describe_exception(std::current_exception()));
     }
+    std::shared_ptr<const ndslice::Point> point;  // a member of an ActorMesh (ProcMesh::spawn)
+    if (h.message_rank != UINT64_MAX) {
+      try {
+        ndslice::Extent extent(h.spawn_labels,
+                               std::vector<size_t>(h.spawn_sizes.begin(), h.spawn_sizes.end()));
+        point = std::make_shared<const ndslice::Point>(extent.point(h.message_rank));
+      } catch (...) {
+        return refuse("bad mesh point (rank " + std::to_string(h.message_rank) +
+                      "): " + detail::describe_exception(std::current_exception()));
+      }
+    }
     try {
-      detail::CellPtr::adopt(
-          detail::spawn_remote_cell(*proc, h.dest, f->type, std::move(make), h.sender));
+      detail::CellPtr::adopt(detail::spawn_remote_cell(*proc, h.dest, f->type, std::move(make),
+                                                       h.sender, std::move(point)));
     } catch (...) {
       refuse(detail::describe_exception(std::current_exception()));
     }

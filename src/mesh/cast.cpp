@@ -24,6 +24,18 @@ size_t Context::message_rank() {
   return r;
 }
 
+ndslice::Point Context::actor_rank() {
+  const monarch::detail::Cell* c = monarch::detail::current_cell();
+  if (c == nullptr) {
+    throw UsageError("Context::actor_rank(): called outside an actor's handler");
+  }
+  if (!c->mesh_point()) {
+    throw UsageError("Context::actor_rank(): actor " + c->id().to_string() + " (" + c->type_name() +
+                     ") was not spawned by ProcMesh::spawn, so it has no rank in an actor mesh");
+  }
+  return *c->mesh_point();
+}
+
 void CommActor::undeliverable(const DeliveryFailure& failure) {
   spdlog::warn("monarch.comm: dropped an undeliverable report: {}", failure.what());
 }

@@ -159,4 +159,80 @@ TEST(Context, MessageRankOutsideACastIsAUsageError) {
   }
 }
 
+// Context::actor_rank(): "<point> in <extent>" of the calling actor, or "UsageError: <what>".
+std::string describe_actor_rank() {
+  try {
+    auto p = Context::actor_rank();
+    return p.to_string() + " in " + p.extent().to_string();
+  } catch (const monarch::UsageError& e) {
+    return std::string("UsageError: ") + e.what();
+  }
+}
+std::string point_in(const Extent& e, size_t rank) {
+  return e.point(rank).to_string() + " in " + e.to_string();
+}
+
+struct RankProbe : monarch::Actor {
+  void init() override { at_init_ = describe_actor_rank(); }
+  std::string now() const { return describe_actor_rank(); }
+  std::string at_init() const { return at_init_; }
+  // A child this actor spawns (Actor::spawn) is not a mesh member.
+  std::string child() {
+    auto c = spawn<RankProbe>("child");
+    return c.call(&RankProbe::now).get(10s);
+  }
+  MONARCH_ENDPOINTS(RankProbe, now, at_init, child)
+  std::string at_init_;
+};
+
+// Issue 16 item 7: an actor's point in the whole ActorMesh it was spawned into, whatever view or
+// message reached it; also in init(), before any message.
+TEST(Context, ActorRankIsThePointInTheWholeSpawnedMesh) {
+  auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 3}});
+  auto probes = procs.spawn<RankProbe>("probe", Extent{{"actors", 2}});
+  const Extent full{{"hosts", 2}, {"gpus", 3}, {"actors", 2}};
+  ASSERT_EQ(probes.extent(), full);
+  for (size_t r = 0; r < full.num_ranks(); ++r) {  // direct calls: no message rank at all
+    EXPECT_EQ(probes.at(r).call(&RankProbe::now).get(10s), point_in(full, r));
+    EXPECT_EQ(probes.at(r).call(&RankProbe::at_init).get(10s), point_in(full, r));
+  }
+  auto cast = probes.call(&RankProbe::now).get(10s);
+  ASSERT_EQ(cast.size(), full.num_ranks());
+  for (size_t r = 0; r < full.num_ranks(); ++r) EXPECT_EQ(cast[r], point_in(full, r));
+  // Through a slice, message ranks restart at 0; actor_rank stays the point in the whole mesh.
+  auto gpu2 = probes.slice("gpus", 2);
+  ASSERT_EQ(gpu2.extent().to_string(), "{hosts=2, actors=2}");
+  auto sliced = gpu2.call(&RankProbe::now).get(10s);
+  for (size_t h = 0; h < 2; ++h) {
+    for (size_t a = 0; a < 2; ++a) {
+      EXPECT_EQ(sliced[h * 2 + a], point_in(full, h * 6 + 2 * 2 + a));
+    }
+  }
+  // Spawned from a sliced ProcMesh: the point in that (smaller) ActorMesh.
+  auto sub = procs.slice("hosts", 1).spawn<RankProbe>("sub");
+  const Extent sub_extent{{"gpus", 3}};
+  ASSERT_EQ(sub.extent(), sub_extent);
+  auto in_sub = sub.call(&RankProbe::now).get(10s);
+  for (size_t r = 0; r < 3; ++r) EXPECT_EQ(in_sub[r], point_in(sub_extent, r));
+  // A member's own child is not a member.
+  EXPECT_THAT(probes.at(3).call(&RankProbe::child).get(10s),
+              HasSubstr("was not spawned by ProcMesh::spawn"));
+}
+
+TEST(Context, ActorRankOfAnActorNotSpawnedByAProcMeshIsAUsageError) {
+  monarch::Proc proc;
+  auto plain = proc.spawn<RankProbe>("plain");
+  const std::string got = plain.call(&RankProbe::now).get(10s);
+  EXPECT_THAT(got, HasSubstr("UsageError: Context::actor_rank(): actor "));
+  EXPECT_THAT(got, HasSubstr(plain.id().to_string()));
+  EXPECT_THAT(got, HasSubstr("RankProbe) was not spawned by ProcMesh::spawn"));
+  EXPECT_EQ(plain.call(&RankProbe::at_init).get(10s), got);
+  try {
+    (void)Context::actor_rank();  // the test thread is no actor
+    FAIL() << "actor_rank() outside an actor must throw";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("outside an actor's handler"));
+  }
+}
+
 }  // namespace

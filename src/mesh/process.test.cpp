@@ -304,6 +304,63 @@ TEST(ProcessMesh, SpawnedActorsRunInTheWorkersAndTheirFailuresAreMeshFailures) {
   EXPECT_TRUE(procs.stop());
 }
 
+// Issue 16 item 7: a remotely spawned member's Context::actor_rank() is its point in the whole
+// ActorMesh; the point travels in the Spawn message, so init() sees it too.
+std::string describe_actor_rank() {
+  try {
+    auto p = monarch::mesh::Context::actor_rank();
+    return p.to_string() + " in " + p.extent().to_string();
+  } catch (const monarch::UsageError& e) {
+    return std::string("UsageError: ") + e.what();
+  }
+}
+std::string point_in(const Extent& e, size_t rank) {
+  return e.point(rank).to_string() + " in " + e.to_string();
+}
+struct RankProbe : monarch::Actor {
+  void init() override { at_init_ = describe_actor_rank(); }
+  std::string now() const { return describe_actor_rank(); }
+  std::string at_init() const { return at_init_; }
+  MONARCH_ENDPOINTS(RankProbe, now, at_init)
+  std::string at_init_;
+};
+
+// Checks every member of `probes` (spawned on `procs` with per-proc {actors: 2}).
+void expect_actor_ranks(const monarch::mesh::ActorMesh<RankProbe>& probes, const Extent& full) {
+  ASSERT_EQ(probes.extent(), full);
+  auto cast = probes.call(&RankProbe::now).get(10s);  // through the cast tree
+  auto init = probes.call(&RankProbe::at_init).get(10s);
+  for (size_t r = 0; r < full.num_ranks(); ++r) {
+    EXPECT_EQ(cast[r], point_in(full, r));
+    EXPECT_EQ(init[r], point_in(full, r));
+    EXPECT_EQ(probes.at(r).call(&RankProbe::now).get(10s), point_in(full, r));  // direct call
+  }
+}
+
+TEST(ProcessMesh, ActorRankIsThePointInTheWholeSpawnedMesh) {
+  auto host = monarch::mesh::this_host(fast());
+  Failures failures;
+  SpawnOptions so;
+  so.name = "ranks";
+  so.on_failure = failures.handler();
+  auto procs = host.spawn_procs(Extent{{"hosts", 2}, {"gpus", 2}}, so);  // 2x2 procs
+  auto probes = procs.spawn<RankProbe>("probe", Extent{{"actors", 2}});
+  const Extent full{{"hosts", 2}, {"gpus", 2}, {"actors", 2}};
+  expect_actor_ranks(probes, full);
+  // Through a slice, message ranks restart at 0; actor_rank stays the point in the whole mesh.
+  auto host1 = probes.slice("hosts", 1).call(&RankProbe::now).get(10s);
+  ASSERT_EQ(host1.size(), 4u);
+  for (size_t r = 0; r < 4; ++r) EXPECT_EQ(host1[r], point_in(full, 4 + r));
+  // Spawned from a sliced ProcMesh: the point in that (smaller) ActorMesh.
+  auto sub = procs.slice("gpus", 1).spawn<RankProbe>("sub");
+  const Extent sub_extent{{"hosts", 2}};
+  ASSERT_EQ(sub.extent(), sub_extent);
+  auto in_sub = sub.call(&RankProbe::now).get(10s);
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(in_sub[r], point_in(sub_extent, r));
+  EXPECT_TRUE(failures.snapshot().empty());
+  EXPECT_TRUE(procs.stop());
+}
+
 // CAST-11: a cast right after ProcMesh::spawn travels through comm actors, not on the link that
 // carried the Spawns; it must still reach every new actor (before the fence, ~1 run in 3 of
 // bench_procs failed with "unknown actor"). Also CAST-10's member runs: a strided slice breaks
@@ -465,6 +522,8 @@ TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
   auto workers = procs.lookup<Worker>("worker");
   auto ranks = workers.call(&Worker::rank).get(10s);
   for (size_t r = 0; r < 4; ++r) EXPECT_EQ(ranks[r], r);
+  expect_actor_ranks(procs.spawn<RankProbe>("probe", Extent{{"actors", 2}}),
+                     Extent{{"hosts", 2}, {"gpus", 2}, {"actors", 2}});
   auto pids = pids_of(procs);
 
   // Host 1's agent dies: its workers die with it and its ranks fail; host 0 keeps working.

@@ -34,8 +34,9 @@ class Proc;
 
 namespace detail {
 /// Creates and registers the cell of a new actor whose owner is `parent` (nullptr: the Proc).
+/// `mesh_point` (may be null) is set on the cell before its first activation (Cell::mesh_point).
 Cell* spawn_cell(Proc& proc, Cell* parent, std::string name, std::type_index type,
-                 Cell::Factory factory);
+                 Cell::Factory factory, std::shared_ptr<const ndslice::Point> mesh_point = nullptr);
 /// Internal: a new port id owned by `cell` (or by the Proc's client when cell is null).
 PortId next_port_id(Proc& proc, Cell* cell);
 }  // namespace detail
@@ -111,8 +112,8 @@ class Actor {
     static_assert(std::is_base_of_v<Actor, C>,
                   "spawn_remote<C>: C must derive from monarch::Actor");
     return ActorRef<C>(&proc(),
-                       detail::spawn_remote_id<C>(proc(), cell(), proc_addr, std::move(name),
-                                                  std::forward<Args>(args)...),
+                       detail::spawn_remote_id<C>(proc(), cell(), nullptr, proc_addr,
+                                                  std::move(name), std::forward<Args>(args)...),
                        true);
   }
 

@@ -80,13 +80,22 @@ class Proc {
   /// Any thread (inside an actor, prefer Actor::spawn so the new actor is that actor's child).
   template <class A, class... Args>
   ActorRef<A> spawn(std::string name, Args&&... args) {
+    return spawn_member<A>(nullptr, std::move(name), std::forward<Args>(args)...);
+  }
+
+  /// Internal API for the mesh layer (ProcMesh::spawn): spawn(), for a member of an ActorMesh.
+  /// `mesh_point` (may be null: a plain spawn) is the actor's point in that mesh, which its
+  /// handlers read as Context::actor_rank(); it is set before the actor's init() runs. Any thread.
+  template <class A, class... Args>
+  ActorRef<A> spawn_member(std::shared_ptr<const ndslice::Point> mesh_point, std::string name,
+                           Args&&... args) {
     static_assert(std::is_base_of_v<Actor, A>, "spawn<A>: A must derive from monarch::Actor");
     detail::register_endpoints<A>();
     auto factory = [... a = std::forward<Args>(args)]() mutable -> std::unique_ptr<Actor> {
       return std::make_unique<A>(std::move(a)...);
     };
-    return ActorRef<A>(detail::CellPtr::adopt(
-        detail::spawn_cell(*this, nullptr, std::move(name), typeid(A), std::move(factory))));
+    return ActorRef<A>(detail::CellPtr::adopt(detail::spawn_cell(
+        *this, nullptr, std::move(name), typeid(A), std::move(factory), std::move(mesh_point))));
   }
 
   /// Spawns an actor of type A in the Proc serving `proc_addr` (usually another process running
@@ -115,8 +124,23 @@ class Proc {
     static_assert(std::is_base_of_v<Actor, A>,
                   "spawn_remote<A>: A must derive from monarch::Actor");
     return ActorRef<A>(this,
-                       detail::spawn_remote_id<A>(*this, nullptr, proc_addr, std::move(name),
-                                                  std::forward<Args>(args)...),
+                       detail::spawn_remote_id<A>(*this, nullptr, nullptr, proc_addr,
+                                                  std::move(name), std::forward<Args>(args)...),
+                       true);
+  }
+
+  /// Internal API for the mesh layer (ProcMesh::spawn on a process mesh): spawn_remote(), for a
+  /// member of an ActorMesh whose point there is `mesh_point`. The point travels in the Spawn
+  /// message (no other message carries it) and is set before the actor's init() runs there; its
+  /// handlers read it as Context::actor_rank(). Same errors as spawn_remote. Any thread.
+  template <class A, class... Args>
+  ActorRef<A> spawn_remote_member(const ndslice::Point& mesh_point, const std::string& proc_addr,
+                                  std::string name, Args&&... args) {
+    static_assert(std::is_base_of_v<Actor, A>,
+                  "spawn_remote<A>: A must derive from monarch::Actor");
+    return ActorRef<A>(this,
+                       detail::spawn_remote_id<A>(*this, nullptr, &mesh_point, proc_addr,
+                                                  std::move(name), std::forward<Args>(args)...),
                        true);
   }
 

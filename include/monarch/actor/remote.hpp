@@ -41,7 +41,8 @@ enum class RemoteKind : uint8_t {
   Bounce = 4,
   Lookup = 5,
   PortSend = 6,
-  Spawn = 7,  // dest = the new actor's id, endpoint = factory key, sender = owner; payload = args
+  Spawn = 7,  // dest = the new actor's id, endpoint = factory key, sender = owner; payload = args;
+              // message_rank, spawn_labels, spawn_sizes = its point in an ActorMesh (or none)
   Supervise = 8,  // dest = the owner, payload = the event chain (a remotely spawned actor failed)
   Stop = 9,       // dest = the actor, endpoint = "stop" | "kill"; replied to once it stopped
 };
@@ -77,10 +78,17 @@ struct RemoteHeader {
   uint64_t request_id = 0;  // Call/Lookup/Reply
   ActorId sender;           // Send/Bounce: the sending actor (uid 0: outside any actor)
   WireError error;          // Reply/Bounce
-  uint64_t message_rank = UINT64_MAX;  // Call/Send from a mesh adverb: Context::message_rank()
+  uint64_t message_rank = UINT64_MAX;  // Call/Send from a mesh adverb: Context::message_rank();
+                                       // Spawn: the new actor's rank in its ActorMesh
+  // Spawn only, and serialised only for Spawn (no other kind carries these bytes): the extent of
+  // the ActorMesh the new actor is a member of (ProcMesh::spawn), as labels and sizes; its point
+  // there is rank message_rank. message_rank UINT64_MAX: not a mesh member.
+  std::vector<std::string> spawn_labels;
+  std::vector<uint64_t> spawn_sizes;
   template <class Ar>
   void serialize(Ar& ar) {
     ar(kind, dest, endpoint, reply_proc, request_id, sender, error, message_rank);
+    if (kind == RemoteKind::Spawn) ar(spawn_labels, spawn_sizes);  // `kind` is already read
   }
 };
 

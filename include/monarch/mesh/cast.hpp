@@ -114,11 +114,20 @@ class CommActor final : public Actor {
 /// Name the comm actor is registered under in its Proc (Proc::lookup<CommActor>).
 inline constexpr const char* kCommActorName = "monarch.comm";
 
-/// Inside a handler reached through a mesh adverb.
+/// What a handler may ask about the message it runs for and the actor it runs in.
 struct Context {
   /// The receiver's local rank within the (sliced) view the message was cast to. Valid until the
   /// handler returns or first suspends. Throws UsageError outside a cast message.
   static size_t message_rank();
+  /// The calling actor's point in the whole ActorMesh that ProcMesh::spawn made it a member of,
+  /// whatever view or message reached it (Monarch: context().actor_instance.rank). Its extent is
+  /// that mesh's, e.g. {hosts, gpus, actors} for procs.spawn<W>("w", {{"actors", 2}}) on
+  /// {hosts, gpus}; spawned from a sliced ProcMesh, the slice's dims. Works in any handler of the
+  /// actor (direct calls and sends, casts, init()), in-process and in process meshes alike, on
+  /// the actor's own thread.
+  /// Throws UsageError naming the actor when it was not spawned by ProcMesh::spawn (e.g. by
+  /// Proc::spawn or Actor::spawn), or when called outside any actor's handler.
+  static ndslice::Point actor_rank();
 };
 
 /// Replies of a stream() cast, in arrival order. Thread-safe.

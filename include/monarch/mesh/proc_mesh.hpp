@@ -124,6 +124,11 @@ class ProcMesh {
   ActorMesh<A> spawn_per_proc(const std::string& name, const ndslice::Extent& per_proc,
                               const Args&... args) const {
     const size_t k = per_proc.num_ranks();
+    // The new mesh's view; member a of local proc i has local rank i * k + a in it, and that
+    // point is its Context::actor_rank(). Built first: a repeated per-proc dim throws before any
+    // spawn.
+    ndslice::Shape view = actor_view(per_proc);
+    const ndslice::Extent& extent = view.extent();
     if (is_process()) {
       // Casts travel down the cast tree of the workers' comm actors (installed at bootstrap).
       std::vector<ActorId> members(base_size() * k);
@@ -133,7 +138,10 @@ class ProcMesh {
       for (size_t i = 0; i < size(); ++i) {
         size_t g = view_.global_rank(i);
         for (size_t a = 0; a < k; ++a) {
-          members[g * k + a] = client().template spawn_remote<A>(address(i), name, args...).id();
+          members[g * k + a] = client()
+                                   .template spawn_remote_member<A>(extent.point(i * k + a),
+                                                                    address(i), name, args...)
+                                   .id();
         }
         try {
           // Not lookup_remote: its then() would run in the calling actor, which may be blocked
@@ -146,16 +154,18 @@ class ProcMesh {
           fence->arrive();  // the cast then fails on its own (DeliveryFailure, SupervisionError)
         }
       }
-      return ActorMesh<A>::from_ids(client(), members, actor_view(per_proc), comm_ids(),
+      return ActorMesh<A>::from_ids(client(), members, std::move(view), comm_ids(),
                                     cast_fanout(), k, std::move(fence));
     }
     auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size() * k);
     for (size_t i = 0; i < size(); ++i) {
       size_t g = view_.global_rank(i);
-      for (size_t a = 0; a < k; ++a)
-        (*members)[g * k + a] = state_->procs[g]->template spawn<A>(name, args...);
+      for (size_t a = 0; a < k; ++a) {
+        (*members)[g * k + a] = state_->procs[g]->template spawn_member<A>(
+            std::make_shared<const ndslice::Point>(extent.point(i * k + a)), name, args...);
+      }
     }
-    return ActorMesh<A>(std::move(members), actor_view(per_proc), state_->topo, k);
+    return ActorMesh<A>(std::move(members), std::move(view), state_->topo, k);
   }
 
   struct State {

@@ -22,6 +22,9 @@ namespace monarch {
 class Actor;
 class Proc;
 }  // namespace monarch
+namespace monarch::ndslice {
+class Point;
+}  // namespace monarch::ndslice
 
 namespace monarch::detail {
 
@@ -86,6 +89,14 @@ class Cell {
   void set_remote_owner(ActorId owner) {
     remote_owner_ = std::make_unique<ActorId>(std::move(owner));
   }
+  /// The actor's point in the ActorMesh that ProcMesh::spawn made it a member of (the mesh
+  /// layer's Context::actor_rank()). Set before start(), then read-only: any thread may read it.
+  void set_mesh_point(std::shared_ptr<const ndslice::Point> point) {
+    mesh_point_ = std::move(point);
+  }
+  /// Null when the actor is not a member of an ActorMesh (a plain Proc::spawn or Actor::spawn).
+  const std::shared_ptr<const ndslice::Point>& mesh_point() const noexcept { return mesh_point_; }
+
   /// Actor thread: a child this actor spawned in another process; asked to stop when this actor
   /// stops (without waiting for it).
   void add_remote_child(ActorId child) { remote_children_.push_back(std::move(child)); }
@@ -125,7 +136,8 @@ class Cell {
   // Actor-thread state.
   std::vector<Cell*> children_;  // references held
   std::vector<ActorId> remote_children_;
-  std::unique_ptr<ActorId> remote_owner_;  // set before start(), then read-only
+  std::unique_ptr<ActorId> remote_owner_;             // set before start(), then read-only
+  std::shared_ptr<const ndslice::Point> mesh_point_;  // set before start(), then read-only
   size_t children_pending_ = 0;
   std::optional<ActorSupervisionEvent> failure_;
   std::string last_endpoint_;

@@ -28,6 +28,9 @@ namespace monarch {
 class Actor;
 class Proc;
 }  // namespace monarch
+namespace monarch::ndslice {
+class Point;
+}  // namespace monarch::ndslice
 
 namespace monarch::detail {
 
@@ -65,10 +68,12 @@ const RemoteFactory* find_remote_factory(const std::string& key);
 
 /// Sends the Spawn message for a new actor in the Proc at `proc_addr` and returns its id at once
 /// (the caller picks the uid, see Proc::spawn_remote). `owner` is the spawning actor (nullptr:
-/// `proc`'s client). Throws UsageError (bad address, `proc` does not listen) or SupervisionError
-/// (that Proc was declared failed).
+/// `proc`'s client). `mesh_point` (may be null) travels in the Spawn message and becomes the new
+/// actor's Cell::mesh_point. Throws UsageError (bad address, `proc` does not listen) or
+/// SupervisionError (that Proc was declared failed).
 ActorId remote_spawn_id(Proc& proc, Cell* owner, const std::string& proc_addr, std::string name,
-                        const std::string& key, std::vector<std::byte> args);
+                        const std::string& key, std::vector<std::byte> args,
+                        const ndslice::Point* mesh_point);
 
 template <class A>
 void register_endpoints();
@@ -97,10 +102,11 @@ const bool RemoteFactoryRegistration<A, Args...>::registered =
                        RemoteFactory{typeid(A), demangle(typeid(A).name()),
                                      &RemoteFactoryRegistration<A, Args...>::decode});
 
-/// Shared body of Proc::spawn_remote and Actor::spawn_remote.
+/// Shared body of Proc::spawn_remote(_member) and Actor::spawn_remote (`mesh_point`: see
+/// remote_spawn_id).
 template <class A, class... Args>
-ActorId spawn_remote_id(Proc& proc, Cell* owner, const std::string& proc_addr, std::string name,
-                        Args&&... args) {
+ActorId spawn_remote_id(Proc& proc, Cell* owner, const ndslice::Point* mesh_point,
+                        const std::string& proc_addr, std::string name, Args&&... args) {
   using Reg = RemoteFactoryRegistration<A, wire_arg_t<Args>...>;
   using Tuple = std::tuple<wire_arg_t<Args>...>;
   static_assert(wire::is_serializable_v<Tuple>,
@@ -114,7 +120,8 @@ ActorId spawn_remote_id(Proc& proc, Cell* owner, const std::string& proc_addr, s
   if (!Reg::registered) throw Error("spawn_remote: factory registration failed");
   register_endpoints<A>();
   Tuple t(std::forward<Args>(args)...);
-  return remote_spawn_id(proc, owner, proc_addr, std::move(name), Reg::key(), wire::encode(t));
+  return remote_spawn_id(proc, owner, proc_addr, std::move(name), Reg::key(), wire::encode(t),
+                         mesh_point);
 }
 
 }  // namespace monarch::detail
