@@ -78,9 +78,14 @@ struct RemoteHeader {
   ActorId sender;           // Send/Bounce: the sending actor (uid 0: outside any actor)
   WireError error;          // Reply/Bounce
   uint64_t message_rank = UINT64_MAX;  // Call/Send from a mesh adverb: Context::message_rank()
+  // Call/Lookup/Stop: the caller's ChannelOptions::max_frame_bytes (0: unknown). The replier
+  // checks its reply against the smaller of this and its own limit and, when the reply is larger,
+  // answers with a DeliveryFailure instead: a frame over the caller's limit would be refused by
+  // the caller's listener and resent until the link gave up, leaving the call unanswered.
+  uint64_t reply_limit = 0;
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(kind, dest, endpoint, reply_proc, request_id, sender, error, message_rank);
+    ar(kind, dest, endpoint, reply_proc, request_id, sender, error, message_rank, reply_limit);
   }
 };
 
