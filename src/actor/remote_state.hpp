@@ -121,10 +121,12 @@ struct Proc::Remote {
   // Procs forget() was told are gone by design, until a request comes from them again (the
   // address may be reused). A reply to one is dropped with a debug log: its caller was stopped,
   // and a new link to it would only wait out the delivery timeout and warn. Bounded.
+  // Its own mutex: once a Proc forgot a peer, every request and reply looks here.
   static constexpr size_t kMaxGone = 4096;
-  std::unordered_set<std::string> gone;  // guarded by mu
-  std::deque<std::string> gone_order;    // guarded by mu; may hold addresses no longer in `gone`
-  std::atomic<bool> any_gone{false};     // !gone.empty(), read without mu on every request
+  std::mutex gone_mu;
+  std::unordered_set<std::string> gone;  // guarded by gone_mu
+  std::deque<std::string> gone_order;    // guarded by gone_mu; may hold addresses not in `gone`
+  std::atomic<bool> any_gone{false};     // !gone.empty(), read without a lock on every request
   // Why remotely spawned actors of this Proc are gone (spawn refused, failed): uid -> reason, so
   // a later message to them says more than "unknown actor". Bounded, oldest dropped first.
   static constexpr size_t kMaxTombstones = 4096;
@@ -222,8 +224,7 @@ struct Proc::Remote {
   void forget(const std::string& addr, const std::string& why) {
     std::shared_ptr<channel::Sender> link;
     {
-      std::lock_guard lock(mu);
-      if (closed) return;
+      std::lock_guard lock(gone_mu);
       if (gone.insert(addr).second) {
         gone_order.push_back(addr);
         while (gone_order.size() > kMaxGone) {
@@ -232,6 +233,10 @@ struct Proc::Remote {
         }
         any_gone.store(true, std::memory_order_relaxed);
       }
+    }
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
       auto it = senders.find(addr);
       if (it == senders.end()) return;
       link = std::move(it->second);
@@ -250,13 +255,13 @@ struct Proc::Remote {
   }
   bool is_gone(const std::string& addr) {
     if (!any_gone.load(std::memory_order_relaxed)) return false;
-    std::lock_guard lock(mu);
+    std::lock_guard lock(gone_mu);
     return gone.count(addr) != 0;
   }
   // A request (it wants a reply) came from `addr`: it is there again, so replies to it go out.
   void heard_from(const std::string& addr) {
     if (!any_gone.load(std::memory_order_relaxed)) return;
-    std::lock_guard lock(mu);
+    std::lock_guard lock(gone_mu);
     if (gone.erase(addr) != 0 && gone.empty()) {
       gone_order.clear();
       any_gone.store(false, std::memory_order_relaxed);
