@@ -1,7 +1,9 @@
 // Actor messages across processes over channels (see include/monarch/actor/remote.hpp).
 //
 // REM-1 A remote Call gets exactly one outcome: the reply, the handler's ActorError, or a
-//       DeliveryFailure (unknown actor, unregistered endpoint, channel failure, Proc shut down).
+//       DeliveryFailure (unknown actor, unregistered endpoint, channel failure, Proc shut down,
+//       a reply over max_frame_bytes of the replier or of the caller) naming the actor and what
+//       was called.
 // REM-2 A remote Send that cannot be delivered comes back to the sending actor's undeliverable()
 //       (or the sending Proc's fault hook from outside actors), as for a local send.
 // REM-3 Messages from one sender to one remote actor keep their order: one channel link per
@@ -219,7 +221,7 @@ Future<ActorId> Proc::remote_lookup_id(const std::string& proc_addr, const std::
   Promise<ActorId> p;
   auto f = p.get_future();
   auto& r = remote();
-  uint64_t id = r.add_pending(ActorId{proc_addr, name, 0},
+  uint64_t id = r.add_pending(ActorId{proc_addr, name, 0}, "lookup<" + type_name + ">",
                               [p = std::move(p)](detail::RemoteResult&& res) mutable {
                                 if (res.error) return p.set_error(res.error);
                                 try {
@@ -234,6 +236,7 @@ Future<ActorId> Proc::remote_lookup_id(const std::string& proc_addr, const std::
   h.endpoint = type_name;
   h.reply_proc = r.address;
   h.request_id = id;
+  h.reply_limit = r.opts.max_frame_bytes;
   try {
     r.send(proc_addr, h, {});
   } catch (...) {
@@ -301,16 +304,18 @@ Future<void> remote_stop(Proc& proc, const ActorId& dest, bool kill) {
   Promise<void> p;
   auto f = p.get_future();
   auto& r = proc.remote();
-  uint64_t id = r.add_pending(dest, [p = std::move(p)](RemoteResult&& res) mutable {
-    if (res.error) return p.set_error(res.error);
-    p.set_value();
-  });
+  uint64_t id =
+      r.add_pending(dest, kill ? "kill" : "stop", [p = std::move(p)](RemoteResult&& res) mutable {
+        if (res.error) return p.set_error(res.error);
+        p.set_value();
+      });
   RemoteHeader h;
   h.kind = RemoteKind::Stop;
   h.dest = dest;
   h.endpoint = kill ? "kill" : "stop";
   h.reply_proc = r.address;
   h.request_id = id;
+  h.reply_limit = r.opts.max_frame_bytes;
   try {
     r.send(dest.proc, h, {});
   } catch (...) {
@@ -329,7 +334,10 @@ void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const cha
   h.endpoint = endpoint;
   h.reply_proc = r.address;
   if (Cell* c = current_cell()) h.sender = c->id();
-  if (kind == RemoteKind::Call) h.request_id = r.add_pending(dest, std::move(on_reply));
+  if (kind == RemoteKind::Call) {
+    h.request_id = r.add_pending(dest, endpoint, std::move(on_reply));
+    h.reply_limit = r.opts.max_frame_bytes;
+  }
   try {
     r.send(dest.proc, h, std::move(payload));
   } catch (...) {

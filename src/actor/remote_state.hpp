@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "monarch/actor/proc.hpp"
 #include "monarch/ndslice/extent.hpp"
@@ -88,7 +89,24 @@ struct Proc::Remote {
   std::unordered_map<std::string, std::shared_ptr<std::atomic<bool>>> forgotten;  // guarded by mu
   struct PendingCall {
     ActorId dest;  // failed when the link to dest.proc closes (REM-1) or it is declared failed
+    std::string endpoint;  // what was asked: the endpoint, "stop"/"kill", "lookup<Type>"
     detail::ReplyHandler handler;
+  };
+  // Where a reply goes, and what it answers (named in the error that replaces an oversize reply).
+  struct ReplyTo {
+    std::string proc;  // the caller's proc (RemoteHeader::reply_proc)
+    uint64_t request = 0;
+    ActorId actor;         // the actor (or proc, for lookups) replying
+    std::string endpoint;  // what was called
+    uint64_t limit = 0;    // the caller's max_frame_bytes (RemoteHeader::reply_limit; 0: unknown)
+    std::type_index type = typeid(void);  // the actor's type, if known (named with the endpoint)
+    // "Type::endpoint", as a local DeliveryFailure names it; demangled only when an error needs it.
+    std::string what() const {
+      return type == typeid(void) ? endpoint : detail::demangle(type.name()) + "::" + endpoint;
+    }
+    static ReplyTo of(const RemoteHeader& h) {
+      return ReplyTo{h.reply_proc, h.request_id, h.dest, h.endpoint, h.reply_limit};
+    }
   };
   std::unordered_map<uint64_t, PendingCall> pending;
   uint64_t next_request = 1;
@@ -102,6 +120,15 @@ struct Proc::Remote {
   // Procs declared failed (declare_proc_failed): address -> cause. Never removed (REM-5).
   std::unordered_map<std::string, std::string> failed;  // guarded by mu
   std::atomic<size_t> failed_count{0};                  // failed.size(), readable without mu
+  // Procs forget() was told are gone by design, until a request comes from them again (the
+  // address may be reused). A reply to one is dropped with a debug log: its caller was stopped,
+  // and a new link to it would only wait out the delivery timeout and warn. Bounded.
+  // Its own mutex: once a Proc forgot a peer, every request and reply looks here.
+  static constexpr size_t kMaxGone = 4096;
+  std::mutex gone_mu;
+  std::unordered_set<std::string> gone;  // guarded by gone_mu
+  std::deque<std::string> gone_order;    // guarded by gone_mu; may hold addresses not in `gone`
+  std::atomic<bool> any_gone{false};     // !gone.empty(), read without a lock on every request
   // Why remotely spawned actors of this Proc are gone (spawn refused, failed): uid -> reason, so
   // a later message to them says more than "unknown actor". Bounded, oldest dropped first.
   static constexpr size_t kMaxTombstones = 4096;
@@ -131,10 +158,12 @@ struct Proc::Remote {
     return it == tombstones.end() ? std::string() : it->second;
   }
 
-  // Throws SupervisionError naming `dest` when `addr` was declared failed.
-  std::shared_ptr<channel::Sender> sender_for(const std::string& addr, const ActorId& dest) {
+  // Throws SupervisionError naming `dest` when `addr` was declared failed, DeliveryFailure naming
+  // `dest` and `endpoint` when this Proc has shut down.
+  std::shared_ptr<channel::Sender> sender_for(const std::string& addr, const ActorId& dest,
+                                              const std::string& endpoint) {
     std::lock_guard lock(mu);
-    if (closed) throw DeliveryFailure(ActorId{addr, "", 0}, "", "proc " + address + " shut down");
+    if (closed) throw DeliveryFailure(dest, endpoint, "proc " + address + " shut down");
     if (auto f = failed.find(addr); f != failed.end()) throw SupervisionError(dest, f->second);
     auto it = senders.find(addr);
     if (it != senders.end() && !it->second->closed()) return it->second;
@@ -152,10 +181,12 @@ struct Proc::Remote {
     return s;
   }
 
-  uint64_t add_pending(const ActorId& dest, detail::ReplyHandler h) {
+  // `endpoint` names what was asked in the DeliveryFailure the call fails with if its link closes
+  // or this Proc shuts down first.
+  uint64_t add_pending(const ActorId& dest, std::string endpoint, detail::ReplyHandler h) {
     std::lock_guard lock(mu);
     uint64_t id = next_request++;
-    pending.emplace(id, PendingCall{dest, std::move(h)});
+    pending.emplace(id, PendingCall{dest, std::move(endpoint), std::move(h)});
     return id;
   }
 
@@ -192,9 +223,21 @@ struct Proc::Remote {
     if (link) link->close("proc " + addr + " declared failed: " + cause);
   }
   // Proc::forget_proc: `addr` is gone by design. Its link closes quietly; calls pending on it fail
-  // with DeliveryFailure (on_link_closed); what comes back from the link is dropped (on_returned).
+  // with DeliveryFailure (on_link_closed); what comes back from the link is dropped (on_returned);
+  // replies owed to it are dropped (`gone`, even when there is no link yet).
   void forget(const std::string& addr, const std::string& why) {
     std::shared_ptr<channel::Sender> link;
+    {
+      std::lock_guard lock(gone_mu);
+      if (gone.insert(addr).second) {
+        gone_order.push_back(addr);
+        while (gone_order.size() > kMaxGone) {
+          gone.erase(gone_order.front());
+          gone_order.pop_front();
+        }
+        any_gone.store(true, std::memory_order_relaxed);
+      }
+    }
     {
       std::lock_guard lock(mu);
       if (closed) return;
@@ -219,6 +262,19 @@ struct Proc::Remote {
     auto it = failed.find(addr);
     if (it == failed.end()) return std::nullopt;
     return it->second;
+  bool is_gone(const std::string& addr) {
+    if (!any_gone.load(std::memory_order_relaxed)) return false;
+    std::lock_guard lock(gone_mu);
+    return gone.count(addr) != 0;
+  }
+  // A request (it wants a reply) came from `addr`: it is there again, so replies to it go out.
+  void heard_from(const std::string& addr) {
+    if (!any_gone.load(std::memory_order_relaxed)) return;
+    std::lock_guard lock(gone_mu);
+    if (gone.erase(addr) != 0 && gone.empty()) {
+      gone_order.clear();
+      any_gone.store(false, std::memory_order_relaxed);
+    }
   }
 
   // The link to `addr` closed (delivery timeout, peer unreachable): calls already delivered there
@@ -238,9 +294,10 @@ struct Proc::Remote {
       }
     }
     for (auto& call : lost) {
-      call.handler(detail::RemoteResult{
-          {},
-          std::make_exception_ptr(DeliveryFailure(call.dest, "", "link to proc closed: " + why))});
+      call.handler(
+          detail::RemoteResult{{},
+                               std::make_exception_ptr(DeliveryFailure(
+                                   call.dest, call.endpoint, "link to proc closed: " + why))});
     }
   }
   detail::ReplyHandler take_pending(uint64_t id) {
@@ -251,28 +308,81 @@ struct Proc::Remote {
     pending.erase(it);
     return h;
   }
+  // As take_pending, with what the call asked; nullopt when it is no longer pending.
+  std::optional<PendingCall> take_call(uint64_t id) {
+    std::lock_guard lock(mu);
+    auto it = pending.find(id);
+    if (it == pending.end()) return std::nullopt;
+    PendingCall c = std::move(it->second);
+    pending.erase(it);
+    return c;
+  }
+  // Fails the pending call `id` (if still pending) with a DeliveryFailure naming what it asked.
+  void fail_call(uint64_t id, const std::string& why) {
+    if (id == 0) return;
+    if (auto c = take_call(id)) {
+      c->handler(detail::RemoteResult{
+          {}, std::make_exception_ptr(DeliveryFailure(c->dest, c->endpoint, why))});
+    }
+  }
 
   // Throws UsageError for a malformed address or an oversize message (the caller's mistake).
   void send(const std::string& to, const RemoteHeader& h, channel::Bytes payload) {
+    send_encoded(to, h.dest, h.endpoint, wire::encode(h), std::move(payload));
+  }
+  void send_encoded(const std::string& to, const ActorId& dest, const std::string& endpoint,
+                    channel::Bytes header, channel::Bytes payload) {
     channel::Message m;
-    m.parts.push_back(wire::encode(h));
+    m.parts.push_back(std::move(header));
     m.parts.push_back(std::move(payload));
     try {
-      sender_for(to, h.dest)->send(std::move(m));
+      sender_for(to, dest, endpoint)->send(std::move(m));
     } catch (const channel::ChannelError& e) {
       throw UsageError(e.what());
     }
   }
 
-  void reply(const std::string& to, uint64_t request, detail::RemoteResult&& r) {
+  // Sends the reply to a Call/Lookup/Stop. A reply larger than this Proc's max_frame_bytes or the
+  // caller's (ReplyTo::limit) is replaced by a DeliveryFailure naming the actor, the endpoint and
+  // the limit, so the caller's future fails instead of never completing (REM-1). A reply to a proc
+  // that is gone by design (forget) or declared failed is dropped with a debug log.
+  void reply(const ReplyTo& to, detail::RemoteResult&& r) {
+    if (is_gone(to.proc)) {
+      spdlog::debug("monarch: {}: reply (request {}) to proc {} dropped: it was stopped", address,
+                    to.request, to.proc);
+      return;
+    }
     RemoteHeader h;
     h.kind = RemoteKind::Reply;
-    h.request_id = request;
+    h.request_id = to.request;
     if (r.error) h.error = detail::WireError::from(r.error);
+    channel::Bytes header = wire::encode(h);
+    const bool theirs = to.limit != 0 && to.limit < opts.max_frame_bytes;
+    const uint64_t limit = theirs ? to.limit : opts.max_frame_bytes;
+    const uint64_t size = header.size() + r.payload.size();
+    if (size > limit) {
+      std::string why = "reply of " + std::to_string(size) + " bytes exceeds " +
+                        (theirs ? "the caller's channel.max_frame_bytes (" + std::to_string(limit) +
+                                      ", proc " + to.proc + ")"
+                                : "channel.max_frame_bytes (" + std::to_string(limit) +
+                                      ") of the replying proc " + address);
+      DeliveryFailure f(to.actor, to.what(), why);
+      spdlog::debug("monarch: {}: reply (request {}) replaced by an error: {}", address, to.request,
+                    f.what());
+      h.error = detail::WireError::from(std::make_exception_ptr(f));
+      header = wire::encode(h);
+      r.payload.clear();
+      r.payload.shrink_to_fit();
+    }
     try {
-      send(to, h, std::move(r.payload));
+      send_encoded(to.proc, to.actor, to.endpoint, std::move(header), std::move(r.payload));
     } catch (const std::exception& e) {
-      spdlog::warn("monarch: reply to {} lost: {}", to, e.what());
+      if (is_failed(to.proc) || is_gone(to.proc)) {
+        spdlog::debug("monarch: {}: reply to {} dropped: {}", address, to.proc, e.what());
+      } else {
+        spdlog::warn("monarch: {}: reply (request {}) to {} lost: {}", address, to.request, to.proc,
+                     e.what());
+      }
     }
   }
 
@@ -314,9 +424,7 @@ struct Proc::Remote {
       if ((h.kind == RemoteKind::Call || h.kind == RemoteKind::Lookup ||
            h.kind == RemoteKind::Stop) &&
           h.request_id != 0) {
-        if (auto r = take_pending(h.request_id))
-          r(detail::RemoteResult{{}, std::make_exception_ptr(f)});
-        return;
+        return fail_call(h.request_id, why);
       }
       spdlog::debug("monarch: {}: message to forgotten proc {} dropped: {}", address, to, why);
       return;
@@ -339,10 +447,7 @@ struct Proc::Remote {
       case RemoteKind::Call:
       case RemoteKind::Lookup:
       case RemoteKind::Stop:
-        if (h.request_id == 0) return;
-        if (auto r = take_pending(h.request_id))
-          r(detail::RemoteResult{{}, std::make_exception_ptr(f)});
-        return;
+        return fail_call(h.request_id, why);
       case RemoteKind::Send:
       case RemoteKind::PortSend:
         return local_bounce(h.sender, f);
@@ -363,10 +468,13 @@ struct Proc::Remote {
       }
       default:
         // A reply (or an undeliverable report) to a caller's proc. If the mesh layer declared that
-        // proc failed, its callers are gone and it was reported already (REM-5).
-        if (is_failed(to)) {
-          spdlog::debug("monarch: {} to failed proc {} dropped: {}",
-                        h.kind == RemoteKind::Reply ? "reply" : "report", to, why);
+        // proc failed, its callers are gone and it was reported already (REM-5); if this Proc was
+        // told it is gone by design (forget: stopped with this one, or by its owner), its callers
+        // were stopped.
+        if (is_failed(to) || is_gone(to)) {
+          spdlog::debug("monarch: {}: {} (request {}) to {} proc {} dropped: {}", address,
+                        h.kind == RemoteKind::Reply ? "reply" : "report", h.request_id,
+                        is_failed(to) ? "failed" : "stopped", to, why);
         } else {
           spdlog::warn("monarch: {} (request {}) to proc {} lost: {}",
                        h.kind == RemoteKind::Reply ? "reply" : "report", h.request_id, to, why);
@@ -481,17 +589,16 @@ struct Proc::Remote {
   // Stop/kill of a local actor asked by another Proc; replied to once it is Stopped or Failed
   // (an unknown actor is stopped already).
   void on_stop(const RemoteHeader& h) {
-    std::string to = h.reply_proc;
-    uint64_t id = h.request_id;
+    if (h.request_id != 0) heard_from(h.reply_proc);
     detail::CellPtr c = proc->find(h.dest);
     if (!c) {
-      if (id != 0) reply(to, id, detail::RemoteResult{});
+      if (h.request_id != 0) reply(ReplyTo::of(h), detail::RemoteResult{});
       return;
     }
     auto done = c->request_stop(h.endpoint == "kill");
-    if (id == 0) return;
+    if (h.request_id == 0) return;
     done.on_complete(
-        [this, to, id](detail::State<void>&) { reply(to, id, detail::RemoteResult{}); });
+        [this, to = ReplyTo::of(h)](detail::State<void>&) { reply(to, detail::RemoteResult{}); });
   }
 
   // A message from another Proc (io thread).
@@ -567,10 +674,10 @@ struct Proc::Remote {
 
   void on_request(const RemoteHeader& h, channel::Bytes payload) {
     bool is_call = h.kind == RemoteKind::Call;
+    if (is_call) heard_from(h.reply_proc);
     auto fail = [&](const DeliveryFailure& f) {
       if (is_call)
-        return reply(h.reply_proc, h.request_id,
-                     detail::RemoteResult{{}, std::make_exception_ptr(f)});
+        return reply(ReplyTo::of(h), detail::RemoteResult{{}, std::make_exception_ptr(f)});
       bounce_to_sender(h.reply_proc, h.sender, f);
     };
     detail::CellPtr c = proc->find(h.dest);
@@ -590,9 +697,14 @@ struct Proc::Remote {
     req.is_call = is_call;
     req.message_rank = static_cast<size_t>(h.message_rank);
     std::string to = h.reply_proc;
-    uint64_t id = h.request_id;
     ActorId sender = h.sender;
-    req.reply = [this, to, id](detail::RemoteResult&& r) { reply(to, id, std::move(r)); };
+    if (is_call) {
+      ReplyTo reply_to = ReplyTo::of(h);
+      reply_to.type = c->type();
+      req.reply = [this, rt = std::move(reply_to)](detail::RemoteResult&& r) {
+        reply(rt, std::move(r));
+      };
+    }
     req.bounce_send = [this, to, sender](const DeliveryFailure& f) {
       bounce_to_sender(to, sender, f);
     };
@@ -605,6 +717,7 @@ struct Proc::Remote {
   }
 
   void on_lookup(const RemoteHeader& h) {
+    heard_from(h.reply_proc);
     detail::RemoteResult r;
     try {
       std::lock_guard lock(proc->mu_);
@@ -620,7 +733,10 @@ struct Proc::Remote {
     } catch (...) {
       r.error = std::current_exception();
     }
-    reply(h.reply_proc, h.request_id, std::move(r));
+    ReplyTo to = ReplyTo::of(h);
+    to.actor = ActorId{address, h.dest.name, 0};
+    to.endpoint = "lookup<" + h.endpoint + ">";
+    reply(to, std::move(r));
   }
 
   void shutdown(std::chrono::milliseconds flush_timeout) {
@@ -648,9 +764,10 @@ struct Proc::Remote {
     links.clear();
     io.reset();
     for (auto& [id, call] : left) {
-      call.handler(detail::RemoteResult{{},
-                                        std::make_exception_ptr(DeliveryFailure(
-                                            ActorId{}, "", "proc " + address + " shut down"))});
+      call.handler(
+          detail::RemoteResult{{},
+                               std::make_exception_ptr(DeliveryFailure(
+                                   call.dest, call.endpoint, "proc " + address + " shut down"))});
     }
   }
 };

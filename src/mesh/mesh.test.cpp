@@ -235,4 +235,17 @@ TEST(Context, ActorRankOfAnActorNotSpawnedByAProcMeshIsAUsageError) {
   }
 }
 
+// call_one's error names the mesh (its members' actor name) as well as the view.
+TEST(ActorMesh, CallOneErrorNamesTheMesh) {
+  auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}});
+  auto workers = procs.spawn<Worker>("trainer", 0);
+  try {
+    (void)workers.slice("gpus", 1).call_one(&Worker::where);
+    FAIL() << "call_one on a view of 2 members succeeded";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("call_one: mesh 'trainer' view {hosts=2} has 2 members; "
+                                    "slice it down to exactly one"));
+  }
+}
+
 }  // namespace

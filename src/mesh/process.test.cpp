@@ -603,6 +603,45 @@ TEST(ProcessMesh, AnAgentRestartFailsItsProcsAndTheNewAgentServes) {
   EXPECT_TRUE(all_dead(fresh_pids, 5s));
 }
 
+// Replies of a chosen size.
+struct Blobs : monarch::Actor {
+  std::string make(uint64_t n) const { return std::string(n, 'x'); }
+  MONARCH_ENDPOINTS(Blobs, make)
+};
+
+// A reply over the workers' channel.max_frame_bytes fails its call with a named error instead of
+// never completing (issue 16 item 4): a direct call, and a cast whose gathered reply at the root of
+// the tree is over the limit although every member's fits (the hop's reply, CommActor::cast, takes
+// the same path). The mesh keeps working.
+TEST(ProcessMesh, AnOversizeReplyFailsItsCallNamingTheLimit) {
+  auto host = monarch::mesh::this_host(fast());
+  SpawnOptions so;
+  so.name = "oversize";
+  so.env = {"MONARCH_CHANNEL_MAX_FRAME_BYTES=1MiB"};
+  auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+  auto blobs = procs.spawn<Blobs>("blobs");
+  try {
+    blobs.slice("gpus", 1).call_one(&Blobs::make, uint64_t{2} << 20).get(10s);
+    FAIL() << "a 2 MiB reply arrived over a 1 MiB limit";
+  } catch (const monarch::DeliveryFailure& e) {
+    EXPECT_THAT(e.what(), HasSubstr("Blobs::make to "));
+    EXPECT_THAT(e.what(), HasSubstr("blobs"));
+    EXPECT_THAT(e.reason(), HasSubstr("exceeds channel.max_frame_bytes (1048576)"));
+  }
+  try {
+    auto all = blobs.call(&Blobs::make, uint64_t{400} << 10).get(10s);
+    (void)all[0];  // where failures are per rank, the rank's error
+    FAIL() << "4 x 400 KiB arrived through a root with a 1 MiB limit";
+  } catch (const monarch::Error& e) {
+    EXPECT_EQ(e.code(), monarch::ErrorCode::Delivery) << e.what();
+    EXPECT_THAT(e.what(), HasSubstr("max_frame_bytes (1048576)"));
+  }
+  EXPECT_EQ(blobs.call(&Blobs::make, uint64_t{10}).get(10s)[3], std::string(10, 'x'));
+  EXPECT_EQ(blobs.slice("gpus", 2).call_one(&Blobs::make, uint64_t{1} << 19).get(10s).size(),
+            size_t{1} << 19);
+  EXPECT_TRUE(procs.stop());
+}
+
 // A client in a child process: spawns 3 workers, prints their pids, then ends as told.
 int run_client(const std::string& mode) {
   const char* agent = std::getenv("MONARCH_TEST_AGENT");  // attach to it instead of this_host()

@@ -85,10 +85,18 @@ struct RemoteHeader {
   // there is rank message_rank. message_rank UINT64_MAX: not a mesh member.
   std::vector<std::string> spawn_labels;
   std::vector<uint64_t> spawn_sizes;
+  // Call/Lookup/Stop only, and serialised only for them: the caller's
+  // ChannelOptions::max_frame_bytes (0: unknown). The replier checks its reply against the smaller
+  // of this and its own limit and, when the reply is larger, answers with a DeliveryFailure
+  // instead: a frame over the caller's limit would be refused by the caller's listener and resent
+  // until the link gave up, leaving the call unanswered.
+  uint64_t reply_limit = 0;
   template <class Ar>
   void serialize(Ar& ar) {
     ar(kind, dest, endpoint, reply_proc, request_id, sender, error, message_rank);
     if (kind == RemoteKind::Spawn) ar(spawn_labels, spawn_sizes);  // `kind` is already read
+    if (kind == RemoteKind::Call || kind == RemoteKind::Lookup || kind == RemoteKind::Stop)
+      ar(reply_limit);
   }
 };
 

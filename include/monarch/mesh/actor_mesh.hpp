@@ -202,8 +202,13 @@ class ActorMesh {
   template <class M, class... Args>
   auto call_one(M method, Args&&... args) const {
     if (size() != 1) {
-      throw UsageError("call_one: the mesh view " + extent().to_string() + " has " +
-                       std::to_string(size()) + " members; slice it down to exactly one");
+      throw UsageError(
+          "call_one: mesh " +
+          (size() > 0 ? "'" + at(0).id().name + "' "
+                      : (members_ && !members_->empty() ? "'" + members_->front().id().name + "' "
+                                                        : std::string())) +
+          "view " + extent().to_string() + " has " + std::to_string(size()) +
+          " members; slice it down to exactly one");
     }
     return at(0).call_ranked(0, method, std::forward<Args>(args)...);
   }
@@ -211,7 +216,10 @@ class ActorMesh {
   template <class M, class... Args>
   auto choose(M method, Args&&... args) const {
     if (size() == 0)
-      throw UsageError("choose: the mesh view " + extent().to_string() + " is empty");
+      throw UsageError("choose: mesh " +
+                       (members_ && !members_->empty() ? "'" + members_->front().id().name + "' "
+                                                       : std::string()) +
+                       "view " + extent().to_string() + " is empty");
     thread_local std::mt19937_64 rng{std::random_device{}()};
     size_t i = std::uniform_int_distribution<size_t>(0, size() - 1)(rng);
     return at(i).call_ranked(i, method, std::forward<Args>(args)...);

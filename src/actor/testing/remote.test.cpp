@@ -2,10 +2,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <future>
+#include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "remote_actors.hpp"
 #include "testing/subprocess.hpp"
@@ -208,6 +214,158 @@ TEST(Remote, RealPeerProcessAndItsDeath) {
   } catch (const monarch::DeliveryFailure& e) {
     EXPECT_EQ(e.destination(), c.id());
   }
+}
+
+// Replies of a chosen size.
+struct Blob : monarch::Actor {
+  std::string make(uint64_t n) { return std::string(n, 'x'); }
+  MONARCH_ENDPOINTS(Blob, make)
+};
+
+// A reply larger than max_frame_bytes (of the replying proc, or of the caller when it has the
+// smaller limit) comes back as a DeliveryFailure naming the actor, the endpoint and the limit
+// (REM-1), instead of being logged on the replier while the caller waits forever. The link is
+// unaffected: the next call is answered.
+TEST(Remote, OversizeReplyFailsTheCallNamingTheEndpointAndTheLimit) {
+  for (bool callers_limit : {false, true}) {
+    SCOPED_TRACE(callers_limit ? "the caller's limit" : "the replier's limit");
+    ProcOptions so = listening("server");
+    ProcOptions co = listening("client");
+    (callers_limit ? co : so).channel.max_frame_bytes = 1 << 20;
+    Proc server(so);
+    Proc client(co);
+    auto local = server.spawn<Blob>("blob");
+    server.register_name("blob", local);
+    auto b = client.lookup_remote<Blob>(server.address(), "blob").get(5s);
+    EXPECT_EQ(b.call(&Blob::make, uint64_t{1000}).get(5s).size(), 1000u);
+    try {
+      b.call(&Blob::make, uint64_t{3} << 20).get(10s);  // without the fix: TimeoutError
+      FAIL() << "an oversize reply arrived";
+    } catch (const monarch::DeliveryFailure& e) {
+      EXPECT_EQ(e.destination(), local.id());
+      EXPECT_THAT(e.endpoint(), HasSubstr("Blob::make"));
+      EXPECT_THAT(e.reason(), ::testing::ContainsRegex("^reply of 3145[0-9]{3} bytes exceeds"));
+      EXPECT_THAT(e.reason(), HasSubstr("max_frame_bytes (1048576"));
+      EXPECT_THAT(e.reason(), HasSubstr(callers_limit ? client.address() : server.address()));
+      EXPECT_THAT(e.what(), HasSubstr("Blob::make to " + local.id().to_string()));
+    }
+    EXPECT_EQ(b.call(&Blob::make, uint64_t{10}).get(5s), std::string(10, 'x'));
+  }
+}
+
+// Calls pending when the caller's Proc shuts down fail with a DeliveryFailure that names the
+// actor and the endpoint called (it used to name neither: "message  to ...").
+struct Gate : monarch::Actor {
+  explicit Gate(std::shared_future<void> open) : open_(std::move(open)) {}
+  int pass() {
+    open_.wait();
+    return 1;
+  }
+  MONARCH_ENDPOINTS(Gate, pass)
+  std::shared_future<void> open_;
+};
+
+TEST(Remote, ACallPendingAtShutdownNamesItsEndpoint) {
+  std::promise<void> open;
+  ProcOptions so = listening("server");
+  so.stop_timeout = 100ms;  // bounds the flush of the reply to the caller that is gone
+  Proc server(so);
+  auto gate = server.spawn<Gate>("gate", open.get_future().share());
+  server.register_name("gate", gate);
+  monarch::Future<int> pending;
+  {
+    ProcOptions o = listening("client");
+    o.stop_timeout = 100ms;  // bounds the flush of the unanswered call
+    Proc client(o);
+    auto g = client.lookup_remote<Gate>(server.address(), "gate").get(5s);
+    pending = g.call(&Gate::pass);
+    EXPECT_FALSE(pending.wait_for(10ms));
+  }
+  try {
+    pending.get(1s);
+    FAIL() << "a call pending at shutdown succeeded";
+  } catch (const monarch::DeliveryFailure& e) {
+    EXPECT_EQ(e.destination(), gate.id());
+    EXPECT_EQ(e.endpoint(), "pass");
+    EXPECT_THAT(e.what(), HasSubstr("message pass to " + gate.id().to_string()));
+    EXPECT_THAT(e.reason(), HasSubstr("shut down"));
+  }
+  open.set_value();
+}
+
+// What the default logger logs, with its level; installed before any thread logs.
+struct LogCapture : spdlog::sinks::base_sink<std::mutex> {
+  struct Line {
+    spdlog::level::level_enum level;
+    std::string text;
+  };
+  // Waits until a line containing every one of `parts` was logged; returns it.
+  std::optional<Line> wait_for(const std::vector<std::string>& parts, std::chrono::milliseconds d) {
+    std::unique_lock lock(mutex_);
+    std::optional<Line> found;
+    cv_.wait_for(lock, d, [&] {
+      for (const auto& l : lines_) {
+        bool all = true;
+        for (const auto& p : parts) all = all && l.text.find(p) != std::string::npos;
+        if (all) found = l;
+      }
+      return found.has_value();
+    });
+    return found;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& m) override {
+    lines_.push_back(Line{m.level, std::string(m.payload.data(), m.payload.size())});
+    cv_.notify_all();
+  }
+  void flush_() override {}
+
+ private:
+  std::condition_variable_any cv_;
+  std::vector<Line> lines_;
+};
+std::shared_ptr<LogCapture> g_log = [] {
+  auto c = std::make_shared<LogCapture>();
+  spdlog::default_logger()->sinks().push_back(c);
+  return c;
+}();
+
+// A reply to a proc this Proc was told is gone by design (forget_proc: stopped with it, or by the
+// owner) is dropped with a debug log: it is not "lost" (no warning), and no link is opened to wait
+// out the delivery timeout. A request from that address again (it may be reused) is answered.
+TEST(Remote, AReplyToAForgottenProcIsDroppedQuietly) {
+  auto level = spdlog::get_level();
+  spdlog::set_level(spdlog::level::debug);
+  std::promise<void> open;
+  ProcOptions so = listening("server");
+  so.channel.delivery_timeout = 300ms;  // before the fix: the reply's new link gave up and warned
+  Proc server(so);
+  auto gate = server.spawn<Gate>("gate", open.get_future().share());
+  server.register_name("gate", gate);
+  std::string caller;
+  {
+    ProcOptions o = listening("client");
+    o.stop_timeout = 100ms;
+    Proc client(o);
+    caller = client.address();
+    auto g = client.lookup_remote<Gate>(server.address(), "gate").get(5s);
+    auto pending = g.call(&Gate::pass);
+    EXPECT_FALSE(pending.wait_for(10ms));
+    server.forget_proc(caller, "test: caller stopped");
+  }
+  open.set_value();  // the gate answers the stopped caller
+  auto line = g_log->wait_for({"reply (request", caller}, 5s);
+  ASSERT_TRUE(line.has_value()) << "nothing logged about the reply to " << caller;
+  EXPECT_EQ(line->level, spdlog::level::debug) << line->text;
+  EXPECT_THAT(line->text, HasSubstr("dropped"));
+  spdlog::set_level(level);
+
+  // forget_proc does not bar the address: a caller there is answered.
+  Proc other(listening("other"));
+  server.forget_proc(other.address(), "test: forgotten before it calls");
+  auto g = other.lookup_remote<Gate>(server.address(), "gate").get(5s);
+  EXPECT_EQ(g.call(&Gate::pass).get(5s), 1);
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // Spawning actors in other processes and supervising them across processes (SPAWN-n, SUP-Rn,
 // REM-4/5 in src/actor/remote.cpp).
 //
-// This binary is also the worker: `remote_spawn_test --worker ADDR` serves a Proc on ADDR, as the
-// process layer starts the user's own binary. Its factories are the ones of the spawn_remote calls
-// compiled into this file, exactly as in a real job. Tests of the supervision logic use in-process
-// Procs on abstract unix addresses; crashes, freezes and "same binary" spawns use real processes.
+// This binary is also the worker: `remote_spawn_test --worker ADDR [MAX_FRAME_BYTES]` serves a
+// Proc on ADDR, as the process layer starts the user's own binary. Its factories are the ones of
+// the spawn_remote calls compiled into this file, exactly as in a real job. Tests of the
+// supervision logic use in-process Procs on abstract unix addresses; crashes, freezes and "same
+// binary" spawns use real processes.
 #include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -555,11 +556,68 @@ TEST(RemoteSpawn, StopOfAFrozenWorkerHonoursTheCallersDeadline) {
   w.proc.kill(SIGCONT);
 }
 
-int worker_main(const std::string& addr) {
+// Replies of a chosen size, from a worker process.
+struct BlobMaker : monarch::Actor {
+  std::string make(uint64_t n) { return std::string(n, 'x'); }
+  MONARCH_ENDPOINTS(BlobMaker, make)
+};
+
+// REM-1 with real processes: a reply over the worker's max_frame_bytes, or over the client's when
+// the client's is the smaller one (its listener would refuse the frame, and the worker would
+// resend it until the link gave up), fails the call with a DeliveryFailure naming the actor, the
+// endpoint and the limit. The call after it is answered.
+TEST(RemoteSpawn, OversizeReplyFromAWorkerProcessFailsTheCall) {
+  for (bool callers_limit : {false, true}) {
+    SCOPED_TRACE(callers_limit ? "the client's limit" : "the worker's limit");
+    monarch::testing::Subprocess worker{
+        self_exe(), {"--worker", unique_addr("worker"), callers_limit ? "0" : "1048576"}};
+    std::string addr = worker.listening();
+    ProcOptions o = listening("client");
+    if (callers_limit) o.channel.max_frame_bytes = 1 << 20;
+    Proc client(o);
+    auto b = client.spawn_remote<BlobMaker>(addr, "blobs");
+    EXPECT_EQ(b.call(&BlobMaker::make, uint64_t{100}).get(10s).size(), 100u);
+    auto e = expect_throws<monarch::DeliveryFailure>(
+        [&] { b.call(&BlobMaker::make, uint64_t{2} << 20).get(10s); });
+    EXPECT_EQ(e.destination(), b.id());
+    EXPECT_THAT(e.what(), HasSubstr("BlobMaker::make to " + b.id().to_string()));
+    EXPECT_THAT(e.reason(), HasSubstr("max_frame_bytes (1048576"));
+    EXPECT_THAT(e.reason(), HasSubstr(callers_limit ? client.address() : addr));
+    EXPECT_EQ(b.call(&BlobMaker::make, uint64_t{7} << 10).get(10s).size(), 7u << 10);
+  }
+}
+
+// A call pending when its link closes (the worker was killed; or forgotten) fails with a
+// DeliveryFailure naming the actor and the endpoint (it used to read "message  to ...").
+TEST(RemoteSpawn, ACallPendingOnAClosedLinkNamesItsEndpoint) {
+  for (bool forget : {false, true}) {
+    SCOPED_TRACE(forget ? "forget_proc" : "SIGKILL");
+    Worker w;
+    ProcOptions o = listening("client");
+    o.channel.delivery_timeout = 500ms;
+    Proc client(o);
+    auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
+    EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
+    auto frozen = a.call(&Recorder::freeze);
+    EXPECT_FALSE(frozen.wait_for(20ms));
+    if (forget) {
+      client.forget_proc(w.addr, "test: stopped by design");
+    } else {
+      w.proc.kill(SIGKILL);
+    }
+    auto e = expect_throws<monarch::DeliveryFailure>([&] { frozen.get(10s); });
+    EXPECT_EQ(e.destination(), a.id());
+    EXPECT_EQ(e.endpoint(), "freeze");
+    EXPECT_THAT(e.what(), HasSubstr("message freeze to " + a.id().to_string()));
+  }
+}
+
+int worker_main(const std::string& addr, size_t max_frame_bytes = 0) {
   try {
     ProcOptions o;
     o.listen = addr;
     o.channel.secret = "remote-test";
+    if (max_frame_bytes != 0) o.channel.max_frame_bytes = max_frame_bytes;
     Proc proc(o);
     std::printf("LISTENING %s\n", proc.address().c_str());
     std::fflush(stdout);
@@ -576,7 +634,9 @@ int worker_main(const std::string& addr) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--worker") return worker_main(argv[2]);
+  // --worker ADDR [MAX_FRAME_BYTES]
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--worker")
+    return worker_main(argv[2], argc == 4 ? std::stoull(argv[3]) : 0);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
