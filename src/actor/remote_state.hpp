@@ -262,6 +262,7 @@ struct Proc::Remote {
     auto it = failed.find(addr);
     if (it == failed.end()) return std::nullopt;
     return it->second;
+  }
   bool is_gone(const std::string& addr) {
     if (!any_gone.load(std::memory_order_relaxed)) return false;
     std::lock_guard lock(gone_mu);
@@ -437,9 +438,9 @@ struct Proc::Remote {
         // DeliveryFailure naming the failure (its undeliverable() decides). From outside actors
         // the mesh layer has reported that very failure (MeshFailure), so the client's fault hook
         // is not called a second time for it. A spawn's failure is the mesh's to report.
-        DeliveryFailure gone(h.dest, h.endpoint, "its proc was declared failed: " + *cause);
-        if (h.kind != RemoteKind::Spawn && h.sender.uid != 0) return local_bounce(h.sender, gone);
-        spdlog::debug("monarch: {}: dropped: {}", address, gone.what());
+        DeliveryFailure lost(h.dest, h.endpoint, "its proc was declared failed: " + *cause);
+        if (h.kind != RemoteKind::Spawn && h.sender.uid != 0) return local_bounce(h.sender, lost);
+        spdlog::debug("monarch: {}: dropped: {}", address, lost.what());
         return;
       }
     }
