@@ -1,5 +1,6 @@
 // RemoteHeader on the wire: the mesh point of a remotely spawned member (Context::actor_rank in
-// the mesh layer) travels in Spawn headers only; every other kind keeps its bytes.
+// the mesh layer) travels in Spawn headers only, the caller's frame limit in requests only; every
+// other kind keeps its bytes.
 #include <gtest/gtest.h>
 
 #include <tuple>
@@ -32,6 +33,12 @@ TEST(RemoteHeader, OnlySpawnCarriesTheMeshExtent) {
     // The bytes of the fields every header had before the Spawn-only ones, nothing more.
     auto before = monarch::wire::encode(std::make_tuple(
         h.kind, h.dest, h.endpoint, h.reply_proc, h.request_id, h.sender, h.error, h.message_rank));
+    // Requests that want a reply also carry the caller's frame limit (reply_limit).
+    if (kind == RemoteKind::Call || kind == RemoteKind::Lookup || kind == RemoteKind::Stop) {
+      before = monarch::wire::encode(std::make_tuple(h.kind, h.dest, h.endpoint, h.reply_proc,
+                                                     h.request_id, h.sender, h.error,
+                                                     h.message_rank, h.reply_limit));
+    }
     auto bytes = monarch::wire::encode(h);
     EXPECT_EQ(bytes, before) << "kind " << static_cast<int>(kind);
     auto back = monarch::wire::decode<RemoteHeader>(bytes);

@@ -242,8 +242,8 @@ class ActorMesh {
       for (size_t i = 0; i < size(); ++i) {
         const auto proc = static_cast<uint32_t>(global(i) / per_proc_);
         if (dead.has(proc)) {
-          out.add(i, Future<R>::ready_error(std::make_exception_ptr(
-                         SupervisionError(at(i).id(), dead.cause(proc)))));
+          out.add(i, Future<R>::ready_error(
+                         std::make_exception_ptr(SupervisionError(at(i).id(), dead.cause(proc)))));
           continue;
         }
         out.add(i, at(i).call_ranked(i, method, args...));
@@ -424,9 +424,9 @@ class ActorMesh {
           for (auto& [r, e] : errors) failed.at(r) = true;
           for (size_t r = 0; r < slots.size(); ++r) {
             if (!slots[r] && !failed[r]) {
-              errors.emplace_back(r, std::make_exception_ptr(Error(
-                                         "cast: no reply from member " + std::to_string(r) +
-                                         " of " + ext.to_string())));
+              errors.emplace_back(
+                  r, std::make_exception_ptr(Error("cast: no reply from member " +
+                                                   std::to_string(r) + " of " + ext.to_string())));
             }
             if (slots[r] && failed[r]) slots[r].reset();
           }
@@ -446,8 +446,8 @@ class ActorMesh {
       acc->slots.resize(size());
       auto f = acc->promise.get_future();
       auto p = plan().without(dead, [&](uint32_t rank, size_t g, uint32_t proc) {
-        acc->errors.emplace_back(rank, std::make_exception_ptr(SupervisionError(
-                                           (*members_)[g].id(), dead.cause(proc))));
+        acc->errors.emplace_back(
+            rank, std::make_exception_ptr(SupervisionError((*members_)[g].id(), dead.cause(proc))));
       });
       if (p.members.empty()) {
         std::unique_lock lock(acc->mu);
@@ -487,8 +487,8 @@ class ActorMesh {
       } catch (...) {
         return Future<R>::ready_error(std::current_exception());
       }
-      auto hops = detail::cast_root_hops(RC::root(*members_, *topo_, p, method, reducer, args...),
-                                         dead);
+      auto hops =
+          detail::cast_root_hops(RC::root(*members_, *topo_, p, method, reducer, args...), dead);
       // Several root hops only when base proc 0 is dead (CAST-12): their partials fold here.
       struct Acc {
         explicit Acc(Reducer r) : reducer(std::move(r)) {}
@@ -507,30 +507,31 @@ class ActorMesh {
       topo_->when_ready([topo = topo_, acc, hops = std::move(hops)]() mutable {
         for (auto& w : hops) {
           const auto lo = w.lo;
-          topo->comm[lo].call(&CommActor::cast, std::move(w)).on_complete([acc](
-                                                                              detail::State<std::string>& s) {
-            std::unique_lock lock(acc->mu);
-            if (acc->done) return;
-            try {
-              if (s.error) std::rethrow_exception(s.error);
-              auto v = detail::decode_string<typename RC::Partial>(*s.value);
-              if (v) {
-                acc->value = acc->value ? std::optional<R>(std::as_const(acc->reducer)(
-                                              std::move(*acc->value), *v))
-                                        : std::move(v);
-              }
-              if (--acc->pending != 0) return;
-              acc->done = true;
-              if (!acc->value) throw Error("reduce: no reply from the members of " + acc->ext);
-              auto out = std::move(*acc->value);
-              lock.unlock();
-              acc->promise.set_value(std::move(out));
-            } catch (...) {
-              acc->done = true;
-              lock.unlock();
-              acc->promise.set_error(std::current_exception());
-            }
-          });
+          topo->comm[lo]
+              .call(&CommActor::cast, std::move(w))
+              .on_complete([acc](detail::State<std::string>& s) {
+                std::unique_lock lock(acc->mu);
+                if (acc->done) return;
+                try {
+                  if (s.error) std::rethrow_exception(s.error);
+                  auto v = detail::decode_string<typename RC::Partial>(*s.value);
+                  if (v) {
+                    acc->value = acc->value ? std::optional<R>(std::as_const(acc->reducer)(
+                                                  std::move(*acc->value), *v))
+                                            : std::move(v);
+                  }
+                  if (--acc->pending != 0) return;
+                  acc->done = true;
+                  if (!acc->value) throw Error("reduce: no reply from the members of " + acc->ext);
+                  auto out = std::move(*acc->value);
+                  lock.unlock();
+                  acc->promise.set_value(std::move(out));
+                } catch (...) {
+                  acc->done = true;
+                  lock.unlock();
+                  acc->promise.set_error(std::current_exception());
+                }
+              });
         }
       });
       return f;

@@ -154,8 +154,8 @@ class ProcMesh {
           fence->arrive();  // the cast then fails on its own (DeliveryFailure, SupervisionError)
         }
       }
-      return ActorMesh<A>::from_ids(client(), members, std::move(view), comm_ids(),
-                                    cast_fanout(), k, std::move(fence));
+      return ActorMesh<A>::from_ids(client(), members, std::move(view), comm_ids(), cast_fanout(),
+                                    k, std::move(fence));
     }
     auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size() * k);
     for (size_t i = 0; i < size(); ++i) {

@@ -404,7 +404,7 @@ class CastJob final : public CastJobBase,
   Reducer reducer_;
   Stored args_;  // converted once to the endpoint's parameter types; copied per member
   std::atomic<bool> failed_{false};
-  std::vector<std::optional<Out>> slots_;  // Collect: by message rank; each written once
+  std::vector<std::optional<Out>> slots_;   // Collect: by message rank; each written once
   std::vector<std::exception_ptr> errors_;  // Collect: a failed member's error, by message rank
   std::optional<Promise<ndslice::ValueMesh<Out>>> collect_;
   std::optional<Promise<Out>> reduce_;
