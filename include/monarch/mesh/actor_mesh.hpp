@@ -25,7 +25,7 @@
 // across different slices; no atomicity across members). Inside a handler, Context::message_rank()
 // is the receiver's local rank in the view the message was cast to.
 //
-// Cast tree (docs/cast-tree.md, CAST-1..11): call, reduce, stream and broadcast go as ONE message
+// Cast tree (docs/cast-tree.md, CAST-1..12): call, reduce, stream and broadcast go as ONE message
 // to the comm actor of base proc 0, which relays it down a fixed tree of per-proc comm actors of
 // bounded fan-out; replies are folded at every node, so the caller receives one message. call_one
 // and choose message their member directly (not ordered with casts, CAST-4). Results complete on

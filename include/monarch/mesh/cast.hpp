@@ -19,9 +19,13 @@
 // comm actors are remote refs (ActorMesh::attach / from_ids), a hop is a CommActor::cast(CastWire)
 // call over the channel and partial results travel cereal-encoded (CAST-10).
 //
-// Invariants CAST-1..CAST-11 (fan-out, fixed paths, per-pair FIFO, no atomicity, one accumulated
-// reply, first error wins, nothing hangs, scale, the relay never fails, the same tree across
-// processes, a cast right after spawn) are stated once, in docs/cast-tree.md, "Invariants"; tests
+// Dead procs (declared failed, as the caster's Proc and each relay's Proc know them) are routed
+// around: a node forwards past a dead child to its children, and when proc 0 is dead the caster
+// sends to its live descendants itself (CAST-12).
+//
+// Invariants CAST-1..CAST-12 (fan-out, fixed paths, per-pair FIFO, no atomicity, one accumulated
+// reply, per-member failures, nothing hangs, scale, the relay never fails, the same tree across
+// processes, a cast right after spawn, dead procs routed around) are stated once, in docs/cast-tree.md, "Invariants"; tests
 // cite them by number (index: docs/design.md).
 #pragma once
 

@@ -556,6 +556,36 @@ TEST(RemoteSpawn, StopOfAFrozenWorkerHonoursTheCallersDeadline) {
   w.proc.kill(SIGCONT);
 }
 
+// REM-6: a send from an actor, still unacknowledged when its proc is declared failed, comes back
+// to that actor's undeliverable() as a DeliveryFailure naming the failure (not a silent drop).
+struct Bouncer : monarch::Actor {
+  explicit Bouncer(std::shared_ptr<monarch::Promise<std::string>> p) : p_(std::move(p)) {}
+  void fire(ActorRef<Recorder> to) { to.send(&Recorder::put, 1); }
+  void undeliverable(const monarch::DeliveryFailure& f) override {
+    if (!p_->satisfied()) p_->set_value(f.what());
+  }
+  MONARCH_ENDPOINTS(Bouncer, fire)
+  std::shared_ptr<monarch::Promise<std::string>> p_;
+};
+
+TEST(RemoteSpawn, REM6_AnUnacknowledgedSendComesBackNamingTheDeclaredFailure) {
+  Worker w;
+  Proc client(listening("client"));
+  auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
+  EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
+  w.proc.kill(SIGSTOP);
+  ASSERT_TRUE(wait_stopped(w.proc.pid(), 5s)) << "worker did not stop";
+  auto p = std::make_shared<monarch::Promise<std::string>>();
+  auto bounced = p->get_future();
+  auto bouncer = client.spawn<Bouncer>("bouncer", p);
+  bouncer.call(&Bouncer::fire, a).get(10s);  // on the link, unacknowledged: the worker is stopped
+  client.declare_proc_failed(w.addr, "test: rank 0 froze");
+  const std::string what = bounced.get(5s);
+  EXPECT_THAT(what, HasSubstr("declared failed: test: rank 0 froze"));
+  EXPECT_THAT(what, HasSubstr(a.id().to_string()));
+  w.proc.kill(SIGCONT);
+}
+
 // Replies of a chosen size, from a worker process.
 struct BlobMaker : monarch::Actor {
   std::string make(uint64_t n) { return std::string(n, 'x'); }
