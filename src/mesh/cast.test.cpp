@@ -147,7 +147,7 @@ TEST(CastTree, CAST3_PerPairFifoHoldsAcrossDifferentSlices) {
       v.broadcast(&Member::record, seq);
     }
   }
-  for (auto& c : calls) c.get(30s);
+  for (auto& c : calls) c.get(30s).throw_if_failed();
   auto logs = m.call(&Member::log).get(30s);
   for (size_t r = 0; r < m.size(); ++r) EXPECT_EQ(logs[r], expected[r]) << "member " << r;
 }
@@ -397,7 +397,7 @@ TEST(CastTree, CAST10_CastsCrossProcessesBetweenCommActors) {
       v.broadcast(&Member::record, seq);
     }
   }
-  for (auto& c : calls) c.get(30s);
+  for (auto& c : calls) c.get(30s).throw_if_failed();
   auto logs = m.call(&Member::log).get(30s);
   for (size_t r = 0; r < m.size(); ++r) EXPECT_EQ(logs[r], expected[r]) << "member " << r;
 

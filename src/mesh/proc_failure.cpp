@@ -105,7 +105,7 @@ void ProcessGroup::fail_locked(size_t rank, const std::string& cause) {
   // runs, so calls pending on it fail with SupervisionError.
   MeshFailure f{name, {rank}, cause};
   if (started) {
-    pending.push_back(std::move(f));
+    pending.emplace_back(std::move(f), Clock::now());
   } else if (!start_failure) {
     start_failure = std::move(f);
   }
@@ -178,9 +178,23 @@ void ProcessGroup::check_heartbeats_locked(const AgentPings& ap, Clock::time_poi
   }
 }
 
+std::chrono::milliseconds ProcessGroup::kill_grace() const {
+  return std::min<std::chrono::milliseconds>(hosts->timeouts.heartbeat_timeout, 1000ms);
+}
+
+bool ProcessGroup::deliverable_locked(Clock::time_point now) const {
+  if (pending.empty()) return false;
+  const auto& [f, at] = pending.front();
+  if (now - at >= kill_grace()) return true;
+  for (size_t r : f.ranks) {
+    if (!ranks[r].exited) return false;
+  }
+  return true;
+}
+
 void ProcessGroup::deliver_failures(std::unique_lock<std::mutex>& lock) {
-  while (!pending.empty() && !closing) {
-    MeshFailure f = std::move(pending.front());
+  while (!closing && deliverable_locked(Clock::now())) {
+    MeshFailure f = std::move(pending.front().first);
     pending.pop_front();
     auto handler = options.on_failure;
     std::vector<std::string> dead;

@@ -242,7 +242,8 @@ void ProcessGroup::monitor_loop() {
   auto last_flush = Clock::now();
   std::unique_lock lock(mu);
   while (!closing) {
-    cv.wait_for(lock, tick, [&] { return closing || !pending.empty(); });
+    // Wakes for a failure once it may be delivered (an exit report notifies cv).
+    cv.wait_for(lock, tick, [&] { return closing || deliverable_locked(Clock::now()); });
     if (closing) break;
     auto now = Clock::now();
     // Agents first: when an agent died, it is the cause, not its procs' silence (proc_failure.cpp).

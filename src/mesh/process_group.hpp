@@ -96,7 +96,9 @@ struct ProcessGroup {
   bool started = false;  // failures before this are start errors, not MeshFailures
   bool stopped = false;
   bool closing = false;             // monitor thread exits
-  std::deque<MeshFailure> pending;  // to deliver on the monitor thread
+  // To deliver on the monitor thread, each once its ranks are known to be dead (see
+  // deliverable_locked), with when it was queued.
+  std::deque<std::pair<MeshFailure, std::chrono::steady_clock::time_point>> pending;
   std::optional<MeshFailure> start_failure;
   struct Agg {
     std::vector<size_t> ranks;
@@ -122,6 +124,13 @@ struct ProcessGroup {
   /// Monitor thread: hands each queued MeshFailure to its handler, or else to HostMeshState's
   /// fault path. Unlocks `lock` around them.
   void deliver_failures(std::unique_lock<std::mutex>& lock);
+  /// Under `mu`: whether the oldest pending failure may be delivered: every rank of it has exited
+  /// (the agent reported it), or kill_grace passed since it was queued. A frozen proc is killed
+  /// first and declared failed only then, so that it cannot wake up (SIGCONT) after casts were
+  /// routed around it and act on messages it held (CAST-3, CAST-12).
+  bool deliverable_locked(std::chrono::steady_clock::time_point now) const;
+  /// How long a failure waits for its ranks' exit reports before it is delivered anyway.
+  std::chrono::milliseconds kill_grace() const;
   void kill_rank(const Rank& r);
   void monitor_loop();
   void flush_logs(std::unique_lock<std::mutex>& lock);

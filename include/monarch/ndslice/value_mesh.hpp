@@ -31,8 +31,10 @@
 
 namespace monarch::ndslice {
 
+// [[nodiscard]]: a ValueMesh may hold errors (a mesh call's failed members), so dropping one
+// unread would lose them silently; call throw_if_failed() when only success matters.
 template <class T>
-class ValueMesh {
+class [[nodiscard]] ValueMesh {
  public:
   /// (rank, error) of one failed rank.
   using Failure = std::pair<std::size_t, std::exception_ptr>;
