@@ -121,12 +121,6 @@ namespace api {
 inline Mesh survivors(const Mesh& m) {
   return m.survivors();
 }
-/// Global ranks (in the full mesh) of a view's members, by local rank.
-inline std::vector<size_t> members(const Mesh& view) {
-  std::vector<size_t> out(view.size());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = view.shape().global_rank(i);
-  return out;
-}
 }  // namespace api
 
 // --- Configuration and report ------------------------------------------------------------------
@@ -169,7 +163,7 @@ struct Config {
   static monarch::mesh::HostOptions defaults() {
     monarch::mesh::HostOptions o;
     o.timeouts.heartbeat_interval = 100ms;
-    o.timeouts.heartbeat_timeout = 1000ms;
+    o.timeouts.heartbeat_timeout = 2000ms;  // generous, as process_mesh_test: ctest -j2, sanitizers
     o.timeouts.spawn_timeout = 20s;
     o.timeouts.stop_timeout = 2s;
     o.channel.delivery_timeout = 6s;  // longer than deadline(): waiting it out is a violation
@@ -375,6 +369,8 @@ class Harness {
     // {hosts: agents} x {gpus: per_host}: proc rank = host * per_host + gpu.
     procs_.emplace(hosts_->spawn_procs(ndslice::Extent{{"gpus", cfg_.per_host}}, so));
     mesh_ = procs_->lookup<ChaosWorker>("chaos");
+    rank_of_.clear();
+    for (size_t g = 0; g < mesh_.size(); ++g) rank_of_[mesh_.at(g).id().proc] = g;
     pids_.clear();
     for (size_t i = 0; i < procs_->size(); ++i) pids_.push_back(procs_->pid(i));
     all_pids_.insert(all_pids_.end(), pids_.begin(), pids_.end());
@@ -434,6 +430,14 @@ class Harness {
       for (size_t i = 0; i + 1 < path.size(); ++i) inner.insert(path[i]);
     }
     for (size_t p = 1; p < n; ++p) (inner.count(p) ? interior_ : leaves_).push_back(p);
+  }
+
+  // Global ranks (in the full mesh) of a view's members, by local rank: from the proc each
+  // member lives on, whatever kind of view it is (slice, select, survivors).
+  std::vector<size_t> members_of(const Mesh& view) const {
+    std::vector<size_t> out(view.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = rank_of_.at(view.at(i).id().proc);
+    return out;
   }
 
   // ---- failures ----
@@ -739,7 +743,7 @@ class Harness {
     op.what = std::move(what);
     op.dead = dead_now();  // before the view's members: a failure in between makes it exempt
     op.sent = Clock::now();
-    op.members = api::members(view);
+    op.members = members_of(view);
     op.rank_error.assign(op.members.size(), nullptr);
     op.rank_value.assign(op.members.size(), std::nullopt);
   }
@@ -976,12 +980,12 @@ class Harness {
   // CH-ORDER: every live worker's record of per-sender sequence numbers.
   void check_order() {
     Mesh live = api::survivors(mesh_);
+    const auto ranks = members_of(live);
     try {
       auto vm = live.call(&ChaosWorker::violations).get(cfg_.deadline());
       for (size_t i = 0; i < vm.size(); ++i) {
         if (!vm.ok(i)) {
-          violation("CH-EXCLUDED", "order check: rank " +
-                                       std::to_string(live.shape().global_rank(i)) +
+          violation("CH-EXCLUDED", "order check: rank " + std::to_string(ranks[i]) +
                                        " failed: " + what_of(vm.error(i)));
           continue;
         }
@@ -1005,7 +1009,8 @@ class Harness {
   std::optional<monarch::mesh::ProcMesh> procs_;
   Mesh mesh_;
   std::vector<int> pids_;
-  size_t generation_ = 0;  // guarded by mu_
+  std::map<std::string, size_t> rank_of_;  // proc address -> global rank, this mesh
+  size_t generation_ = 0;                  // guarded by mu_
   std::atomic<size_t> round_{0};
 
   std::mutex mu_;  // failures, intervals, violations
