@@ -9,23 +9,27 @@
 // bench/chaos_bench.cpp (MONARCH_CHAOS_ROUNDS rounds, default 200, in `make bench`). Both binaries
 // are their own workers: main() calls monarch::mesh::bootstrap(argc, argv, chaos::worker_setup).
 //
-// Invariants checked every round (a violation is a line in Report::violations, printed with the
-// seed that reproduces it):
-//   CH-DEADLINE  every future resolves within Config::deadline() of being sent (heartbeat_timeout,
-//                the longest detection, plus a margin), with a value or a named error: a
-//                monarch::Error whose what() names the rank, actor, proc or mesh;
-//   CH-ORDER     messages from one sender reach each live actor in order with no duplicates (the
-//                worker records per-sender sequence numbers; ChaosWorker::violations returns what
-//                broke). Tree casts from one client thread share one sender (CAST-3, across views),
-//                direct calls and streams have senders of their own (CAST-4);
-//   CH-EXCLUDED  an operation sent while no failing fault was in progress (injected, not yet
-//                detected) gives a value for every member whose proc was not declared failed when
-//                it was sent (a cast to survivors() succeeds); members declared failed get a
-//                SupervisionError (and a reduce or broadcast over them fails at once with one);
-//   CH-STOP      ProcMesh::stop() returns within stop_timeout + its kill grace (+ slack);
-//   CH-NOLEFT    no process is left behind: every worker pid is gone after a fault killed it and
-//                after stop(), and no agent has a live child left after stop();
-//   CH-NOFAIL    no proc fails that no fault was aimed at (a short SIGSTOP is only a delay).
+// Invariants checked every round (numbered here, the one place; a violation is a line in
+// Report::violations, printed with the seed that reproduces it):
+//   CHAOS-1 Nothing hangs. Every future resolves within Config::deadline() of being sent
+//           (heartbeat_timeout, the longest detection, plus a margin), with a value or a named
+//           error: a monarch::Error whose what() names the rank, actor, proc or mesh.
+//   CHAOS-2 Per-sender order. Messages from one sender reach each live actor in order, with no
+//           duplicates (the worker records per-sender sequence numbers; ChaosWorker::
+//           take_violations returns what broke). Tree casts from one client thread share one
+//           sender (CAST-3, across views); direct calls and streams have their own (CAST-4).
+//   CHAOS-3 Casts that exclude the dead succeed. An operation sent while no failing fault was in
+//           progress (injected, not yet detected) gives a value for every member whose proc was
+//           not declared failed when it was sent (a cast to survivors() succeeds); members
+//           declared failed get a SupervisionError (a reduce or broadcast over them fails at once
+//           with one). Values land in their member's slot; a reduce sums every member.
+//   CHAOS-4 Stop has a deadline. ProcMesh::stop() returns within stop_timeout plus its kill grace
+//           (PH-6), plus 500 ms of slack.
+//   CHAOS-5 No process is left behind. Every worker pid is gone after a fault failed it and after
+//           stop(); no agent has a live child after stop(); at the end no worker of the run and
+//           no child of this process is alive (PH-1).
+//   CHAOS-6 No failure without a fault. No proc fails that no fault was aimed at (a short SIGSTOP
+//           is only a delay).
 //
 // Threads: run() on the caller's thread; Config::clients load threads per round; MeshFailures on
 // the mesh's monitor thread; future completions on runtime threads. Not reentrant.
@@ -55,6 +59,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "monarch/mesh/detail/cast_tree.hpp"
@@ -71,7 +76,7 @@ using namespace std::chrono_literals;
 // --- The worker actor ------------------------------------------------------------------------
 
 /// One per worker proc, registered as "chaos". Every message carries (sender, seq); seqs from one
-/// sender must strictly increase at each receiver (CH-ORDER: in order, no duplicates; gaps are
+/// sender must strictly increase at each receiver (CHAOS-2: in order, no duplicates; gaps are
 /// messages lost with a relay that died in flight).
 struct ChaosWorker : monarch::Actor {
   explicit ChaosWorker(size_t rank) : rank_(rank) {}
@@ -82,11 +87,12 @@ struct ChaosWorker : monarch::Actor {
   }
   /// The same, for broadcast (no reply).
   void hit_send(uint64_t sender, uint64_t seq) { record(sender, seq); }
-  /// Order violations seen so far, as text naming the rank, sender and sequence numbers.
-  std::vector<std::string> violations() const { return violations_; }
+  /// Order violations seen since the last call, as text naming the rank, sender and sequence
+  /// numbers (each is reported once).
+  std::vector<std::string> take_violations() { return std::exchange(violations_, {}); }
   /// Messages recorded so far.
   uint64_t received() const { return received_; }
-  MONARCH_ENDPOINTS(ChaosWorker, hit, hit_send, violations, received)
+  MONARCH_ENDPOINTS(ChaosWorker, hit, hit_send, take_violations, received)
 
  private:
   void record(uint64_t sender, uint64_t seq) {
@@ -170,9 +176,9 @@ struct Config {
     return o;
   }
   size_t procs() const { return hosts * per_host; }
-  /// CH-DEADLINE: from send to resolution.
+  /// CHAOS-1: from send to resolution.
   ms deadline() const { return host.timeouts.heartbeat_timeout + margin; }
-  /// CH-STOP: stop_timeout plus the kill grace of ProcMesh::stop (min(stop_timeout, 2 s)).
+  /// CHAOS-4: stop_timeout plus the kill grace of ProcMesh::stop (min(stop_timeout, 2 s)).
   ms stop_bound() const {
     auto st = host.timeouts.stop_timeout;
     return st + std::min<ms>(st, 2000ms) + 500ms;
@@ -228,7 +234,7 @@ inline std::vector<int> live_children(int parent) {
   return out;
 }
 
-/// CH-DEADLINE's "named": a monarch::Error whose text names what failed (rank, actor, proc, mesh)
+/// CHAOS-1's "named": a monarch::Error whose text names what failed (rank, actor, proc, mesh)
 /// and has no empty endpoint ("message  to ...").
 inline std::optional<std::string> unnamed(const std::exception_ptr& e, const std::string& mesh) {
   try {
@@ -337,8 +343,8 @@ class Harness {
     }
     hosts_.emplace(monarch::mesh::attach_to_workers(addrs_, cfg_.host));
     hosts_->set_fault_hook([this](const monarch::ActorSupervisionEvent& e) {
-      // Broadcasts that a dying proc did not acknowledge come back here (CH-4): expected while a
-      // fault is in progress; counted, not a violation.
+      // Broadcasts that a dying proc did not acknowledge come back here (CH-4, REM-2): expected
+      // while a fault is in progress; counted, not a violation.
       std::lock_guard lock(mu_);
       ++undeliverable_;
       if (cfg_.verbose) std::printf("  fault hook: %s\n", e.to_string().c_str());
@@ -381,14 +387,14 @@ class Harness {
     procs_->stop();
     double took = ms_between(t0, Clock::now());
     if (took > static_cast<double>(cfg_.stop_bound().count())) {
-      violation("CH-STOP", why + ": stop() took " + std::to_string(took) + " ms (bound " +
+      violation("CHAOS-4", why + ": stop() took " + std::to_string(took) + " ms (bound " +
                                std::to_string(cfg_.stop_bound().count()) + " ms)");
     }
     if (!all_dead(pids_, 5s)) {
       std::string alive;
       for (int p : pids_)
         if (process_alive(p)) alive += " " + std::to_string(p);
-      violation("CH-NOLEFT", why + ": worker pids alive 5 s after stop():" + alive);
+      violation("CHAOS-5", why + ": worker pids alive 5 s after stop():" + alive);
     }
     for (size_t h = 0; h < agents_.size(); ++h) {
       auto end = Clock::now() + 5s;
@@ -397,15 +403,15 @@ class Harness {
         std::this_thread::sleep_for(10ms);  // polling /proc: nothing to wait on
       }
       for (int k : kids) {
-        violation("CH-NOLEFT", why + ": agent " + addrs_[h] + " still has child " +
-                                   std::to_string(k) + " 5 s after stop()");
+        violation("CHAOS-5", why + ": agent " + addrs_[h] + " still has child " +
+                                 std::to_string(k) + " 5 s after stop()");
       }
     }
     procs_.reset();
     mesh_ = Mesh{};
   }
 
-  // Ends the run: the mesh, the client, the agents. With `check`, CH-NOLEFT over the whole run:
+  // Ends the run: the mesh, the client, the agents. With `check`, CHAOS-5 over the whole run:
   // every worker ever spawned is gone and this process has no child left.
   void shutdown(bool check = false) {
     if (procs_) procs_->stop();
@@ -415,9 +421,9 @@ class Harness {
     for (auto& a : agents_) a->kill(SIGKILL);
     agents_.clear();
     if (!check) return;
-    if (!all_dead(all_pids_, 5s)) violation("CH-NOLEFT", "a worker outlived its agent");
+    if (!all_dead(all_pids_, 5s)) violation("CHAOS-5", "a worker outlived its agent");
     for (int k : live_children(::getpid())) {
-      violation("CH-NOLEFT", "process " + std::to_string(k) + " outlived the run");
+      violation("CHAOS-5", "process " + std::to_string(k) + " outlived the run");
     }
   }
 
@@ -449,8 +455,8 @@ class Harness {
       failed_[r] = now;
       if (!expected_.count(r)) {
         unexpected_.push_back({now - cfg_.host.timeouts.heartbeat_timeout - 200ms, now});
-        violation_locked("CH-NOFAIL", "rank " + std::to_string(r) +
-                                          " failed without a fault aimed at it: " + f.to_string());
+        violation_locked("CHAOS-6", "rank " + std::to_string(r) +
+                                        " failed without a fault aimed at it: " + f.to_string());
       }
     }
     cv_.notify_all();
@@ -604,26 +610,26 @@ class Harness {
         detected = f.injected;
         for (size_t r : f.ranks) detected = std::max(detected, failed_[r]);
       } else {
-        violation_locked("CH-DEADLINE",
-                         std::string(to_string(f.kind)) + " of rank " +
-                             std::to_string(f.ranks.front()) + " not detected within " +
-                             std::to_string((cfg_.deadline() + cfg_.margin).count()) + " ms");
+        violation_locked("CHAOS-1", std::string(to_string(f.kind)) + " of rank " +
+                                        std::to_string(f.ranks.front()) + " not detected within " +
+                                        std::to_string((cfg_.deadline() + cfg_.margin).count()) +
+                                        " ms");
       }
       intervals_.push_back({f.injected, detected});
     }
     if (f.kind == FaultKind::Kill) probe_recovery(f.injected, detected);
     if (f.kind == FaultKind::StopLong && process_alive(pid)) ::kill(pid, SIGCONT);
-    // CH-NOLEFT: the failed procs are gone (killed by the mesh, or with their agent).
+    // CHAOS-5: the failed procs are gone (killed by the mesh, or with their agent).
     std::vector<int> gone;
     for (size_t r : f.ranks) gone.push_back(pids_[r]);
     if (!all_dead(gone, 5s)) {
-      violation("CH-NOLEFT", std::string(to_string(f.kind)) + " of rank " +
-                                 std::to_string(f.ranks.front()) +
-                                 ": a failed proc is still alive 5 s after its failure");
+      violation("CHAOS-5", std::string(to_string(f.kind)) + " of rank " +
+                               std::to_string(f.ranks.front()) +
+                               ": a failed proc is still alive 5 s after its failure");
     }
   }
 
-  // The first cast to survivors() sent once the kill was detected must succeed (CH-EXCLUDED);
+  // The first cast to survivors() sent once the kill was detected must succeed (CHAOS-3);
   // its completion time is the recovery time of the bench.
   void probe_recovery(Clock::time_point killed, Clock::time_point detected) {
     auto op = std::make_shared<Op>();
@@ -632,13 +638,13 @@ class Harness {
       ops_.push_back(op);  // evaluated with the others too
     }
     issue_call(op, api::survivors(mesh_), "probe call survivors", kProbeSender, ++probe_seq_);
-    if (!wait_op(*op, Clock::now() + cfg_.deadline())) return;  // CH-DEADLINE reports it
+    if (!wait_op(*op, Clock::now() + cfg_.deadline())) return;  // CHAOS-1 reports it
     std::lock_guard lock(op->mu);
     bool ok = !op->whole &&
               std::all_of(op->rank_error.begin(), op->rank_error.end(), [](auto& e) { return !e; });
     if (!ok) {
-      violation("CH-EXCLUDED", "the first cast to survivors() after a kill failed: " +
-                                   (op->whole ? what_of(op->whole) : first_error(*op)));
+      violation("CHAOS-3", "the first cast to survivors() after a kill failed: " +
+                               (op->whole ? what_of(op->whole) : first_error(*op)));
       return;
     }
     report_.detect_ms.push_back(ms_between(killed, detected));
@@ -910,18 +916,18 @@ class Harness {
       std::string tag = op.what + " (sent " + std::to_string(op.members.size()) + " members, " +
                         std::to_string(op.dead.size()) + " known dead)";
       if (!op.done) {
-        violation("CH-DEADLINE", tag + ": unresolved " + std::to_string(cfg_.deadline().count()) +
-                                     " ms after it was sent");
+        violation("CHAOS-1", tag + ": unresolved " + std::to_string(cfg_.deadline().count()) +
+                                 " ms after it was sent");
         continue;  // its completion holds it (OpPtr) if it ever comes
       }
       double took = ms_between(op.sent, *op.done);
       if (took > static_cast<double>(cfg_.deadline().count())) {
-        violation("CH-DEADLINE", tag + ": resolved after " + std::to_string(took) + " ms");
+        violation("CHAOS-1", tag + ": resolved after " + std::to_string(took) + " ms");
       }
       const bool exempt = in_fault(op, *op.done);
       bool any_error = op.whole != nullptr;
       auto check_named = [&](const std::exception_ptr& e, const std::string& who) {
-        if (auto bad = unnamed(e, mesh)) violation("CH-DEADLINE", tag + ": " + who + ": " + *bad);
+        if (auto bad = unnamed(e, mesh)) violation("CHAOS-1", tag + ": " + who + ": " + *bad);
       };
       bool view_has_dead = std::any_of(op.members.begin(), op.members.end(),
                                        [&](size_t g) { return op.dead.count(g) > 0; });
@@ -930,25 +936,25 @@ class Harness {
         bool allowed = exempt || ((op.kind == OpKind::Reduce || op.kind == OpKind::Broadcast) &&
                                   view_has_dead && is_supervision(op.whole));
         if (!allowed) {
-          violation("CH-EXCLUDED", tag + ": failed as a whole: " + what_of(op.whole));
+          violation("CHAOS-3", tag + ": failed as a whole: " + what_of(op.whole));
         }
       }
       if (!op.whole && !exempt && view_has_dead &&
           (op.kind == OpKind::Reduce || op.kind == OpKind::Broadcast)) {
-        violation("CH-EXCLUDED", tag + ": succeeded over a member already declared failed");
+        violation("CHAOS-3", tag + ": succeeded over a member already declared failed");
       }
       if (op.sum) {
         size_t want = std::accumulate(op.members.begin(), op.members.end(), size_t{0});
         if (*op.sum != want) {
-          violation("CH-EXCLUDED", tag + ": sum of ranks " + std::to_string(*op.sum) +
-                                       ", expected " + std::to_string(want));
+          violation("CHAOS-3", tag + ": sum of ranks " + std::to_string(*op.sum) + ", expected " +
+                                   std::to_string(want));
         }
       }
       for (size_t i = 0; i < op.members.size(); ++i) {
         const size_t g = op.members[i];
         const std::string who = "rank " + std::to_string(g);
         if (op.rank_value[i] && *op.rank_value[i] != g) {
-          violation("CH-EXCLUDED",
+          violation("CHAOS-3",
                     tag + ": slot of " + who + " holds rank " + std::to_string(*op.rank_value[i]));
         }
         if (!op.rank_error[i]) continue;
@@ -956,19 +962,19 @@ class Harness {
         check_named(op.rank_error[i], who);
         if (exempt) continue;
         if (!op.dead.count(g)) {
-          violation("CH-EXCLUDED",
+          violation("CHAOS-3",
                     tag + ": " + who + " (live when sent) failed: " + what_of(op.rank_error[i]));
         } else if (!is_supervision(op.rank_error[i])) {
-          violation("CH-EXCLUDED", tag + ": " + who + " (declared failed when sent) got " +
-                                       what_of(op.rank_error[i]) + ", not a SupervisionError");
+          violation("CHAOS-3", tag + ": " + who + " (declared failed when sent) got " +
+                                   what_of(op.rank_error[i]) + ", not a SupervisionError");
         }
       }
       if (op.kind == OpKind::Call || op.kind == OpKind::Direct || op.kind == OpKind::Stream) {
         if (!op.whole) {
           for (size_t i = 0; i < op.members.size(); ++i) {
             if (!op.rank_value[i] && !op.rank_error[i]) {
-              violation("CH-DEADLINE", tag + ": rank " + std::to_string(op.members[i]) +
-                                           " has neither a value nor an error");
+              violation("CHAOS-1", tag + ": rank " + std::to_string(op.members[i]) +
+                                       " has neither a value nor an error");
             }
           }
         }
@@ -977,22 +983,22 @@ class Harness {
     }
   }
 
-  // CH-ORDER: every live worker's record of per-sender sequence numbers.
+  // CHAOS-2: every live worker's record of per-sender sequence numbers.
   void check_order() {
     Mesh live = api::survivors(mesh_);
     const auto ranks = members_of(live);
     try {
-      auto vm = live.call(&ChaosWorker::violations).get(cfg_.deadline());
+      auto vm = live.call(&ChaosWorker::take_violations).get(cfg_.deadline());
       for (size_t i = 0; i < vm.size(); ++i) {
         if (!vm.ok(i)) {
-          violation("CH-EXCLUDED", "order check: rank " + std::to_string(ranks[i]) +
-                                       " failed: " + what_of(vm.error(i)));
+          violation("CHAOS-3", "order check: rank " + std::to_string(ranks[i]) +
+                                   " failed: " + what_of(vm.error(i)));
           continue;
         }
-        for (const auto& v : vm[i]) violation("CH-ORDER", v);
+        for (const auto& v : vm[i]) violation("CHAOS-2", v);
       }
     } catch (const std::exception& e) {
-      violation("CH-EXCLUDED", std::string("order check: call to survivors() failed: ") + e.what());
+      violation("CHAOS-3", std::string("order check: call to survivors() failed: ") + e.what());
     }
   }
 

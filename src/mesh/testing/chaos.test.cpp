@@ -13,15 +13,14 @@ namespace {
 
 namespace chaos = monarch::testing::chaos;
 
-// Every invariant of chaos.hpp (CH-DEADLINE, CH-ORDER, CH-EXCLUDED, CH-STOP, CH-NOLEFT,
-// CH-NOFAIL) over four rounds: one of each fault kind, each target class at least once.
+// CHAOS-1..6 (chaos.hpp) over four rounds: one of each fault kind, each target class at least once.
 TEST(Chaos, FaultsUnderLoadKeepEveryInvariant) {
   auto cfg = chaos::Config::from_env(4);
   cfg.cli = MONARCH_CLI;
   auto t0 = std::chrono::steady_clock::now();
   chaos::Report rep = chaos::Harness(cfg).run();
   EXPECT_EQ(rep.rounds, cfg.rounds);
-  EXPECT_GT(rep.ops, rep.rounds * cfg.clients * (cfg.ops_before_fault + cfg.ops_after_detection))
+  EXPECT_GE(rep.ops, rep.rounds * cfg.clients * (cfg.ops_before_fault + cfg.ops_after_detection))
       << "the load did not run";
   for (const auto& v : rep.violations) ADD_FAILURE() << v;
   std::printf("chaos: seed %llu, %zu rounds, %zu ops (%zu with errors), %zu respawns, %.1f s\n",
