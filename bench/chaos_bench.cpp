@@ -24,6 +24,7 @@ using monarch::bench::report;
 
 int main(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv, chaos::worker_setup);  // a worker never returns from here
+  chaos::print_stack_on_crash();
   auto cfg = chaos::Config::from_env(200);
   cfg.cli = MONARCH_CLI;
   chaos::Report rep = chaos::Harness(cfg).run();

@@ -11,9 +11,11 @@
 //
 // Invariants checked every round (numbered here, the one place; a violation is a line in
 // Report::violations, printed with the seed that reproduces it):
-//   CHAOS-1 Nothing hangs. Every future resolves within Config::deadline() of being sent
-//           (heartbeat_timeout, the longest detection, plus a margin), with a value or a named
-//           error: a monarch::Error whose what() names the rank, actor, proc or mesh.
+//   CHAOS-1 Nothing hangs. Every future resolves within Config::margin of the later of its send
+//           and the end of the last fault it overlapped (a failure's detection, a short stop's
+//           SIGCONT), with a value or a named error: a monarch::Error whose what() names the
+//           rank, actor, proc or mesh (and no empty endpoint). Detection itself must come within
+//           Config::deadline() of the fault.
 //   CHAOS-2 Per-sender order. Messages from one sender reach each live actor in order, with no
 //           duplicates (the worker records per-sender sequence numbers; ChaosWorker::
 //           take_violations returns what broke). Tree casts from one client thread share one
@@ -35,6 +37,7 @@
 // the mesh's monitor thread; future completions on runtime threads. Not reentrant.
 #pragma once
 
+#include <execinfo.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -176,7 +179,8 @@ struct Config {
     return o;
   }
   size_t procs() const { return hosts * per_host; }
-  /// CHAOS-1: from send to resolution.
+  /// The longest a fault may take to be detected (heartbeat_timeout plus the margin), and the
+  /// longest anyone waits on an operation before CHAOS-1 calls it unresolved.
   ms deadline() const { return host.timeouts.heartbeat_timeout + margin; }
   /// CHAOS-4: stop_timeout plus the kill grace of ProcMesh::stop (min(stop_timeout, 2 s)).
   ms stop_bound() const {
@@ -210,6 +214,29 @@ struct Report {
 };
 
 // --- Helpers -----------------------------------------------------------------------------------
+
+/// The running agents' pids, for the crash handler (agents outlive a crashed client otherwise;
+/// their workers die with them, PH-1).
+inline std::atomic<int> g_agent_pids[64];
+
+/// A crash of the client under chaos is a finding too: print its stack (addresses; resolve them
+/// with addr2line -e BINARY) on stderr, kill the agents, then die of the signal. Call after
+/// bootstrap() (the client only).
+inline void print_stack_on_crash() {
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) {
+    ::signal(sig, [](int s) {
+      void* frames[64];
+      int n = ::backtrace(frames, 64);
+      const char head[] = "chaos: client crashed; stack:\n";
+      (void)!::write(2, head, sizeof head - 1);
+      ::backtrace_symbols_fd(frames, n, 2);
+      for (auto& p : g_agent_pids)
+        if (int pid = p.load(); pid > 0) ::kill(pid, SIGKILL);
+      ::signal(s, SIG_DFL);
+      ::raise(s);
+    });
+  }
+}
 
 inline double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -285,7 +312,8 @@ struct Op {
   std::string what;             ///< "call survivors", "reduce all", "direct rank 5", ...
   std::vector<size_t> members;  ///< global ranks, by local rank
   std::set<size_t> dead;        ///< ranks declared failed when it was sent
-  Clock::time_point sent;
+  bool survivors = false;       ///< cast to survivors(): its members must be exactly the live
+  Clock::time_point sent = Clock::now();  ///< before its view is made (survivors())
 
   std::mutex mu;
   std::condition_variable cv;                  ///< notified once done is set
@@ -340,6 +368,7 @@ class Harness {
       agents_.emplace_back(std::make_unique<Subprocess>(
           cfg_.cli, std::vector<std::string>{"agent", "--listen", addrs_.back()}));
       agents_.back()->listening();
+      g_agent_pids[h % 64] = agents_.back()->pid();
     }
     hosts_.emplace(monarch::mesh::attach_to_workers(addrs_, cfg_.host));
     hosts_->set_fault_hook([this](const monarch::ActorSupervisionEvent& e) {
@@ -352,9 +381,11 @@ class Harness {
   }
 
   void restart_agent(size_t h) {
+    g_agent_pids[h % 64] = 0;
     agents_[h]->kill(SIGKILL);  // reaps it: the address is free again
     agents_[h] = std::make_unique<Subprocess>(
         cfg_.cli, std::vector<std::string>{"agent", "--listen", addrs_[h]});
+    g_agent_pids[h % 64] = agents_[h]->pid();
     agents_[h]->listening();
   }
 
@@ -420,6 +451,7 @@ class Harness {
     hosts_.reset();
     for (auto& a : agents_) a->kill(SIGKILL);
     agents_.clear();
+    for (auto& p : g_agent_pids) p = 0;
     if (!check) return;
     if (!all_dead(all_pids_, 5s)) violation("CHAOS-5", "a worker outlived its agent");
     for (int k : live_children(::getpid())) {
@@ -507,6 +539,7 @@ class Harness {
     {
       std::lock_guard lock(mu_);
       intervals_.clear();
+      delays_.clear();
     }
     start_load();
     wait_ops(cfg_.ops_before_fault);
@@ -595,6 +628,8 @@ class Harness {
       // A stop shorter than heartbeat_timeout: only a delay. The load keeps going meanwhile.
       std::this_thread::sleep_for(cfg_.short_stop());  // the fault's own duration
       ::kill(pid, SIGCONT);
+      std::lock_guard lock(mu_);
+      delays_.push_back({f.injected, Clock::now()});
       return;
     }
     // Detection: every rank of the fault declared failed (its MeshFailure delivered).
@@ -747,9 +782,9 @@ class Harness {
   void begin(Op& op, OpKind kind, std::string what, const Mesh& view) {
     op.kind = kind;
     op.what = std::move(what);
-    op.dead = dead_now();  // before the view's members: a failure in between makes it exempt
-    op.sent = Clock::now();
+    op.dead = dead_now();  // op.sent was taken before the view: a failure in between overlaps
     op.members = members_of(view);
+    op.survivors = op.what.find("survivors") != std::string::npos;
     op.rank_error.assign(op.members.size(), nullptr);
     op.rank_value.assign(op.members.size(), std::nullopt);
   }
@@ -900,6 +935,18 @@ class Harness {
            std::any_of(unexpected_.begin(), unexpected_.end(), overlaps);
   }
 
+  // CHAOS-1's deadline of one operation: the margin after it was sent, or after the end of the
+  // last fault it overlapped (a failure's detection, a short stop's SIGCONT).
+  Clock::time_point deadline_of(const Op& op, Clock::time_point end) {
+    std::lock_guard lock(mu_);
+    auto from = op.sent;
+    for (const auto* ivs : {&intervals_, &unexpected_, &delays_}) {
+      for (const Interval& iv : *ivs)
+        if (op.sent <= iv.to && end >= iv.from) from = std::max(from, iv.to);
+    }
+    return from + cfg_.margin;
+  }
+
   void evaluate_ops() {
     std::vector<std::shared_ptr<Op>> ops;
     {
@@ -920,15 +967,29 @@ class Harness {
                                  " ms after it was sent");
         continue;  // its completion holds it (OpPtr) if it ever comes
       }
-      double took = ms_between(op.sent, *op.done);
-      if (took > static_cast<double>(cfg_.deadline().count())) {
-        violation("CHAOS-1", tag + ": resolved after " + std::to_string(took) + " ms");
+      const auto due = deadline_of(op, *op.done);
+      if (*op.done > due) {
+        violation("CHAOS-1", tag + ": resolved after " +
+                                 std::to_string(ms_between(op.sent, *op.done)) + " ms, " +
+                                 std::to_string(ms_between(due, *op.done)) +
+                                 " ms past its deadline (detection or send + " +
+                                 std::to_string(cfg_.margin.count()) + " ms)");
       }
       const bool exempt = in_fault(op, *op.done);
       bool any_error = op.whole != nullptr;
       auto check_named = [&](const std::exception_ptr& e, const std::string& who) {
         if (auto bad = unnamed(e, mesh)) violation("CHAOS-1", tag + ": " + who + ": " + *bad);
       };
+      if (op.survivors && !exempt) {
+        std::vector<size_t> live;
+        for (size_t g = 0; g < cfg_.procs(); ++g)
+          if (!op.dead.count(g)) live.push_back(g);
+        if (op.members != live) {
+          violation("CHAOS-3", tag + ": survivors() held " + std::to_string(op.members.size()) +
+                                   " members, not the " + std::to_string(live.size()) +
+                                   " ranks whose procs were not declared failed");
+        }
+      }
       bool view_has_dead = std::any_of(op.members.begin(), op.members.end(),
                                        [&](size_t g) { return op.dead.count(g) > 0; });
       if (op.whole) {
@@ -1024,6 +1085,7 @@ class Harness {
   std::map<size_t, Clock::time_point> failed_;  // rank -> MeshFailure delivered
   std::set<size_t> expected_;                   // ranks a fault was aimed at (this mesh)
   std::vector<Interval> intervals_, unexpected_;
+  std::vector<Interval> delays_;  // short stops: [SIGSTOP, SIGCONT]
   size_t undeliverable_ = 0;
 
   std::mutex ops_mu_;

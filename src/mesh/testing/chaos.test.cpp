@@ -35,6 +35,7 @@ TEST(Chaos, FaultsUnderLoadKeepEveryInvariant) {
 
 int main(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv, chaos::worker_setup);  // a worker never returns from here
+  chaos::print_stack_on_crash();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
