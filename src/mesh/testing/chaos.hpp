@@ -123,15 +123,6 @@ inline void worker_setup(monarch::Proc& proc, const monarch::mesh::WorkerInfo& i
 using Mesh = monarch::mesh::ActorMesh<ChaosWorker>;
 using Ranks = ndslice::ValueMesh<size_t>;
 
-// --- The lead's failure-aware API, in one place --------------------------------------------------
-
-namespace api {
-/// The members whose procs the client has not declared failed.
-inline Mesh survivors(const Mesh& m) {
-  return m.survivors();
-}
-}  // namespace api
-
 // --- Configuration and report ------------------------------------------------------------------
 
 enum class FaultKind { Kill, StopLong, StopShort, AgentRestart };
@@ -672,7 +663,7 @@ class Harness {
       std::lock_guard lock(ops_mu_);
       ops_.push_back(op);  // evaluated with the others too
     }
-    issue_call(op, api::survivors(mesh_), "probe call survivors", kProbeSender, ++probe_seq_);
+    issue_call(op, mesh_.survivors(), "probe call survivors", kProbeSender, ++probe_seq_);
     if (!wait_op(*op, Clock::now() + cfg_.deadline())) return;  // CHAOS-1 reports it
     std::lock_guard lock(op->mu);
     bool ok = !op->whole &&
@@ -758,25 +749,23 @@ class Harness {
     auto pick = std::uniform_int_distribution<int>(0, 99)(rng);
     auto any_rank = std::uniform_int_distribution<size_t>(0, cfg_.procs() - 1)(rng);
     auto host = std::uniform_int_distribution<size_t>(0, cfg_.hosts - 1)(rng);
-    if (pick < 25)
-      return issue_call(op, api::survivors(mesh_), "call survivors", s.tree, ++s.tree_seq);
+    if (pick < 25) return issue_call(op, mesh_.survivors(), "call survivors", s.tree, ++s.tree_seq);
     if (pick < 35) return issue_call(op, mesh_, "call all", s.tree, ++s.tree_seq);
     if (pick < 42) {
       return issue_call(op, mesh_.slice("hosts", host), "call host " + std::to_string(host), s.tree,
                         ++s.tree_seq);
     }
     if (pick < 55) {
-      return issue_reduce(op, api::survivors(mesh_), "reduce survivors", s.tree, ++s.tree_seq);
+      return issue_reduce(op, mesh_.survivors(), "reduce survivors", s.tree, ++s.tree_seq);
     }
     if (pick < 60) return issue_reduce(op, mesh_, "reduce all", s.tree, ++s.tree_seq);
     if (pick < 68) {
-      return issue_broadcast(op, api::survivors(mesh_), "broadcast survivors", s.tree,
-                             ++s.tree_seq);
+      return issue_broadcast(op, mesh_.survivors(), "broadcast survivors", s.tree, ++s.tree_seq);
     }
     if (pick < 72) return issue_broadcast(op, mesh_, "broadcast all", s.tree, ++s.tree_seq);
     if (pick < 82) return issue_direct(op, any_rank, false, s.direct, ++s.direct_seq);
     if (pick < 90) return issue_direct(op, any_rank, true, s.direct, ++s.direct_seq);
-    return issue_stream(op, api::survivors(mesh_), "stream survivors", s.stream, ++s.stream_seq);
+    return issue_stream(op, mesh_.survivors(), "stream survivors", s.stream, ++s.stream_seq);
   }
 
   void begin(Op& op, OpKind kind, std::string what, const Mesh& view) {
@@ -1046,7 +1035,7 @@ class Harness {
 
   // CHAOS-2: every live worker's record of per-sender sequence numbers.
   void check_order() {
-    Mesh live = api::survivors(mesh_);
+    Mesh live = mesh_.survivors();
     const auto ranks = members_of(live);
     try {
       auto vm = live.call(&ChaosWorker::take_violations).get(cfg_.deadline());
