@@ -159,6 +159,8 @@ struct Config {
   std::string cli;     ///< the `monarch` binary (agents)
   monarch::mesh::HostOptions host = defaults();
   bool verbose = false;
+  /// Only these fault kinds (MONARCH_CHAOS_FAULTS=sigkill,agent_restart); empty: all four.
+  std::vector<FaultKind> only;
 
   static monarch::mesh::HostOptions defaults() {
     monarch::mesh::HostOptions o;
@@ -189,6 +191,25 @@ struct Config {
     const char* r = std::getenv("MONARCH_CHAOS_ROUNDS");
     c.rounds = r != nullptr ? std::stoul(r) : default_rounds;
     c.verbose = std::getenv("MONARCH_CHAOS_VERBOSE") != nullptr;
+    if (const char* only = std::getenv("MONARCH_CHAOS_FAULTS")) {
+      std::string list = std::string(only) + ",";
+      for (size_t at = 0, comma; (comma = list.find(',', at)) != std::string::npos;
+           at = comma + 1) {
+        const std::string name = list.substr(at, comma - at);
+        bool known = false;
+        for (auto k : {FaultKind::Kill, FaultKind::StopLong, FaultKind::StopShort,
+                       FaultKind::AgentRestart}) {
+          if (name == to_string(k)) {
+            c.only.push_back(k);
+            known = true;
+          }
+        }
+        if (!known && !name.empty()) {
+          throw monarch::UsageError("MONARCH_CHAOS_FAULTS: unknown fault '" + name +
+                                    "' (sigkill, sigstop_long, sigstop_short, agent_restart)");
+        }
+      }
+    }
     return c;
   }
 };
@@ -559,6 +580,10 @@ class Harness {
       kinds_ = {FaultKind::Kill, FaultKind::StopLong, FaultKind::StopShort,
                 FaultKind::AgentRestart};
       std::shuffle(kinds_.begin(), kinds_.end(), rng_);
+      if (!cfg_.only.empty()) {  // the same draws, then only the kinds asked for
+        for (auto& k : kinds_)
+          k = cfg_.only[static_cast<size_t>(&k - kinds_.data()) % cfg_.only.size()];
+      }
     }
     if (r % 3 == 0) {
       targets_ = {Target::Leaf, Target::Interior, Target::Root};

@@ -2,7 +2,8 @@
 // chaos.hpp (16 procs over 4 `monarch agent` processes, fan-out 2, seeded faults on leaves,
 // interior nodes and proc 0 under a stream of casts, calls, reductions and direct calls). The long
 // version is bench/chaos_bench.cpp. MONARCH_CHAOS_SEED reproduces a run, MONARCH_CHAOS_ROUNDS
-// lengthens it, MONARCH_CHAOS_VERBOSE prints what the fault hook receives.
+// lengthens it, MONARCH_CHAOS_FAULTS=sigkill,agent_restart keeps only those kinds,
+// MONARCH_CHAOS_VERBOSE prints what the fault hook receives.
 //
 // This binary is also the worker: main() calls bootstrap() first.
 #include "mesh/testing/chaos.hpp"
