@@ -22,9 +22,10 @@
 //           sender (CAST-3, across views); direct calls and streams have their own (CAST-4).
 //   CHAOS-3 Casts that exclude the dead succeed. An operation sent while no failing fault was in
 //           progress (injected, not yet detected) gives a value for every member whose proc was
-//           not declared failed when it was sent (a cast to survivors() succeeds); members
-//           declared failed get a SupervisionError (a reduce or broadcast over them fails at once
-//           with one). Values land in their member's slot; a reduce sums every member.
+//           not declared failed when it was sent: a cast to survivors() (exactly those members)
+//           succeeds, its tree routing around the dead (CAST-12). Members declared failed get a
+//           SupervisionError (a reduce or broadcast over them fails at once with one). Values
+//           land in their member's slot; a reduce sums every member.
 //   CHAOS-4 Stop has a deadline. ProcMesh::stop() returns within stop_timeout plus its kill grace
 //           (PH-6), plus 500 ms of slack.
 //   CHAOS-5 No process is left behind. Every worker pid is gone after a fault failed it and after
