@@ -4,9 +4,9 @@
 // reproduces a run.
 //
 //   chaos_recovery  from a SIGKILL to the first cast to survivors() that succeeded (sent once the
-//                   MeshFailure was delivered), ms p50/p95 over the SIGKILL rounds; peer
-//                   "detection": from the SIGKILL to the MeshFailure. Target: monarch at most
-//                   detection + 5 ms (the "extra" rows).
+//                   MeshFailure was delivered), ms p50/p95 over the SIGKILL rounds. Next to it,
+//                   "detection": from the SIGKILL to the MeshFailure (recovery includes it), and
+//                   "target": detection + 5 ms, which monarch should be ahead of.
 //   chaos_run       rounds, faults by kind, operations, violations (counts).
 //
 // Violations are printed on stderr with the seed and counted in chaos_run/violations. This binary
@@ -33,15 +33,13 @@ int main(int argc, char** argv) {
                       {"fanout", cfg.fanout},
                       {"seed", rep.seed},
                       {"kills", rep.recover_ms.size()}};
+  std::vector<double> target;  // per kill: its detection + 5 ms
+  for (double d : rep.detect_ms) target.push_back(d + 5.0);
   for (double q : {0.5, 0.95}) {
     const std::string m = q == 0.5 ? "p50" : "p95";
     report("chaos_recovery", "monarch", m, percentile(rep.recover_ms, q), "ms", "lower", p);
     report("chaos_recovery", "detection", m, percentile(rep.detect_ms, q), "ms", "lower", p);
-    std::vector<double> extra;
-    for (size_t i = 0; i < rep.recover_ms.size(); ++i)
-      extra.push_back(rep.recover_ms[i] - rep.detect_ms[i]);
-    report("chaos_recovery_extra", "monarch", m, percentile(extra, q), "ms", "lower", p);
-    report("chaos_recovery_extra", "target", m, 5.0, "ms", "lower", p);
+    report("chaos_recovery", "target", m, percentile(target, q), "ms", "lower", p);
   }
   nlohmann::json run = {{"seed", rep.seed}};
   report("chaos_run", "monarch", "rounds", static_cast<double>(rep.rounds), "count", "higher", run);
