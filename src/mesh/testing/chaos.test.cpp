@@ -18,7 +18,6 @@ namespace chaos = monarch::testing::chaos;
 TEST(Chaos, FaultsUnderLoadKeepEveryInvariant) {
   auto cfg = chaos::Config::from_env(4);
   cfg.cli = MONARCH_CLI;
-  auto t0 = std::chrono::steady_clock::now();
   chaos::Report rep = chaos::Harness(cfg).run();
   EXPECT_EQ(rep.rounds, cfg.rounds);
   EXPECT_GE(rep.ops, rep.rounds * cfg.clients * (cfg.ops_before_fault + cfg.ops_after_detection))
@@ -27,9 +26,6 @@ TEST(Chaos, FaultsUnderLoadKeepEveryInvariant) {
   std::printf("chaos: seed %llu, %zu rounds, %zu ops (%zu with errors), %zu respawns, %.1f s\n",
               static_cast<unsigned long long>(rep.seed), rep.rounds, rep.ops, rep.ops_failed,
               rep.respawns, rep.seconds);
-  if (cfg.rounds <= 4) {
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
-  }
 }
 
 }  // namespace
