@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     auto procs = host.spawn_procs({{"gpus", kProcs}});
     auto probes = procs.lookup<Probe>("probe");
     monarch_ms.push_back(monarch::bench::us_since(t0) / 1000.0);
-    probes.call(&Probe::ping).get(std::chrono::seconds(10));
+    probes.call(&Probe::ping).get(std::chrono::seconds(10)).throw_if_failed();
     first_call_ms.push_back(monarch::bench::us_since(t0) / 1000.0);
     procs.stop();
     peer_ms.push_back(posix_spawn_ready_ms());
