@@ -90,7 +90,11 @@ static int run(int argc, char** argv) {
   auto survivors = workers.slice("replicas", 0).call(&Worker::value, 0).get(10s);
   std::printf("   replicas=0 still answers: %d %d; failed ranks:", survivors[0], survivors[1]);
   for (size_t r : procs.failed_ranks()) std::printf(" %zu", r);
-  std::printf("\n");
+  auto all = workers.call(&Worker::value, 0).get(10s);  // the dead rank holds its error, at once
+  std::printf("\n   call to all: %zu answered, rank", all.size() - all.failed_ranks().size());
+  for (size_t r : all.failed_ranks()) std::printf(" %zu", r);
+  std::printf(" failed; survivors(): sum = %d\n",
+              workers.survivors().reduce(mesh::Sum{}, &Worker::value, 0).get(10s));
 
   procs.stop();
   std::printf("done\n");

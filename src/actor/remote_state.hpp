@@ -220,7 +220,9 @@ struct Proc::Remote {
       call.handler(
           detail::RemoteResult{{}, std::make_exception_ptr(SupervisionError(call.dest, cause))});
     }
-    if (link) link->close("proc " + addr + " declared failed: " + cause);
+    // Quietly: the failure is reported (MeshFailure); what was unacknowledged still comes back
+    // to on_returned (REM-6), and may well have been delivered before the proc died.
+    if (link) link->close_quietly("proc " + addr + " declared failed: " + cause);
   }
   // Proc::forget_proc: `addr` is gone by design. Its link closes quietly; calls pending on it fail
   // with DeliveryFailure (on_link_closed); what comes back from the link is dropped (on_returned);

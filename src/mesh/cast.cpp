@@ -37,7 +37,11 @@ ndslice::Point Context::actor_rank() {
 }
 
 void CommActor::undeliverable(const DeliveryFailure& failure) {
-  spdlog::warn("monarch.comm: dropped an undeliverable report: {}", failure.what());
+  // A hop to a proc declared failed: that failure was reported by supervision already (and the
+  // hop may even have run there before the proc died, unacknowledged).
+  const bool known = proc().proc_failed(failure.destination().proc);
+  spdlog::log(known ? spdlog::level::debug : spdlog::level::warn,
+              "monarch.comm: dropped an undeliverable report: {}", failure.what());
 }
 
 Future<std::string> CommActor::cast(CastWire w) {

@@ -164,8 +164,9 @@ class Sender {
   virtual const ChannelAddr& addr() const = 0;
   /// Closes the link; pending messages go to the failure handler with `reason`.
   virtual void close(const std::string& reason) = 0;
-  /// As close(), for a peer that is gone by design (it exited when asked to stop): the number of
-  /// undelivered messages is logged at debug level instead of as a warning.
+  /// As close(), for a peer that is gone by design (it exited when asked to stop) or whose failure
+  /// was already reported (a proc declared failed): the number of undelivered messages is logged
+  /// at debug level instead of as a warning.
   virtual void close_quietly(const std::string& reason) = 0;
   /// Registers `f(reason)`, called once (on the IoRuntime thread) when the link closes: by
   /// close(), a delivery timeout (CH-4), a refusal, or the peer being unreachable for
