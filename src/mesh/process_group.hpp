@@ -95,7 +95,7 @@ struct ProcessGroup {
   std::vector<std::optional<uint64_t>> incarnations;
   bool started = false;  // failures before this are start errors, not MeshFailures
   bool stopped = false;
-  bool closing = false;             // monitor thread exits
+  bool closing = false;  // monitor thread exits
   // To deliver on the monitor thread, each once its ranks are known to be dead (see
   // deliverable_locked), with when it was queued.
   std::deque<std::pair<MeshFailure, std::chrono::steady_clock::time_point>> pending;

@@ -25,8 +25,8 @@
 //
 // Invariants CAST-1..CAST-12 (fan-out, fixed paths, per-pair FIFO, no atomicity, one accumulated
 // reply, per-member failures, nothing hangs, scale, the relay never fails, the same tree across
-// processes, a cast right after spawn, dead procs routed around) are stated once, in docs/cast-tree.md, "Invariants"; tests
-// cite them by number (index: docs/design.md).
+// processes, a cast right after spawn, dead procs routed around) are stated once, in
+// docs/cast-tree.md, "Invariants"; tests cite them by number (index: docs/design.md).
 #pragma once
 
 #include <chrono>
