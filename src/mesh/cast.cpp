@@ -61,7 +61,11 @@ void CommActor::cast_send(CastWire w) {
                   proc().name(), w.handler);
     return;
   }
-  (void)(*fn)(proc(), std::move(w));
+  try {
+    (void)(*fn)(proc(), std::move(w));
+  } catch (const std::exception& e) {  // CAST-9: a bad hop never fails the relay
+    spdlog::error("monarch.comm of {}: dropped a broadcast: {}", proc().name(), e.what());
+  }
 }
 
 namespace detail {
@@ -133,7 +137,13 @@ void CastFence::arrive() {
     if (left_ == 0 || --left_ != 0) return;
     run.swap(waiting_);
   }
-  for (auto& f : run) f();
+  for (auto& f : run) {
+    try {
+      f();
+    } catch (const std::exception& e) {  // one cast's failure must not strand the others
+      spdlog::error("monarch: a cast held by the spawn fence failed to start: {}", e.what());
+    }
+  }
 }
 
 void CastFence::then(UniqueFunction<void()> f) {
@@ -206,7 +216,46 @@ void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& c
                proc.name(), comm.to_string(), cause);
 }
 
+std::vector<std::pair<uint32_t, ActorId>> cast_members_of(const CastWire& w, uint32_t di) {
+  std::vector<std::pair<uint32_t, ActorId>> out;
+  const std::string& proc = w.comm[w.procs[di] - w.lo].proc;
+  for (uint32_t i = w.starts[di]; i < w.starts[di + 1]; ++i) {
+    const MemberRun& run = w.runs[i];
+    const std::string name = run.name < w.names.size() ? w.names[run.name] : std::string();
+    for (uint32_t k = 0; k < run.count; ++k)
+      out.emplace_back(run.rank + k, ActorId{proc, name, run.uid + k});
+  }
+  return out;
+}
+
+CastWire cast_wire_without(const CastWire& w, const DeadProcs& dead,
+                           std::vector<std::pair<uint32_t, ActorId>>& lost) {
+  CastWire out;
+  out.handler = w.handler;
+  out.args = w.args;
+  out.reducer = w.reducer;
+  out.lo = w.lo;
+  out.hi = w.hi;
+  out.fanout = w.fanout;
+  out.comm = w.comm;
+  out.names = w.names;
+  out.starts.push_back(0);
+  for (uint32_t di = 0; di < w.procs.size(); ++di) {
+    if (dead.has(w.procs[di])) {
+      auto gone = cast_members_of(w, di);
+      lost.insert(lost.end(), gone.begin(), gone.end());
+      continue;
+    }
+    out.procs.push_back(w.procs[di]);
+    out.runs.insert(out.runs.end(), w.runs.begin() + w.starts[di],
+                    w.runs.begin() + w.starts[di + 1]);
+    out.starts.push_back(static_cast<uint32_t>(out.runs.size()));
+  }
+  return out;
+}
+
 std::vector<CastWire> cast_root_hops(CastWire w, const DeadProcs& dead) {
+  if (w.procs.empty()) return {};  // every destination was on a dead proc
   w.dead = dead.procs;
   w.dead_causes = dead.causes;
   if (!dead.has(0)) return {std::move(w)};

@@ -26,10 +26,11 @@
 // is the receiver's local rank in the view the message was cast to.
 //
 // Cast tree (docs/cast-tree.md, CAST-1..12): call, reduce, stream and broadcast go as ONE message
-// to the comm actor of base proc 0, which relays it down a fixed tree of per-proc comm actors of
-// bounded fan-out; replies are folded at every node, so the caller receives one message. call_one
-// and choose message their member directly (not ordered with casts, CAST-4). Results complete on
-// runtime threads (never the caller's); Future continuations follow future.hpp's rules.
+// to the comm actor of base proc 0 (to its live descendants when proc 0 is dead, CAST-12), which
+// relays it down a fixed tree of per-proc comm actors of bounded fan-out; replies are folded at
+// every node, so the caller receives one message. call_one and choose message their member directly
+// (not ordered with casts, CAST-4). Results complete on runtime threads (never the caller's);
+// Future continuations follow future.hpp's rules.
 //
 // Status: in-process meshes (ProcMesh::local) and meshes of remote refs (attach / from_ids) whose
 // comm actors relay over channels; process meshes (process.hpp) use the latter. Across processes
@@ -153,8 +154,9 @@ class ActorMesh {
     return pick(std::move(locals));
   }
 
-  /// Where member `local` of this view sits in the view select()/survivors() was applied to
-  /// (this view's own point for a sliced view).
+  /// Where member `local` of this view sits in the rectangular view the first select() or
+  /// survivors() was applied to (for survivors().select(...) too); this view's own point for a
+  /// sliced view.
   ndslice::Point parent_point(size_t local) const {
     if (!pick_) return extent().point(local);
     return pick_->parent.extent().point(pick_->locals.at(local));
@@ -269,12 +271,23 @@ class ActorMesh {
       if constexpr (!RC::castable) {
         detail::throw_not_castable("broadcast", "the endpoint's arguments are");
       } else {
-        const auto dead = topo_->dead();
-        auto plan = checked_plan("broadcast", dead);
-        auto hops = detail::cast_root_hops(
-            RC::root(*members_, *topo_, plan, method, detail::NoReducer{}, args...), dead);
-        topo_->when_ready([topo = topo_, hops = std::move(hops)]() mutable {
-          for (auto& w : hops) topo->comm[w.lo].send(&CommActor::cast_send, std::move(w));
+        auto full = RC::root(*members_, *topo_, checked_plan("broadcast", topo_->dead()), method,
+                             detail::NoReducer{}, args...);
+        // Planned when it goes (after the spawn fence), against the procs dead by then (CAST-12).
+        topo_->when_ready([topo = topo_, full = std::move(full)]() mutable {
+          const auto dead = topo->dead();
+          std::vector<std::pair<uint32_t, ActorId>> lost;
+          auto w = dead.empty() ? std::move(full) : detail::cast_wire_without(full, dead, lost);
+          for (auto& [rank, id] : lost)
+            detail::log_dropped_broadcast(*topo->client, id, "its proc died before the cast left");
+          for (auto& hop : detail::cast_root_hops(std::move(w), dead)) {
+            const auto lo = hop.lo;
+            try {
+              topo->comm[lo].send(&CommActor::cast_send, std::move(hop));
+            } catch (const std::exception& e) {  // declared failed just now
+              detail::log_dropped_broadcast(*topo->client, topo->comm[lo].id(), e.what());
+            }
+          }
         });
         return;
       }
@@ -385,7 +398,6 @@ class ActorMesh {
     if constexpr (!RC::castable) {
       detail::throw_not_castable("call", "the endpoint's arguments or reply are");
     } else {
-      const auto dead = topo_->dead();
       // The caster's accumulator: one slot per member; members on dead procs fail at once, the
       // others as their root hops reply (CAST-6, CAST-12).
       struct Acc {
@@ -445,27 +457,39 @@ class ActorMesh {
       acc->ext = extent();
       acc->slots.resize(size());
       auto f = acc->promise.get_future();
-      auto p = plan().without(dead, [&](uint32_t rank, size_t g, uint32_t proc) {
-        acc->errors.emplace_back(
-            rank, std::make_exception_ptr(SupervisionError((*members_)[g].id(), dead.cause(proc))));
-      });
-      if (p.members.empty()) {
-        std::unique_lock lock(acc->mu);
-        acc->finish(lock);
-        return f;
-      }
-      auto hops = detail::cast_root_hops(
-          RC::root(*members_, *topo_, p, method, detail::NoReducer{}, args...), dead);
-      acc->pending = hops.size();
-      topo_->when_ready([topo = topo_, acc, hops = std::move(hops)]() mutable {
-        for (auto& w : hops) {
-          auto ranks = detail::cast_ranks(w);
-          const auto lo = w.lo;
-          topo->comm[lo]
-              .call(&CommActor::cast, std::move(w))
-              .on_complete([acc, ranks = std::move(ranks)](detail::State<std::string>& s) {
-                acc->hop(s, ranks);
-              });
+      auto full = RC::root(*members_, *topo_, plan(), method, detail::NoReducer{}, args...);
+      // Planned when it goes (after the spawn fence), against the procs dead by then: their
+      // members fail at once, the tree routes around them (CAST-12).
+      topo_->when_ready([topo = topo_, acc, full = std::move(full)]() mutable {
+        const auto dead = topo->dead();
+        std::vector<std::pair<uint32_t, ActorId>> lost;
+        auto w = dead.empty() ? std::move(full) : detail::cast_wire_without(full, dead, lost);
+        auto hops = detail::cast_root_hops(std::move(w), dead);
+        {
+          std::unique_lock lock(acc->mu);
+          for (auto& [rank, id] : lost) {
+            const auto proc = static_cast<uint32_t>(
+                std::find_if(topo->comm.begin(), topo->comm.end(),
+                             [&](const auto& c) { return c.id().proc == id.proc; }) -
+                topo->comm.begin());
+            acc->errors.emplace_back(
+                rank, std::make_exception_ptr(SupervisionError(id, dead.cause(proc))));
+          }
+          acc->pending = hops.size();
+          if (hops.empty()) return acc->finish(lock);
+        }
+        for (auto& h : hops) {
+          auto ranks = detail::cast_ranks(h);
+          const auto lo = h.lo;
+          Future<std::string> hop;
+          try {
+            hop = topo->comm[lo].call(&CommActor::cast, std::move(h));
+          } catch (...) {
+            hop = Future<std::string>::ready_error(std::current_exception());
+          }
+          hop.on_complete([acc, ranks = std::move(ranks)](detail::State<std::string>& s) {
+            acc->hop(s, ranks);
+          });
         }
       });
       return f;
@@ -480,15 +504,13 @@ class ActorMesh {
     if constexpr (!RC::castable) {
       detail::throw_not_castable("reduce", "the endpoint's arguments, reply or the reducer are");
     } else {
-      const auto dead = topo_->dead();
       detail::CastPlan p;
       try {
-        p = checked_plan("reduce", dead);
+        p = checked_plan("reduce", topo_->dead());
       } catch (...) {
         return Future<R>::ready_error(std::current_exception());
       }
-      auto hops =
-          detail::cast_root_hops(RC::root(*members_, *topo_, p, method, reducer, args...), dead);
+      auto full = RC::root(*members_, *topo_, p, method, reducer, args...);
       // Several root hops only when base proc 0 is dead (CAST-12): their partials fold here.
       struct Acc {
         explicit Acc(Reducer r) : reducer(std::move(r)) {}
@@ -499,39 +521,60 @@ class ActorMesh {
         Promise<R> promise;
         Reducer reducer;
         std::string ext;
+        // One root hop's partial result, or its error (first error wins, CAST-6).
+        void hop(detail::State<std::string>& s) {
+          std::unique_lock lock(mu);
+          if (done) return;
+          try {
+            if (s.error) std::rethrow_exception(s.error);
+            auto v = detail::decode_string<typename RC::Partial>(*s.value);
+            if (v) {
+              value = value ? std::optional<R>(std::as_const(reducer)(std::move(*value), *v))
+                            : std::move(v);
+            }
+            if (--pending != 0) return;
+            done = true;
+            if (!value) throw Error("reduce: no reply from the members of " + ext);
+            auto out = std::move(*value);
+            lock.unlock();
+            promise.set_value(std::move(out));
+          } catch (...) {
+            done = true;
+            lock.unlock();
+            promise.set_error(std::current_exception());
+          }
+        }
       };
       auto acc = std::make_shared<Acc>(std::move(reducer));
-      acc->pending = hops.size();
       acc->ext = extent().to_string();
       auto f = acc->promise.get_future();
-      topo_->when_ready([topo = topo_, acc, hops = std::move(hops)]() mutable {
-        for (auto& w : hops) {
-          const auto lo = w.lo;
-          topo->comm[lo]
-              .call(&CommActor::cast, std::move(w))
-              .on_complete([acc](detail::State<std::string>& s) {
-                std::unique_lock lock(acc->mu);
-                if (acc->done) return;
-                try {
-                  if (s.error) std::rethrow_exception(s.error);
-                  auto v = detail::decode_string<typename RC::Partial>(*s.value);
-                  if (v) {
-                    acc->value = acc->value ? std::optional<R>(std::as_const(acc->reducer)(
-                                                  std::move(*acc->value), *v))
-                                            : std::move(v);
-                  }
-                  if (--acc->pending != 0) return;
-                  acc->done = true;
-                  if (!acc->value) throw Error("reduce: no reply from the members of " + acc->ext);
-                  auto out = std::move(*acc->value);
-                  lock.unlock();
-                  acc->promise.set_value(std::move(out));
-                } catch (...) {
-                  acc->done = true;
-                  lock.unlock();
-                  acc->promise.set_error(std::current_exception());
-                }
-              });
+      // Planned when it goes (after the spawn fence): a member whose proc died meanwhile fails
+      // the reduce at once, naming it (CAST-12).
+      topo_->when_ready([topo = topo_, acc, full = std::move(full)]() mutable {
+        const auto dead = topo->dead();
+        std::vector<std::pair<uint32_t, ActorId>> lost;
+        auto w = dead.empty() ? std::move(full) : detail::cast_wire_without(full, dead, lost);
+        if (!lost.empty()) {
+          acc->done = true;
+          return acc->promise.set_error(std::make_exception_ptr(
+              SupervisionError(lost[0].second, "reduce to the mesh view " + acc->ext + ": rank " +
+                                                   std::to_string(lost[0].first) +
+                                                   " is on a failed proc; cast to survivors()")));
+        }
+        auto hops = detail::cast_root_hops(std::move(w), dead);
+        {
+          std::lock_guard lock(acc->mu);
+          acc->pending = hops.size();
+        }
+        for (auto& hop : hops) {
+          const auto lo = hop.lo;
+          Future<std::string> reply;
+          try {
+            reply = topo->comm[lo].call(&CommActor::cast, std::move(hop));
+          } catch (...) {
+            reply = Future<std::string>::ready_error(std::current_exception());
+          }
+          reply.on_complete([acc](detail::State<std::string>& s) { acc->hop(s); });
         }
       });
       return f;

@@ -78,6 +78,12 @@ std::vector<uint32_t> cast_ranks(const CastWire& w);
 DeadProcs relay_dead(Proc& proc, const CastWire& w);
 /// The error of the members of dead proc `p` (SupervisionError naming its comm actor and why).
 std::exception_ptr dead_proc_error(const ActorId& comm, const std::string& cause);
+/// The members of `w` on procs.. of destination index `di` (w.procs[di]): (message rank, id).
+std::vector<std::pair<uint32_t, ActorId>> cast_members_of(const CastWire& w, uint32_t di);
+/// `w` (a whole-tree wire from RemoteCast::root) without its destinations on `dead` procs, whose
+/// members are appended to `lost` as (message rank, member id) (CAST-12).
+CastWire cast_wire_without(const CastWire& w, const DeadProcs& dead,
+                           std::vector<std::pair<uint32_t, ActorId>>& lost);
 /// A relay cannot tell a broadcast's caster that a destination proc is dead: it logs it.
 void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& cause);
 /// The caster's hops for the whole-tree wire `w` (CAST-12): `w` itself (with `dead` in it) when
@@ -200,6 +206,20 @@ struct RemoteCast {
           if (failed) return;
           auto w = monarch::detail::WireError::from(e);
           for (uint32_t r : ranks) acc.errors.emplace_back(r, w);
+        }
+        count_down();
+      }
+    }
+    /// One input (a dead destination proc) failed member by member: call() records each
+    /// (rank, error); reduce() fails with the first.
+    void fail_each(const std::vector<std::pair<uint32_t, std::exception_ptr>>& errs) {
+      if constexpr (Mode == CastMode::Reduce) {
+        fail(errs.empty() ? std::make_exception_ptr(Error("cast: lost members")) : errs[0].second);
+      } else {
+        {
+          std::lock_guard lock(mu);
+          if (failed) return;
+          for (auto& [r, e] : errs) acc.errors.emplace_back(r, monarch::detail::WireError::from(e));
         }
         count_down();
       }
@@ -341,33 +361,43 @@ struct RemoteCast {
     st->pending.store(pending, std::memory_order_relaxed);
     for (uint32_t di : lost) {
       const uint32_t p = w.procs[di];
-      auto e = dead_proc_error(w.comm[p - w.lo], dead.cause(p));
       if constexpr (Mode == CastMode::Broadcast) {
         log_dropped_broadcast(proc, w.comm[p - w.lo], dead.cause(p));
       } else {
-        CastWire one;
-        one.starts = {0, w.starts[di + 1] - w.starts[di]};
-        one.runs.assign(w.runs.begin() + w.starts[di], w.runs.begin() + w.starts[di + 1]);
-        st->fail_ranks(cast_ranks(one), e);
+        // Each member holds a SupervisionError naming it (CAST-12), as when the caster knew.
+        std::vector<std::pair<uint32_t, std::exception_ptr>> errs;
+        for (auto& [rank, id] : cast_members_of(w, di))
+          errs.emplace_back(rank, std::make_exception_ptr(SupervisionError(id, dead.cause(p))));
+        st->fail_each(errs);
       }
     }
     for (auto& [id, sub] : kids) {
       ActorRef<CommActor> child(&proc, id, true);
       if constexpr (Mode == CastMode::Broadcast) {
-        child.send(&CommActor::cast_send, std::move(sub));
+        try {
+          child.send(&CommActor::cast_send, std::move(sub));
+        } catch (const std::exception& e) {
+          // Its proc was declared failed since relay_dead() looked (CAST-9: the relay lives on).
+          log_dropped_broadcast(proc, id, e.what());
+        }
       } else {
         std::vector<uint32_t> ranks;
         if constexpr (Mode == CastMode::Collect) ranks = cast_ranks(sub);
-        child.call(&CommActor::cast, std::move(sub))
-            .on_complete([st, ranks = std::move(ranks)](State<std::string>& s) {
-              // A lost subtree (its comm actor died, CAST-7) fails its own members only.
-              if (s.error) return st->fail_ranks(ranks, s.error);
-              try {
-                st->add(decode_string<Partial>(*s.value));
-              } catch (...) {
-                st->fail(std::current_exception());
-              }
-            });
+        Future<std::string> hop;
+        try {
+          hop = child.call(&CommActor::cast, std::move(sub));
+        } catch (...) {
+          hop = Future<std::string>::ready_error(std::current_exception());
+        }
+        hop.on_complete([st, ranks = std::move(ranks)](State<std::string>& s) {
+          // A lost subtree (its comm actor died, CAST-7) fails its own members only.
+          if (s.error) return st->fail_ranks(ranks, s.error);
+          try {
+            st->add(decode_string<Partial>(*s.value));
+          } catch (...) {
+            st->fail(std::current_exception());
+          }
+        });
       }
     }
     ActorId id{proc.name(), {}, 0};  // reused: no allocation per member
