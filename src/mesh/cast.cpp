@@ -172,19 +172,33 @@ std::string to_string_bytes(const std::vector<std::byte>& b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-CastWire cast_subtree_wire(const CastWire& w, const CastSpan& s) {
-  CastWire sub;
-  sub.handler = w.handler;
-  sub.args = w.args;
-  sub.reducer = w.reducer;
+namespace {
+// A wire with `w`'s payload (handler, arguments, reducer), fan-out and member names, and no
+// destinations yet.
+CastWire same_payload(const CastWire& w) {
+  CastWire out;
+  out.handler = w.handler;
+  out.args = w.args;
+  out.reducer = w.reducer;
+  out.fanout = w.fanout;
+  out.names = w.names;
+  return out;
+}
+}  // namespace
+
+CastWire cast_subtree_wire(const CastWire& w, const CastSpan& s, const DeadProcs& dead) {
+  CastWire sub = same_payload(w);
   sub.lo = s.lo;
   sub.hi = s.hi;
-  sub.fanout = w.fanout;
   sub.comm.assign(w.comm.begin() + (s.lo - w.lo), w.comm.begin() + (s.hi - w.lo));
   sub.procs.assign(w.procs.begin() + s.db, w.procs.begin() + s.de);
   for (uint32_t i = s.db; i <= s.de; ++i) sub.starts.push_back(w.starts[i] - w.starts[s.db]);
-  sub.names = w.names;
   sub.runs.assign(w.runs.begin() + w.starts[s.db], w.runs.begin() + w.starts[s.de]);
+  const auto b = std::lower_bound(dead.procs.begin(), dead.procs.end(), s.lo);
+  const auto e = std::lower_bound(b, dead.procs.end(), s.hi);
+  sub.dead.assign(b, e);
+  sub.dead_causes.assign(dead.causes.begin() + (b - dead.procs.begin()),
+                         dead.causes.begin() + (e - dead.procs.begin()));
   return sub;
 }
 
@@ -207,10 +221,6 @@ DeadProcs relay_dead(Proc& proc, const CastWire& w) {
   return dead;
 }
 
-std::exception_ptr dead_proc_error(const ActorId& comm, const std::string& cause) {
-  return std::make_exception_ptr(SupervisionError(comm, cause));
-}
-
 void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& cause) {
   spdlog::warn("monarch.comm of {}: broadcast not delivered on the failed proc of {}: {}",
                proc.name(), comm.to_string(), cause);
@@ -229,21 +239,16 @@ std::vector<std::pair<uint32_t, ActorId>> cast_members_of(const CastWire& w, uin
 }
 
 CastWire cast_wire_without(const CastWire& w, const DeadProcs& dead,
-                           std::vector<std::pair<uint32_t, ActorId>>& lost) {
-  CastWire out;
-  out.handler = w.handler;
-  out.args = w.args;
-  out.reducer = w.reducer;
+                           std::vector<LostMember>& lost) {
+  CastWire out = same_payload(w);
   out.lo = w.lo;
   out.hi = w.hi;
-  out.fanout = w.fanout;
   out.comm = w.comm;
-  out.names = w.names;
   out.starts.push_back(0);
   for (uint32_t di = 0; di < w.procs.size(); ++di) {
     if (dead.has(w.procs[di])) {
-      auto gone = cast_members_of(w, di);
-      lost.insert(lost.end(), gone.begin(), gone.end());
+      for (auto& [rank, id] : cast_members_of(w, di))
+        lost.push_back(LostMember{rank, std::move(id), dead.cause(w.procs[di])});
       continue;
     }
     out.procs.push_back(w.procs[di]);
@@ -261,16 +266,7 @@ std::vector<CastWire> cast_root_hops(CastWire w, const DeadProcs& dead) {
   if (!dead.has(0)) return {std::move(w)};
   std::vector<CastWire> hops;
   const CastSpan root{w.lo, w.hi, 0, static_cast<uint32_t>(w.procs.size())};
-  auto child = [&](const CastSpan& s) {
-    CastWire sub = cast_subtree_wire(w, s);
-    for (size_t i = 0; i < dead.procs.size(); ++i) {
-      if (dead.procs[i] >= s.lo && dead.procs[i] < s.hi) {
-        sub.dead.push_back(dead.procs[i]);
-        sub.dead_causes.push_back(dead.causes[i]);
-      }
-    }
-    hops.push_back(std::move(sub));
-  };
+  auto child = [&](const CastSpan& s) { hops.push_back(cast_subtree_wire(w, s, dead)); };
   auto lost = [](uint32_t) {};  // none: the caster took dead destinations out of the plan
   plan_live_span(root, w.fanout, w.procs, dead, child, lost);
   return hops;

@@ -276,10 +276,9 @@ class ActorMesh {
         // Planned when it goes (after the spawn fence), against the procs dead by then (CAST-12).
         topo_->when_ready([topo = topo_, full = std::move(full)]() mutable {
           const auto dead = topo->dead();
-          std::vector<std::pair<uint32_t, ActorId>> lost;
+          std::vector<detail::LostMember> lost;
           auto w = dead.empty() ? std::move(full) : detail::cast_wire_without(full, dead, lost);
-          for (auto& [rank, id] : lost)
-            detail::log_dropped_broadcast(*topo->client, id, "its proc died before the cast left");
+          for (auto& m : lost) detail::log_dropped_broadcast(*topo->client, m.id, m.cause);
           for (auto& hop : detail::cast_root_hops(std::move(w), dead)) {
             const auto lo = hop.lo;
             try {
@@ -462,19 +461,14 @@ class ActorMesh {
       // members fail at once, the tree routes around them (CAST-12).
       topo_->when_ready([topo = topo_, acc, full = std::move(full)]() mutable {
         const auto dead = topo->dead();
-        std::vector<std::pair<uint32_t, ActorId>> lost;
+        std::vector<detail::LostMember> lost;
         auto w = dead.empty() ? std::move(full) : detail::cast_wire_without(full, dead, lost);
         auto hops = detail::cast_root_hops(std::move(w), dead);
         {
           std::unique_lock lock(acc->mu);
-          for (auto& [rank, id] : lost) {
-            const auto proc = static_cast<uint32_t>(
-                std::find_if(topo->comm.begin(), topo->comm.end(),
-                             [&](const auto& c) { return c.id().proc == id.proc; }) -
-                topo->comm.begin());
-            acc->errors.emplace_back(
-                rank, std::make_exception_ptr(SupervisionError(id, dead.cause(proc))));
-          }
+          for (auto& m : lost)
+            acc->errors.emplace_back(m.rank,
+                                     std::make_exception_ptr(SupervisionError(m.id, m.cause)));
           acc->pending = hops.size();
           if (hops.empty()) return acc->finish(lock);
         }
@@ -552,14 +546,14 @@ class ActorMesh {
       // the reduce at once, naming it (CAST-12).
       topo_->when_ready([topo = topo_, acc, full = std::move(full)]() mutable {
         const auto dead = topo->dead();
-        std::vector<std::pair<uint32_t, ActorId>> lost;
+        std::vector<detail::LostMember> lost;
         auto w = dead.empty() ? std::move(full) : detail::cast_wire_without(full, dead, lost);
         if (!lost.empty()) {
           acc->done = true;
-          return acc->promise.set_error(std::make_exception_ptr(
-              SupervisionError(lost[0].second, "reduce to the mesh view " + acc->ext + ": rank " +
-                                                   std::to_string(lost[0].first) +
-                                                   " is on a failed proc; cast to survivors()")));
+          return acc->promise.set_error(std::make_exception_ptr(SupervisionError(
+              lost[0].id, "reduce to the mesh view " + acc->ext + ": rank " +
+                              std::to_string(lost[0].rank) + " is on a failed proc (" +
+                              lost[0].cause + "); cast to survivors()")));
         }
         auto hops = detail::cast_root_hops(std::move(w), dead);
         {

@@ -47,8 +47,8 @@ T decode_string(const std::string& s) {
 }
 
 /// The hop for child subtree `s` of the node that received `w` (CAST-10): its comm actors,
-/// destination procs and member runs, cut out of `w`.
-CastWire cast_subtree_wire(const CastWire& w, const CastSpan& s);
+/// destination procs and member runs, cut out of `w`, and the `dead` procs within it (CAST-12).
+CastWire cast_subtree_wire(const CastWire& w, const CastSpan& s, const DeadProcs& dead);
 
 /// A reducer travels as bytes, or as nothing when it is stateless (Sum, Min, Max, a lambda
 /// without captures).
@@ -76,14 +76,17 @@ std::vector<uint32_t> cast_ranks(const CastWire& w);
 /// What a relay knows of dead procs in [w.lo, w.hi): the wire's, plus those its own Proc was told
 /// of (WorkerControl::proc_failed) (CAST-12).
 DeadProcs relay_dead(Proc& proc, const CastWire& w);
-/// The error of the members of dead proc `p` (SupervisionError naming its comm actor and why).
-std::exception_ptr dead_proc_error(const ActorId& comm, const std::string& cause);
 /// The members of `w` on procs.. of destination index `di` (w.procs[di]): (message rank, id).
 std::vector<std::pair<uint32_t, ActorId>> cast_members_of(const CastWire& w, uint32_t di);
+/// A member left out of a cast because its proc is dead (CAST-12).
+struct LostMember {
+  uint32_t rank;      // its message rank
+  ActorId id;         // the member
+  std::string cause;  // why its proc is dead
+};
 /// `w` (a whole-tree wire from RemoteCast::root) without its destinations on `dead` procs, whose
-/// members are appended to `lost` as (message rank, member id) (CAST-12).
-CastWire cast_wire_without(const CastWire& w, const DeadProcs& dead,
-                           std::vector<std::pair<uint32_t, ActorId>>& lost);
+/// members are appended to `lost` (CAST-12).
+CastWire cast_wire_without(const CastWire& w, const DeadProcs& dead, std::vector<LostMember>& lost);
 /// A relay cannot tell a broadcast's caster that a destination proc is dead: it logs it.
 void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& cause);
 /// The caster's hops for the whole-tree wire `w` (CAST-12): `w` itself (with `dead` in it) when
@@ -332,16 +335,7 @@ struct RemoteCast {
     const bool here = plan_live_node(
         node, w.fanout, w.procs, dead,
         [&](const CastSpan& s) {
-          kids.emplace_back(w.comm[s.lo - w.lo], cast_subtree_wire(w, s));
-          if (!dead.empty()) {
-            auto& sub = kids.back().second;
-            for (size_t i = 0; i < dead.procs.size(); ++i) {
-              if (dead.procs[i] >= s.lo && dead.procs[i] < s.hi) {
-                sub.dead.push_back(dead.procs[i]);
-                sub.dead_causes.push_back(dead.causes[i]);
-              }
-            }
-          }
+          kids.emplace_back(w.comm[s.lo - w.lo], cast_subtree_wire(w, s, dead));
         },
         [&](uint32_t di) { lost.push_back(di); });
     const uint32_t lb = here ? w.starts[0] : 0, le = here ? w.starts[1] : 0;  // this proc's runs
