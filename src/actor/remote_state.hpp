@@ -18,14 +18,6 @@
 
 namespace monarch {
 namespace detail {
-/// Sets decoding_proc() for the duration of a remote message's handling.
-struct DecodingScope {
-  Proc* prev;
-  explicit DecodingScope(Proc* p);
-  ~DecodingScope();
-  DecodingScope(const DecodingScope&) = delete;
-  DecodingScope& operator=(const DecodingScope&) = delete;
-};
 std::shared_ptr<RemoteInvoker> find_invoker(std::type_index type, const std::string& endpoint);
 Cell* spawn_remote_cell(Proc& proc, ActorId id, std::type_index type, Cell::Factory factory,
                         ActorId owner, std::shared_ptr<const ndslice::Point> mesh_point);

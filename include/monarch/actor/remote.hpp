@@ -130,5 +130,16 @@ void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const cha
 /// The Proc decoding the current remote message on this thread (resolves ActorRefs in payloads).
 Proc* decoding_proc() noexcept;
 
+/// Sets decoding_proc() for its lifetime on this thread (restoring the previous one after): the
+/// runtime wraps each remote message's handling in one; a front end that decodes refs and ports
+/// itself (the Python bindings' unpickling) opens one around that decode.
+struct DecodingScope {
+  Proc* prev;
+  explicit DecodingScope(Proc* p);
+  ~DecodingScope();
+  DecodingScope(const DecodingScope&) = delete;
+  DecodingScope& operator=(const DecodingScope&) = delete;
+};
+
 }  // namespace detail
 }  // namespace monarch

@@ -108,6 +108,23 @@ class ActorMesh {
     return {members_, view_.slice(dim, r), topo_, per_proc_};
   }
 
+  /// This mesh under another view of the same members: `v` must come from shape() by Shape
+  /// operations (slice, split, flatten, rename), so that its global ranks are members of this
+  /// mesh. The front ends' mesh algebra (Python's split/flatten/rename) goes through it. Throws
+  /// UsageError on a select()/survivors() view, or when `v` holds a rank outside the mesh.
+  ActorMesh with_view(ndslice::Shape v) const {
+    check_rectangular("with_view");
+    const size_t n = members_ ? members_->size() / per_proc_ : 0;
+    for (size_t i = 0; i < v.num_ranks(); ++i) {
+      if (v.global_rank(i) >= n * per_proc_) {
+        throw UsageError("with_view: view " + v.to_string() + " holds rank " +
+                         std::to_string(v.global_rank(i)) + ", outside the mesh's " +
+                         std::to_string(n * per_proc_) + " members");
+      }
+    }
+    return {members_, std::move(v), topo_, per_proc_};
+  }
+
   /// The members of this view that `sel` picks (evaluated over shape(), ndslice::eval), in rank
   /// order, as a view with extent {"ranks": n} (parent_point maps back). Throws UsageError when
   /// it picks no member, SelectionParse's ParseError for bad text ("*, 0:2", selection.hpp).
@@ -161,6 +178,14 @@ class ActorMesh {
     if (!pick_) return extent().point(local);
     return pick_->parent.extent().point(pick_->locals.at(local));
   }
+
+  /// Internal, for front ends that ship meshes between processes (the Python bindings): every
+  /// member by global rank of the actor base space, the view, and the cast tree (null for a mesh
+  /// without one). Rebuild elsewhere with from_ids(client, ids, view, comm ids, fanout,
+  /// per_proc()).
+  const std::vector<ActorRef<A>>& members() const { return *members_; }
+  const ndslice::Shape& view() const { return view_; }
+  const detail::CastTopology* topology() const { return topo_.get(); }
 
   /// The member at local rank `local` of this view.
   const ActorRef<A>& at(size_t local) const { return (*members_)[global(local)]; }

@@ -56,6 +56,20 @@ class ProcMesh {
     return {state_, view_.slice(dim, r)};
   }
 
+  /// This mesh under another view of its procs: `v` must come from shape() by Shape operations
+  /// (slice, split, flatten, rename). The Python front end's mesh algebra goes through it. Throws
+  /// UsageError when `v` holds a rank outside the mesh.
+  ProcMesh with_view(ndslice::Shape v) const {
+    for (size_t i = 0; i < v.num_ranks(); ++i) {
+      if (v.global_rank(i) >= base_size()) {
+        throw UsageError("with_view: view " + v.to_string() + " holds rank " +
+                         std::to_string(v.global_rank(i)) + ", outside the mesh's " +
+                         std::to_string(base_size()) + " procs");
+      }
+    }
+    return {state_, std::move(v)};
+  }
+
   /// The proc at local rank `local` of this view. Local meshes only (UsageError otherwise).
   Proc& proc(size_t local) const;
 

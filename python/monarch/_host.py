@@ -1,0 +1,267 @@
+"""The proc side of a Python actor (internal). monarch._native's PyActor calls into ActorHost.
+
+Threads: ``handle``/``handle_send``/``supervise``/``cleanup`` run on a runtime worker thread
+that holds the GIL, one message of an actor at a time. Sync endpoints run right there. Async
+endpoints run on the proc's one asyncio loop (a thread of its own); those not marked
+``@concurrent_endpoint`` take the actor's lock, in arrival order, so that they too run one at a
+time. A concurrent ``def`` endpoint runs on a thread pool.
+
+Wire format (also read by monarch.actor):
+  request: cloudpickle of (args, kwargs, view, port), view = (labels, sizes) of the cast view
+  reply:   b"\\x00" + pickle(value), or b"\\x01" + pickle((exception or None, traceback text,
+           endpoint, actor))
+"""
+
+import asyncio
+import concurrent.futures
+import inspect
+import pickle
+import threading
+import traceback
+
+import cloudpickle
+
+from monarch import actor as _actor
+from monarch.errors import MeshFailure
+
+_VALUE = b"\x00"
+_ERROR = b"\x01"
+
+
+def dumps(obj):
+    """cloudpickle, protocol 5: classes and functions of __main__ travel by value."""
+    return cloudpickle.dumps(obj, protocol=5)
+
+
+def encode_value(value, endpoint="", actor=""):
+    try:
+        return _VALUE + dumps(value)
+    except Exception as e:  # an unpicklable result is the handler's error
+        return encode_error(
+            TypeError("endpoint %s returned a value that cannot be serialised: %s" % (endpoint, e)),
+            endpoint, actor)
+
+
+def encode_error(exc, endpoint="", actor=""):
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        carried = pickle.loads(dumps(exc))  # only if it survives the trip
+        body = dumps((carried, text, endpoint, actor))
+    except Exception:
+        body = dumps((None, text, endpoint, actor))
+    return _ERROR + body
+
+
+def is_error(reply):
+    return reply[:1] == _ERROR
+
+
+_LOOP = None
+_LOOP_LOCK = threading.Lock()
+_POOL = None
+
+
+def loop():
+    """The proc's asyncio loop (started on first use, on a daemon thread)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            lp = asyncio.new_event_loop()
+            t = threading.Thread(target=lp.run_forever, name="monarch-asyncio", daemon=True)
+            t.start()
+            _LOOP = lp
+        return _LOOP
+
+
+def pool():
+    global _POOL
+    with _LOOP_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="monarch-concurrent")
+        return _POOL
+
+
+class ActorHost:
+    def __init__(self, spec, rank, actor_id, name):
+        cls, args, kwargs = pickle.loads(spec)
+        self.cls = cls
+        self.endpoints = _actor._endpoints_of(cls)
+        self.is_async = any(e.is_async for e in self.endpoints.values())
+        self._lock = None
+        rank_point = _actor._point_from_tuple(rank)
+        self.instance_info = _actor.ActorInstance(actor_id, name, rank_point)
+        token = _actor._current.set(_actor.Context(self.instance_info, rank_point))
+        try:
+            self.instance = cls.__new__(cls)
+            self.instance._monarch_instance = self.instance_info
+            self.instance.__init__(*args, **kwargs)
+        finally:
+            _actor._current.reset(token)
+
+    # -- requests ---------------------------------------------------------------------------
+    def _decode(self, method, payload, message_rank):
+        ep = self.endpoints.get(method)
+        if ep is None:
+            raise AttributeError("actor %s (%s) has no endpoint %r" %
+                                 (self.instance_info.actor_id, self.cls.__name__, method))
+        args, kwargs, view, port = pickle.loads(payload)
+        mrank = self.instance_info.rank
+        if view is not None and message_rank is not None and message_rank >= 0:
+            mrank = _actor.Extent(view[0], view[1]).point(message_rank)
+        ctx = _actor.Context(self.instance_info, mrank)
+        return ep, args, kwargs, ctx, port
+
+    def handle(self, method, payload, message_rank, reply):
+        """A call: returns the encoded reply now, or None when ``reply`` will be answered."""
+        label = "%s.%s" % (self.cls.__name__, method)
+        try:
+            ep, args, kwargs, ctx, _ = self._decode(method, payload, _rank(message_rank))
+        except BaseException as e:
+            return encode_error(e, label, self.instance_info.actor_id)
+        port = None
+        if ep.explicit_response_port:
+            port = _actor._ResponsePort(reply, label, self.instance_info.actor_id)
+            args = (port,) + tuple(args)
+        if ep.is_async:
+            self._schedule(ep, args, kwargs, ctx, reply, port, label, send=False)
+            return None
+        if ep.concurrent:
+            pool().submit(self._run_sync_concurrent, ep, args, kwargs, ctx, reply, port, label)
+            return None
+        token = _actor._current.set(ctx)
+        try:
+            result = ep.fn(self.instance, *args, **kwargs)
+        except BaseException as e:
+            if port is not None:
+                port._fail(e)
+                return None
+            return encode_error(e, label, self.instance_info.actor_id)
+        finally:
+            _actor._current.reset(token)
+        if port is not None:
+            return None
+        return encode_value(result, label, self.instance_info.actor_id)
+
+    def handle_send(self, method, payload, message_rank, reply):
+        """A broadcast: a raising sync handler raises here, which fails the actor."""
+        label = "%s.%s" % (self.cls.__name__, method)
+        ep, args, kwargs, ctx, port = self._decode(method, payload, _rank(message_rank))
+        if ep.explicit_response_port:
+            args = (port if port is not None else _actor._NullPort(),) + tuple(args)
+            port = None
+        if ep.is_async:
+            self._schedule(ep, args, kwargs, ctx, reply, port, label, send=True)
+            return
+        token = _actor._current.set(ctx)
+        try:
+            result = ep.fn(self.instance, *args, **kwargs)
+        except BaseException as e:
+            raise RuntimeError("endpoint %s raised in a broadcast:\n%s" %
+                               (label, "".join(traceback.format_exception(type(e), e,
+                                                                          e.__traceback__))))
+        finally:
+            _actor._current.reset(token)
+        if port is not None:
+            port.send(result)
+
+    def _run_sync_concurrent(self, ep, args, kwargs, ctx, reply, port, label):
+        token = _actor._current.set(ctx)
+        try:
+            result = ep.fn(self.instance, *args, **kwargs)
+        except BaseException as e:
+            if port is not None:
+                port._fail(e)
+            else:
+                reply.send(encode_error(e, label, self.instance_info.actor_id))
+            return
+        finally:
+            _actor._current.reset(token)
+        if port is None:
+            reply.send(encode_value(result, label, self.instance_info.actor_id))
+
+    def _schedule(self, ep, args, kwargs, ctx, reply, port, label, send):
+        async def run():
+            _actor._current.set(ctx)
+            lock = None if ep.concurrent else self._actor_lock()
+            if lock is not None:
+                await lock.acquire()
+            try:
+                try:
+                    result = await ep.fn(self.instance, *args, **kwargs)
+                except BaseException as e:
+                    if send:
+                        reply.fail("endpoint %s raised in a broadcast:\n%s" % (
+                            label, "".join(traceback.format_exception(type(e), e,
+                                                                      e.__traceback__))))
+                    elif port is not None:
+                        port._fail(e)
+                    else:
+                        reply.send(encode_error(e, label, self.instance_info.actor_id))
+                    return
+                if send:
+                    if port is not None:
+                        port.send(result)
+                elif port is None or not ep.explicit_response_port:
+                    reply.send(encode_value(result, label, self.instance_info.actor_id))
+            finally:
+                if lock is not None:
+                    lock.release()
+
+        asyncio.run_coroutine_threadsafe(run(), loop())
+
+    def _actor_lock(self):
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    # -- supervision and stop ------------------------------------------------------------------
+    def _run_hook(self, fn, *args):
+        token = _actor._current.set(_actor.Context(self.instance_info, self.instance_info.rank))
+        try:
+            r = fn(*args)
+        finally:
+            _actor._current.reset(token)
+        if inspect.isawaitable(r):
+            async def wrap():
+                _actor._current.set(_actor.Context(self.instance_info, self.instance_info.rank))
+                return await r
+            r = asyncio.run_coroutine_threadsafe(wrap(), loop()).result()
+        return r
+
+    def supervise(self, mesh, ranks, cause, text):
+        fn = getattr(self.instance, "__supervise__", None)
+        if fn is None:
+            return False
+        return bool(self._run_hook(fn, MeshFailure(mesh, ranks, cause, text)))
+
+    def cleanup(self, error):
+        fn = getattr(self.instance, "__cleanup__", None)
+        if fn is None:
+            return
+        exc = None if error is None else _actor.ActorError(error)
+        self._run_hook(fn, exc)
+
+
+def _rank(r):
+    return None if r is None or r >= 2**63 else r
+
+
+_REDUCERS = {}
+
+
+def reduce_pair(fn, a, b):
+    """One combine of the cast tree: errors win (the first one), values combine with fn."""
+    if is_error(a):
+        return a
+    if is_error(b):
+        return b
+    f = _REDUCERS.get(fn)
+    if f is None:
+        f = pickle.loads(fn)
+        if len(_REDUCERS) > 64:
+            _REDUCERS.clear()
+        _REDUCERS[fn] = f
+    try:
+        return encode_value(f(pickle.loads(a[1:]), pickle.loads(b[1:])), "reduce")
+    except BaseException as e:
+        return encode_error(e, "reduce")

@@ -1,0 +1,1200 @@
+"""Monarch's actor API over the monarch-cpp runtime.
+
+    from monarch.actor import Actor, endpoint, this_host
+
+    class Counter(Actor):
+        def __init__(self, start: int):
+            self.value = start
+
+        @endpoint
+        def incr(self, n: int) -> int:
+            self.value += n
+            return self.value
+
+    procs = this_host().spawn_procs(per_host={"gpus": 4})   # 4 worker processes, no wait
+    counters = procs.spawn("counter", Counter, 10)          # one Counter per proc
+    print(counters.incr.call(1).get().values())              # [11, 11, 11, 11]
+    print(counters.slice(gpus=2).incr.call_one(5).get())     # 16
+
+Threads: every function here may be called from any thread. Waiting (``Future.get``,
+``PortReceiver.recv``) releases the GIL and wakes for signals, so Ctrl-C interrupts it.
+Results complete on runtime threads. Inside an async endpoint use ``await fut``: ``get()``
+there raises instead of blocking the proc's event loop.
+
+Errors (monarch.errors): a handler that raises in a call reaches the caller as
+:class:`ActorError` (with the remote traceback); the actor lives on. One that raises in a
+broadcast fails the actor; its proc mesh reports a :class:`MeshFailure` to the owner's
+``__supervise__``, or to :data:`unhandled_fault_hook` (default: print and exit 1).
+"""
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import itertools
+import operator
+import os
+import pickle
+import random
+import sys
+import threading
+import concurrent.futures
+from collections.abc import Mapping
+from typing import Any, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
+
+import cloudpickle
+
+from monarch import _native
+from monarch.errors import (  # noqa: F401 (re-exported: Monarch users import them from here)
+    ActorError,
+    DeliveryFailure,
+    MeshFailure,
+    MonarchError,
+    SupervisionError,
+    TimeoutError,
+    UsageError,
+)
+
+R = TypeVar("R")
+
+__all__ = [
+    "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Context", "Extent", "Future",
+    "HostMesh", "MeshFailure", "Point", "Port", "PortReceiver", "ProcMesh", "SupervisionError",
+    "ValueMesh", "attach_to_workers", "concurrent_endpoint", "context", "current_actor_name",
+    "current_rank", "current_size", "endpoint", "send", "this_host", "this_proc",
+    "unhandled_fault_hook",
+]
+
+
+# --- Points and extents --------------------------------------------------------------------------
+
+
+class Extent(Mapping):
+    """Named dims with sizes, e.g. ``{"hosts": 2, "gpus": 4}``; ranks are row-major."""
+
+    def __init__(self, labels, sizes):
+        self.labels = list(labels)
+        self.sizes = [int(s) for s in sizes]
+        if len(self.labels) != len(self.sizes):
+            raise ValueError("Extent: %d labels for %d sizes" % (len(self.labels), len(self.sizes)))
+
+    @property
+    def nelem(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+    def point(self, rank: int) -> "Point":
+        if not 0 <= rank < self.nelem:
+            raise IndexError("rank %d out of range for extent %s" % (rank, self))
+        coords = []
+        for s in reversed(self.sizes):
+            coords.append(rank % s)
+            rank //= s
+        return Point(list(reversed(coords)), self)
+
+    def rank_of(self, coords: Dict[str, int]) -> int:
+        unknown = set(coords) - set(self.labels)
+        if unknown:
+            raise KeyError("unknown dim %s of extent %s" % (", ".join(sorted(unknown)), self))
+        r = 0
+        for lab, s in zip(self.labels, self.sizes):
+            c = coords.get(lab, 0 if s == 1 else None)
+            if c is None:
+                raise KeyError("missing coordinate for dim %r of extent %s" % (lab, self))
+            if not 0 <= c < s:
+                raise IndexError("%s=%d out of range for size %d" % (lab, c, s))
+            r = r * s + c
+        return r
+
+    def __getitem__(self, k):
+        return self.sizes[self.labels.index(k)] if k in self.labels else _missing(k, self)
+
+    def __iter__(self):
+        return iter(self.labels)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __eq__(self, o):
+        return isinstance(o, Extent) and o.labels == self.labels and o.sizes == self.sizes
+
+    def __hash__(self):
+        return hash((tuple(self.labels), tuple(self.sizes)))
+
+    def __repr__(self):
+        return "{" + ", ".join("%s=%d" % (k, v) for k, v in zip(self.labels, self.sizes)) + "}"
+
+
+def _missing(k, where):
+    raise KeyError("no dim %r in %s" % (k, where))
+
+
+class Point(Mapping):
+    """Coordinates in an Extent: ``point["gpus"]``, ``point.rank`` (row-major)."""
+
+    def __init__(self, coords, extent: Extent):
+        self.coords = list(coords)
+        self.extent = extent
+
+    @property
+    def rank(self) -> int:
+        r = 0
+        for c, s in zip(self.coords, self.extent.sizes):
+            r = r * s + c
+        return r
+
+    def __getitem__(self, k):
+        if k in self.extent.labels:
+            return self.coords[self.extent.labels.index(k)]
+        return _missing(k, self)
+
+    def __iter__(self):
+        return iter(self.extent.labels)
+
+    def __len__(self):
+        return len(self.coords)
+
+    def __eq__(self, o):
+        return isinstance(o, Point) and o.coords == self.coords and o.extent == self.extent
+
+    def __hash__(self):
+        return hash((tuple(self.coords), self.extent))
+
+    def __repr__(self):
+        return "{" + ", ".join("%s=%d" % (k, v) for k, v in zip(self.extent.labels,
+                                                               self.coords)) + "}"
+
+
+def _point_from_tuple(t) -> Optional[Point]:
+    if t is None:
+        return Point([], Extent([], []))
+    labels, sizes, coords = t
+    return Point(coords, Extent(labels, sizes))
+
+
+# --- Context -----------------------------------------------------------------------------------
+
+
+class ActorInstance:
+    """The actor a handler runs in: ``rank`` (its Point in the whole mesh), ``actor_id``,
+    ``name``."""
+
+    def __init__(self, actor_id, name, rank):
+        self.actor_id = actor_id
+        self.name = name
+        self.rank = rank
+
+    def __repr__(self):
+        return "ActorInstance(%s, rank=%s)" % (self.actor_id, self.rank)
+
+
+class Context:
+    """What a handler may ask: ``actor_instance`` and ``message_rank`` (the receiver's Point in
+    the view the message was cast to)."""
+
+    def __init__(self, actor_instance, message_rank):
+        self.actor_instance = actor_instance
+        self.message_rank = message_rank
+
+
+_CLIENT = ActorInstance("client", "client", Point([], Extent([], [])))
+_current: contextvars.ContextVar = contextvars.ContextVar("monarch_context", default=None)
+
+
+def context() -> Context:
+    """The current handler's Context; outside actors a client context (zero-dim rank)."""
+    c = _current.get()
+    return c if c is not None else Context(_CLIENT, _CLIENT.rank)
+
+
+def current_rank() -> Point:
+    """The calling actor's Point in its whole mesh (Monarch: current_rank())."""
+    return context().actor_instance.rank
+
+
+def current_size() -> Dict[str, int]:
+    """The sizes of the calling actor's mesh, e.g. {"gpus": 4}."""
+    return dict(context().actor_instance.rank.extent)
+
+
+def current_actor_name() -> str:
+    return context().actor_instance.name
+
+
+def _in_actor() -> bool:
+    return _current.get() is not None
+
+
+# --- Futures ---------------------------------------------------------------------------------------
+
+
+def _check_timeout(timeout):
+    if timeout is None:
+        return -1.0
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
+        raise TypeError("timeout must be a number of seconds or None, not %r" % (timeout,))
+    if timeout < 0:
+        raise ValueError("timeout must be >= 0 seconds (or None to wait forever), not %r"
+                         % (timeout,))
+    return float(timeout)
+
+
+def _no_running_loop(what):
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        "%s called inside a running asyncio event loop (an async endpoint?): it would block the "
+        "loop; use `await` on the future instead" % what)
+
+
+_UNSET = object()
+
+
+class Future(Generic[R]):
+    """The result of an endpoint call, a spawn or a stop.
+
+    ``get(timeout=None)`` blocks (GIL released) and returns the value or raises the error;
+    ``await fut`` does the same in a coroutine. A ``TimeoutError`` leaves the future usable, and
+    the result, once there, can be read again. ``result()`` is ``get()``; ``exception()``
+    returns the error instead of raising it (None on success).
+    """
+
+    def __init__(self, *, native=None, decode=None, thunk=None, value=_UNSET, cf=None):
+        self._native = native          # _native.NativeFuture
+        self._decode = decode or (lambda x: x)
+        self._thunk = thunk            # callable(timeout_s) -> value (blocking receivers)
+        self._cf = cf                  # concurrent.futures.Future
+        self._value = value
+        self._error = None
+        self._lock = threading.Lock()
+
+    def _settled(self):
+        return self._value is not _UNSET or self._error is not None
+
+    def _settle_native(self):
+        try:
+            v = self._decode(self._native.result())
+        except BaseException as e:
+            self._error = e
+        else:
+            self._value = v
+
+    def _wait(self, timeout_s):
+        if self._settled():
+            return True
+        if self._native is not None:
+            if not self._native.wait(timeout_s):
+                return False
+            with self._lock:
+                if not self._settled():
+                    self._settle_native()
+            return True
+        if self._cf is not None:
+            try:
+                v = self._cf.result(None if timeout_s < 0 else timeout_s)
+            except concurrent.futures.TimeoutError:
+                return False
+            except BaseException as e:
+                self._error = e
+                return True
+            try:
+                self._value = self._decode(v)
+            except BaseException as e:
+                self._error = e
+            return True
+        if self._thunk is not None:
+            try:
+                self._value = self._decode(self._thunk(timeout_s))
+            except TimeoutError:
+                return False
+            except BaseException as e:
+                self._error = e
+            return True
+        return True
+
+    def _timeout_error(self, timeout):
+        return TimeoutError("future not ready within %s s (it stays usable: wait again)" % timeout)
+
+    def get(self, timeout: Optional[float] = None) -> R:
+        t = _check_timeout(timeout)
+        _no_running_loop("Future.get()")
+        if not self._wait(t):
+            raise self._timeout_error(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    result = get
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        t = _check_timeout(timeout)
+        _no_running_loop("Future.exception()")
+        if not self._wait(t):
+            raise self._timeout_error(timeout)
+        return self._error
+
+    def done(self) -> bool:
+        if self._settled():
+            return True
+        if self._native is not None:
+            return self._native.done()
+        if self._cf is not None:
+            return self._cf.done()
+        return False
+
+    def __await__(self):
+        if not self._settled():
+            loop = asyncio.get_running_loop()
+            if self._native is not None:
+                af = loop.create_future()
+
+                def wake():
+                    loop.call_soon_threadsafe(lambda: af.done() or af.set_result(None))
+
+                self._native.add_done_callback(wake)
+                yield from af.__await__()
+                self._wait(0)
+            else:
+                yield from loop.run_in_executor(None, self._wait, -1.0).__await__()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def __repr__(self):
+        return "<monarch Future %s>" % ("done" if self.done() else "pending")
+
+
+def _ready(value) -> Future:
+    return Future(value=value)
+
+
+# --- Wire format (see monarch/_host.py) -----------------------------------------------------------
+
+
+def _dumps_args(args, kwargs, view, port, where):
+    try:
+        return cloudpickle.dumps((args, kwargs, view, port), protocol=5)
+    except Exception as e:
+        for i, a in enumerate(args):
+            try:
+                cloudpickle.dumps(a, protocol=5)
+            except Exception as inner:
+                raise TypeError("%s: argument %d (%s) cannot be serialised: %s"
+                                % (where, i, type(a).__name__, inner)) from None
+        for k, a in kwargs.items():
+            try:
+                cloudpickle.dumps(a, protocol=5)
+            except Exception as inner:
+                raise TypeError("%s: argument %r (%s) cannot be serialised: %s"
+                                % (where, k, type(a).__name__, inner)) from None
+        raise TypeError("%s: arguments cannot be serialised: %s" % (where, e)) from None
+
+
+def _decode_reply(b, rank=None):
+    """An encoded reply: the value, or an ActorError (returned, not raised)."""
+    if isinstance(b, BaseException):
+        return b
+    if b[:1] == b"\x00":
+        return pickle.loads(b[1:])
+    exc, text, endpoint_label, actor = pickle.loads(b[1:])
+    msg = "endpoint %s of actor %s raised:\n%s" % (endpoint_label, actor, text.rstrip())
+    return ActorError(msg, actor, rank, "", exception=exc)
+
+
+def _value_or_raise(b):
+    v = _decode_reply(b)
+    if isinstance(v, BaseException):
+        raise v
+    return v
+
+
+# --- Endpoints ------------------------------------------------------------------------------------
+
+
+class _EndpointSpec:
+    def __init__(self, fn, explicit_response_port=False, concurrent=False, propagate=None):
+        self.fn = fn
+        self.name = fn.__name__
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.explicit_response_port = explicit_response_port
+        self.concurrent = concurrent
+        self.propagate = propagate
+
+
+class _EndpointDescriptor:
+    """What ``@endpoint`` leaves on the class: the function, callable as a method locally."""
+
+    def __init__(self, spec):
+        self._monarch_endpoint = spec
+        functools.update_wrapper(self, spec.fn)
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return self._monarch_endpoint.fn.__get__(obj, objtype)
+
+    def __set_name__(self, owner, name):
+        self._monarch_endpoint.name = name
+
+
+def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None):
+    """Marks an actor method as an endpoint (``def`` or ``async def``).
+
+    With ``explicit_response_port=True`` the handler's first argument after self is a Port; it
+    answers with ``port.send(value)`` (now or later, once), and its return value is ignored.
+    """
+    def wrap(f):
+        if not callable(f):
+            raise TypeError("@endpoint decorates a function, not %r" % (f,))
+        return _EndpointDescriptor(_EndpointSpec(f, explicit_response_port, False, propagate))
+    return wrap(fn) if fn is not None else wrap
+
+
+def concurrent_endpoint(fn=None, *, explicit_response_port: bool = False):
+    """An endpoint that may run while its actor handles other messages (an ``async def`` runs
+    beside the actor's other coroutines; a ``def`` runs on a thread pool). Every other endpoint
+    runs one message at a time."""
+    def wrap(f):
+        return _EndpointDescriptor(_EndpointSpec(f, explicit_response_port, True))
+    return wrap(fn) if fn is not None else wrap
+
+
+def _endpoints_of(cls) -> Dict[str, _EndpointSpec]:
+    out = {}
+    for klass in reversed(cls.__mro__):
+        for name, v in vars(klass).items():
+            spec = getattr(v, "_monarch_endpoint", None)
+            if isinstance(spec, _EndpointSpec):
+                out[name] = spec
+    return out
+
+
+class Actor:
+    """Base class of every actor. Its ``@endpoint`` methods are what meshes call. ``__init__``
+    runs on the actor's proc before its first message. Optional hooks:
+
+    ``__supervise__(self, failure: MeshFailure)`` (def or async def): procs this actor spawned
+    failed; a truthy return means handled (the survivors go on), anything else fails the actor.
+    ``__cleanup__(self, exc)``: runs when the actor stops (``exc`` is None on a normal stop).
+    """
+
+
+def _check_actor_class(cls):
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        raise TypeError("spawn: %r is not a subclass of monarch.actor.Actor" % (cls,))
+    eps = _endpoints_of(cls)
+    kinds = {e.is_async for e in eps.values() if not e.concurrent}
+    if len(kinds) > 1:
+        sync = sorted(n for n, e in eps.items() if not e.is_async and not e.concurrent)
+        asy = sorted(n for n, e in eps.items() if e.is_async and not e.concurrent)
+        raise TypeError(
+            "actor class %s mixes def endpoints (%s) and async def endpoints (%s); make them all "
+            "one kind (or mark the odd ones @concurrent_endpoint)"
+            % (cls.__name__, ", ".join(sync), ", ".join(asy)))
+    return eps
+
+
+# --- ValueMesh ------------------------------------------------------------------------------------
+
+
+class ValueMesh(Generic[R]):
+    """One value per member of the view a call went to, indexed by Points.
+
+    A member that failed holds its error: reading it (``item``, ``values``, ``items``) raises
+    that error (ActorError, SupervisionError, DeliveryFailure); ``ok()``, ``failed_ranks()`` and
+    ``error()`` look without raising.
+    """
+
+    def __init__(self, extent: Extent, values: List[Any]):
+        self.extent = extent
+        self._values = values
+
+    def __len__(self):
+        return len(self._values)
+
+    def _at(self, rank):
+        v = self._values[rank]
+        if isinstance(v, BaseException):
+            raise v
+        return v
+
+    def item(self, **coords) -> R:
+        """The value at these coordinates (every dim of size > 1 must be given)."""
+        return self._at(self.extent.rank_of(coords))
+
+    def items(self) -> Iterator[Tuple[Point, R]]:
+        for r in range(len(self._values)):
+            yield self.extent.point(r), self._at(r)
+
+    def values(self) -> List[R]:
+        return [self._at(r) for r in range(len(self._values))]
+
+    def ok(self, **coords) -> bool:
+        return not isinstance(self._values[self.extent.rank_of(coords)], BaseException)
+
+    def error(self, **coords) -> Optional[BaseException]:
+        v = self._values[self.extent.rank_of(coords)]
+        return v if isinstance(v, BaseException) else None
+
+    def failed_ranks(self) -> List[int]:
+        return [r for r, v in enumerate(self._values) if isinstance(v, BaseException)]
+
+    def throw_if_failed(self):
+        for v in self._values:
+            if isinstance(v, BaseException):
+                raise v
+
+    def __iter__(self):
+        return self.items()
+
+    def __repr__(self):
+        return "ValueMesh(%s, %r)" % (self.extent, self._values)
+
+
+# --- Mesh algebra -------------------------------------------------------------------------------
+
+
+class _Lazy:
+    """A value computed on another thread (procs spawning): result() waits for it."""
+
+    def __init__(self, cf: concurrent.futures.Future):
+        self.cf = cf
+
+    @staticmethod
+    def of(value):
+        cf = concurrent.futures.Future()
+        cf.set_result(value)
+        return _Lazy(cf)
+
+    def result(self):
+        _no_running_loop("using a mesh before its procs are up")
+        return self.cf.result()
+
+
+class MeshTrait:
+    """Views shared by every mesh: slice, split, flatten, rename, extent, sizes, len()."""
+
+    def _shape(self):
+        raise NotImplementedError
+
+    def _with_shape(self, shape):
+        raise NotImplementedError
+
+    @property
+    def extent(self) -> Extent:
+        s = self._shape()
+        return Extent(s.labels, s.sizes)
+
+    @property
+    def sizes(self) -> Dict[str, int]:
+        return dict(self.extent)
+
+    def __len__(self):
+        return len(self._shape())
+
+    def slice(self, **kwargs):
+        """``slice(gpus=0)`` drops the dim; ``slice(gpus=slice(0, 4, 2))`` keeps it, restricted."""
+        s = self._shape()
+        for dim, sel in kwargs.items():
+            labels, sizes = s.labels, s.sizes
+            if dim not in labels:
+                raise ValueError("slice: unknown dim %r (dims: %s)" % (dim, ", ".join(labels)))
+            size = sizes[labels.index(dim)]
+            if isinstance(sel, bool) or not isinstance(sel, (int, slice)):
+                raise TypeError("slice: %s= takes an int or a slice, not %r" % (dim, sel))
+            if isinstance(sel, int):
+                i = sel + size if sel < 0 else sel
+                if not 0 <= i < size:
+                    raise IndexError("slice: %s=%d out of range for size %d" % (dim, sel, size))
+                s = s.slice_index(dim, i)
+            else:
+                start, stop, step = sel.indices(size)
+                if step <= 0:
+                    raise ValueError("slice: %s= needs a positive step" % dim)
+                if start >= stop:
+                    raise ValueError("slice: %s=%r selects nothing of size %d" % (dim, sel, size))
+                s = s.slice_range(dim, start, stop, step)
+        return self._with_shape(s)
+
+    def split(self, **kwargs):
+        """``split(gpus=("dp", "tp"), tp=2)``: replaces a dim by several (row-major); sizes of all
+        but one new dim are given, the last is inferred."""
+        s = self._shape()
+        splits = {k: v for k, v in kwargs.items() if isinstance(v, (tuple, list))}
+        sizes_given = {k: v for k, v in kwargs.items() if k not in splits}
+        for dim, names in splits.items():
+            if dim not in s.labels:
+                raise ValueError("split: unknown dim %r" % dim)
+            total = s.sizes[s.labels.index(dim)]
+            known = 1
+            missing = [n for n in names if n not in sizes_given]
+            for n in names:
+                if n in sizes_given:
+                    known *= int(sizes_given[n])
+            if len(missing) > 1:
+                raise ValueError("split: give the sizes of all but one of %s" % (names,))
+            if total % known:
+                raise ValueError("split: %s=%d is not divisible by %d" % (dim, total, known))
+            sz = [int(sizes_given[n]) if n in sizes_given else total // known for n in names]
+            s = s.split(dim, list(names), sz)
+        return self._with_shape(s)
+
+    def flatten(self, name: str):
+        return self._with_shape(self._shape().flatten(name))
+
+    def rename(self, **kwargs):
+        s = self._shape()
+        for old, new in kwargs.items():
+            s = s.rename(old, new)
+        return self._with_shape(s)
+
+
+# --- Actor meshes -----------------------------------------------------------------------------
+
+
+class _Liveness:
+    """Shared by a proc mesh and the actor meshes on it: set once stopped."""
+
+    def __init__(self, what):
+        self.what = what
+        self.stopped = None
+
+    def check(self):
+        if self.stopped is not None:
+            raise SupervisionError("%s was stopped (%s); spawn a new one" % (self.what, self.stopped))
+
+
+class ActorMesh(MeshTrait, Generic[R]):
+    """Actors of one class on the procs of a ProcMesh, addressed as a whole or through views.
+
+    ``mesh.some_endpoint`` gives the endpoint's adverbs: ``call``, ``call_one``, ``choose``,
+    ``stream``, ``broadcast``, ``reduce``. Meshes are sendable inside messages.
+    """
+
+    def __init__(self, cls, lazy: _Lazy, name: str, live: _Liveness, shape=None):
+        self._cls = cls
+        self._eps = _endpoints_of(cls)
+        self._lazy = lazy
+        self._name = name
+        self._live = live
+        self._view = shape
+
+    def _mesh(self):
+        m = self._lazy.result()
+        return m if self._view is None else m.with_view(self._view)
+
+    def _shape(self):
+        return self._view if self._view is not None else self._lazy.result().shape
+
+    def _with_shape(self, shape):
+        return ActorMesh(self._cls, self._lazy, self._name, self._live, shape)
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name not in self.__dict__.get("_eps", {}):
+            if name.startswith("_"):
+                raise AttributeError(name)
+            raise AttributeError("actor mesh %r (%s) has no endpoint %r (endpoints: %s)" % (
+                self.__dict__.get("_name"), getattr(self.__dict__.get("_cls"), "__name__", "?"),
+                name, ", ".join(sorted(self.__dict__.get("_eps", {}))) or "none"))
+        return EndpointRef(self, name, self._eps[name])
+
+    def survivors(self) -> "ActorMesh":
+        """The members on procs not known to have failed (a view with extent {ranks: n})."""
+        return _PickedMesh(self, self._mesh().survivors())
+
+    def stop(self) -> Future[None]:
+        """Stops every member (queued messages run first, then ``__cleanup__``)."""
+        if self._live.stopped is not None:
+            return _ready(None)
+        fut = Future(native=self._mesh().stop())
+        self._live.stopped = "ActorMesh.stop()"
+        return fut
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop().get()
+
+    def __reduce__(self):
+        return (_rebuild_actor_mesh, (self._cls, self._mesh().encode(), self._name))
+
+    def __repr__(self):
+        return "<ActorMesh %r of %s>" % (self._name, self._cls.__name__)
+
+
+class _PickedMesh(ActorMesh):
+    """A survivors()/select() view: not rectangular, so it cannot be sliced further."""
+
+    def __init__(self, parent, native):
+        super().__init__(parent._cls, _Lazy.of(native), parent._name, parent._live)
+
+    def _with_shape(self, shape):
+        raise ValueError("this view was made by survivors(); slice the mesh first, then take "
+                         "its survivors")
+
+
+def _rebuild_actor_mesh(cls, encoded, name):
+    return ActorMesh(cls, _Lazy.of(_native.decode_mesh(encoded)), name, _Liveness(name))
+
+
+class EndpointRef(Generic[R]):
+    """One endpoint of an actor mesh (``mesh.incr``): its adverbs."""
+
+    def __init__(self, mesh: ActorMesh, name: str, spec: _EndpointSpec):
+        self._mesh = mesh
+        self._name = name
+        self._spec = spec
+
+    def _where(self):
+        return "endpoint %s.%s" % (self._mesh._name, self._name)
+
+    def _prepare(self, args, kwargs, port=None):
+        self._mesh._live.check()
+        m = self._mesh._mesh()
+        s = m.shape
+        payload = _dumps_args(args, kwargs, (s.labels, s.sizes), port, self._where())
+        return m, payload
+
+    def call(self, *args, **kwargs) -> Future[ValueMesh[R]]:
+        """Every member; a ValueMesh over the view (failed members hold their errors)."""
+        m, payload = self._prepare(args, kwargs)
+        ext = Extent(m.shape.labels, m.shape.sizes)
+
+        def decode(values):
+            return ValueMesh(ext, [_decode_reply(v, r) for r, v in enumerate(values)])
+
+        return Future(native=m.call(self._name, payload), decode=decode)
+
+    def call_one(self, *args, **kwargs) -> Future[R]:
+        """The view must hold exactly one member (the error names the mesh and its size)."""
+        m, payload = self._prepare(args, kwargs)
+        return Future(native=m.call_one(self._name, payload), decode=_value_or_raise)
+
+    def choose(self, *args, **kwargs) -> Future[R]:
+        """One member, picked at random."""
+        m, payload = self._prepare(args, kwargs)
+        return Future(native=m.choose(self._name, payload), decode=_value_or_raise)
+
+    def stream(self, *args, **kwargs) -> Iterator[Future[R]]:
+        """Every member; yields one completed Future per member, in the order replies arrive."""
+        m, payload = self._prepare(args, kwargs)
+        st = m.stream(self._name, payload)
+
+        def gen():
+            while st.remaining() > 0:
+                rank, v = st.next(-1.0)
+                d = _decode_reply(v, rank)
+                if isinstance(d, BaseException):
+                    f = Future()
+                    f._error = d
+                    yield f
+                else:
+                    yield _ready(d)
+        return gen()
+
+    def broadcast(self, *args, **kwargs) -> None:
+        """Every member, fire and forget; a handler that raises fails its actor."""
+        m, payload = self._prepare(args, kwargs)
+        m.broadcast(self._name, payload)
+
+    def reduce(self, reducer, *args, **kwargs) -> Future[R]:
+        """Every member; the replies combined inside the cast tree, so one value comes back.
+
+        ``reducer``: "sum", "min", "max", any associative and commutative ``f(a, b)`` (shipped
+        with cloudpickle), or an :class:`Accumulator`'s combine. The first member error wins.
+        """
+        fn = _REDUCERS.get(reducer, reducer) if isinstance(reducer, str) else reducer
+        if isinstance(reducer, str) and reducer not in _REDUCERS:
+            raise ValueError("reduce: unknown reducer %r (use %s or a function)"
+                             % (reducer, ", ".join(sorted(_REDUCERS))))
+        if not callable(fn):
+            raise TypeError("reduce: the reducer must be callable, not %r" % (fn,))
+        m, payload = self._prepare(args, kwargs)
+        try:
+            fnb = cloudpickle.dumps(fn, protocol=5)
+        except Exception as e:
+            raise TypeError("reduce: the reducer cannot be serialised: %s" % e) from None
+        return Future(native=m.reduce(fnb, self._name, payload), decode=_value_or_raise)
+
+    def _send(self, args, kwargs, port, selection):
+        m, payload = self._prepare(args, kwargs, port)
+        if selection == "choose":
+            i = random.randrange(len(m))
+            labels = m.shape.labels
+            if labels:
+                m = m.with_view(m.shape.flatten("_all").slice_range("_all", i, i + 1, 1))
+        elif selection != "all":
+            raise ValueError('send: selection must be "all" or "choose", not %r' % (selection,))
+        m.broadcast(self._name, payload)
+
+
+_REDUCERS = {"sum": operator.add, "min": min, "max": max}
+
+
+def send(endpoint: EndpointRef, args=(), kwargs=None, port=None, selection="all") -> None:
+    """Sends ``endpoint(*args, **kwargs)`` to the members ``selection`` picks ("all" or
+    "choose"), fire and forget. With ``port``, each member's result is sent to it (an
+    explicit-response-port endpoint gets it as its port)."""
+    if not isinstance(endpoint, EndpointRef):
+        raise TypeError("send: the first argument must be an endpoint of an actor mesh "
+                        "(mesh.some_endpoint), not %r" % (endpoint,))
+    if port is not None and not isinstance(port, Port):
+        raise TypeError("send: port must be a monarch.actor.Port, not %r" % (port,))
+    endpoint._send(tuple(args), dict(kwargs or {}), port, selection)
+
+
+class Accumulator(Generic[R]):
+    """Folds the replies of every member with ``combine``, starting from ``identity``, inside the
+    cast tree: ``Accumulator(mesh.value, 0, lambda a, b: a + b).accumulate().get()``."""
+
+    def __init__(self, endpoint: EndpointRef, identity, combine):
+        self._endpoint = endpoint
+        self._identity = identity
+        self._combine = combine
+
+    def accumulate(self, *args, **kwargs) -> Future[R]:
+        f = self._endpoint.reduce(self._combine, *args, **kwargs)
+        combine, identity = self._combine, self._identity
+        return Future(native=f._native,
+                      decode=lambda b: combine(identity, _value_or_raise(b)))
+
+
+# --- Ports ---------------------------------------------------------------------------------------
+
+
+class Port(Generic[R]):
+    """Where messages go: ``port.send(value)`` from any process. Sendable inside messages."""
+
+    def __init__(self, native):
+        self._native = native
+
+    def send(self, value: R) -> None:
+        self._native.send(cloudpickle.dumps(value, protocol=5))
+
+    def __reduce__(self):
+        return (_rebuild_port, (self._native.encode(),))
+
+    def __repr__(self):
+        return "<Port %r>" % self._native
+
+
+def _rebuild_port(encoded):
+    return Port(_native.decode_port(encoded))
+
+
+class PortReceiver(Generic[R]):
+    """The receiving end of a Channel; messages from one sender arrive in send order."""
+
+    def __init__(self, native):
+        self._native = native
+
+    def recv(self) -> Future[R]:
+        """The next message, as a Future (``recv().get(timeout=...)``)."""
+        return Future(thunk=self._native.recv, decode=pickle.loads)
+
+    def try_recv(self):
+        b = self._native.try_recv()
+        return None if b is None else pickle.loads(b)
+
+
+class Channel(Generic[R]):
+    @staticmethod
+    def open() -> Tuple[Port, PortReceiver]:
+        """A new (Port, PortReceiver) pair owned by this process."""
+        p, r = _native.open_port()
+        return Port(p), PortReceiver(r)
+
+
+class _ResponsePort(Port):
+    """The port of an explicit-response-port endpoint: answers its one call."""
+
+    def __init__(self, reply, label, actor):
+        self._reply = reply
+        self._label = label
+        self._actor = actor
+
+    def send(self, value) -> None:
+        from monarch import _host
+        self._reply.send(_host.encode_value(value, self._label, self._actor))
+
+    def exception(self, exc: BaseException) -> None:
+        self._fail(exc)
+
+    def _fail(self, exc):
+        from monarch import _host
+        self._reply.send(_host.encode_error(exc, self._label, self._actor))
+
+    def __reduce__(self):
+        raise TypeError("a response port answers its own call; it cannot be sent on")
+
+
+class _NullPort(Port):
+    def __init__(self):
+        pass
+
+    def send(self, value) -> None:
+        pass
+
+
+# --- Procs and hosts ------------------------------------------------------------------------------
+
+
+_PROC_MESHES: List["ProcMesh"] = []
+_COUNTER = itertools.count()
+
+
+def _worker_env():
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if here not in paths:
+        paths.insert(0, here)
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    if main_file:
+        d = os.path.dirname(os.path.abspath(main_file))
+        if d not in paths:
+            paths.insert(0, d)
+    return ["PYTHONPATH=" + os.pathsep.join(paths), "PYTHONUNBUFFERED=1"]
+
+
+class ProcMesh(MeshTrait):
+    """Procs (worker processes running Python) arranged in an extent, e.g. {hosts: 2, gpus: 4}.
+
+    Returned by ``HostMesh.spawn_procs`` at once; the procs start in the background, and the
+    first use waits for them. ``stop()`` returns a Future; ``with procs:`` stops on exit.
+    """
+
+    def __init__(self, lazy: _Lazy, name: str, live: _Liveness, shape=None, local=False):
+        self._lazy = lazy
+        self._name = name
+        self._live = live
+        self._view = shape
+        self._local = local
+        self._failures: List[MeshFailure] = []
+
+    def _procs(self):
+        p = self._lazy.result()
+        return p if self._view is None else p.with_view(self._view)
+
+    def _shape(self):
+        if self._local:
+            return _native.Shape([], [])
+        return self._view if self._view is not None else self._lazy.result().shape
+
+    def _with_shape(self, shape):
+        if self._local:
+            raise ValueError("this_proc() is a mesh of one; it has no dims to slice")
+        return ProcMesh(self._lazy, self._name, self._live, shape)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completes once every proc is up (raises the spawn error if one failed to start)."""
+        return Future(cf=self._lazy.cf, decode=lambda _: True)
+
+    def spawn(self, name: str, Class, *args, **kwargs) -> ActorMesh:
+        """One ``Class(*args, **kwargs)`` per proc of this view. Does not wait for the procs.
+        Raises TypeError when Class is not an Actor subclass, mixes def and async def
+        endpoints, or its arguments cannot be serialised (cloudpickle)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("spawn: the first argument is the mesh's name (a non-empty str), "
+                            "not %r; call spawn(name, Class, *args)" % (name,))
+        _check_actor_class(Class)
+        self._live.check()
+        try:
+            spec = cloudpickle.dumps((Class, args, kwargs), protocol=5)
+        except Exception as e:
+            raise TypeError("spawn %s: the class or its arguments cannot be serialised: %s"
+                            % (name, e)) from None
+        if self._local:
+            return ActorMesh(Class, _Lazy.of(_native.spawn_local(name, spec)), name, self._live)
+        cf = concurrent.futures.Future()
+
+        def go(_):
+            try:
+                cf.set_result(self._procs().spawn(name, spec))
+            except BaseException as e:
+                cf.set_exception(e)
+
+        self._lazy.cf.add_done_callback(go)
+        return ActorMesh(Class, _Lazy(cf), name, self._live)
+
+    def stop(self) -> Future[None]:
+        """Stops every proc of the whole mesh (procs not gone within the stop timeout are
+        killed). Completes once they are gone and their output has reached this client."""
+        if self._live.stopped is not None or self._local:
+            return _ready(None)
+        self._live.stopped = "ProcMesh.stop()"
+        cf = concurrent.futures.Future()
+
+        def run():
+            try:
+                self._lazy.result().stop()
+                cf.set_result(None)
+            except BaseException as e:
+                cf.set_exception(e)
+        threading.Thread(target=run, name="monarch-stop", daemon=True).start()
+        return Future(cf=cf)
+
+    def logging_option(self, stream_to_client: bool = True, aggregate_window_sec=None,
+                       level=None) -> None:
+        """Whether the procs' output is shown here, with ``[mesh rank]`` prefixes (default
+        on). Identical lines from several procs within the aggregation window print once (the
+        window is the config key mesh.log_aggregate_window, MONARCH_MESH_LOG_AGGREGATE_WINDOW,
+        read when this_host() starts; ``aggregate_window_sec`` must match it or be None)."""
+        if not isinstance(stream_to_client, bool):
+            raise TypeError("logging_option: stream_to_client must be a bool")
+        if aggregate_window_sec is not None and (
+                not isinstance(aggregate_window_sec, (int, float)) or aggregate_window_sec < 0):
+            raise ValueError("logging_option: aggregate_window_sec must be >= 0 seconds")
+        if not self._local:
+            self._lazy.result().set_stream_logs(stream_to_client)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop().get()
+
+    def __repr__(self):
+        return "<ProcMesh %r>" % self._name
+
+
+class HostMesh(MeshTrait):
+    """Hosts, each running a host agent: ``this_host()``, ``attach_to_workers(...)``, or a
+    launcher's (SLURM, Kubernetes)."""
+
+    def __init__(self, native):
+        self._native = native
+
+    def _shape(self):
+        return _native.Shape(self._native.labels, self._native.sizes)
+
+    def _with_shape(self, shape):
+        raise ValueError("slicing a HostMesh is not supported; slice the ProcMesh instead")
+
+    def spawn_procs(self, per_host: Optional[Dict[str, int]] = None, name: Optional[str] = None,
+                    bootstrap=None) -> ProcMesh:
+        """``per_host`` procs on every host (e.g. {"gpus": 4}); the ProcMesh's dims are the
+        host dims followed by these. Returns at once; the procs start in the background.
+        Raises ValueError for a bad per_host or name."""
+        per_host = {"procs": 1} if per_host is None else per_host
+        if not isinstance(per_host, Mapping) or not per_host:
+            raise TypeError("spawn_procs: per_host must be a non-empty dict of dim -> size, "
+                            "e.g. {'gpus': 4}, not %r" % (per_host,))
+        for k, v in per_host.items():
+            if not isinstance(k, str) or not k:
+                raise ValueError("spawn_procs: dim names must be non-empty str, not %r" % (k,))
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError("spawn_procs: size of dim %r must be a positive int, not %r"
+                                 % (k, v))
+        if name is None:
+            name = "procs%d" % next(_COUNTER)
+        if not isinstance(name, str) or not name:
+            raise ValueError("spawn_procs: name must be a non-empty str, not %r" % (name,))
+        labels, sizes = list(per_host), [per_host[k] for k in per_host]
+        args = (labels, sizes, name, sys.executable, ["-m", "monarch._worker"], _worker_env())
+        live = _Liveness("proc mesh %r" % name)
+        cf = concurrent.futures.Future()
+        mesh = ProcMesh(_Lazy(cf), name, live)
+        host = _current_host_instance()
+        if host is not None and threading.current_thread().name != "monarch-asyncio":
+            # Inside an actor's handler: the actor owns the procs (its __supervise__ sees
+            # their failures). Spawned on its own thread, so this blocks the handler.
+            try:
+                cf.set_result(self._native.spawn_procs(*args, True))
+            except BaseException as e:
+                cf.set_exception(e)
+                raise
+            return mesh
+
+        def on_failure(mesh_name, ranks, cause, text):
+            f = MeshFailure(mesh_name, ranks, cause, text)
+            mesh._failures.append(f)
+            hook = globals().get("unhandled_fault_hook", _default_fault_hook)
+            hook(f)
+            return True
+
+        def run():
+            try:
+                pm = self._native.spawn_procs(*args, False)
+                pm.set_failure_handler(on_failure)
+                cf.set_result(pm)
+            except BaseException as e:
+                cf.set_exception(e)
+
+        threading.Thread(target=run, name="monarch-spawn-" + name, daemon=True).start()
+        _PROC_MESHES.append(mesh)
+        return mesh
+
+    def __repr__(self):
+        return "<HostMesh %s>" % self.extent
+
+
+def _current_host_instance():
+    c = _current.get()
+    return c.actor_instance if c is not None else None
+
+
+_THIS_HOST = None
+_THIS_HOST_LOCK = threading.Lock()
+
+
+def this_host() -> HostMesh:
+    """This host, through a host agent embedded in this process (its procs die with it)."""
+    global _THIS_HOST
+    with _THIS_HOST_LOCK:
+        if _THIS_HOST is None:
+            _THIS_HOST = HostMesh(_native.this_host())
+            _install_fault_hook()
+        return _THIS_HOST
+
+
+def this_proc() -> ProcMesh:
+    """This process as a mesh of one: actors spawned on it run here."""
+    if not _native.is_worker():
+        this_host()
+    return ProcMesh(_Lazy.of(None), "this_proc", _Liveness("this_proc"), local=True)
+
+
+def attach_to_workers(workers, name: Optional[str] = None) -> HostMesh:
+    """Hosts whose agents were started by hand (``monarch agent --listen tcp://0.0.0.0:26600``):
+    ``workers`` is a list of their addresses. Raises when one cannot be reached."""
+    if isinstance(workers, str):
+        workers = [workers]
+    workers = list(workers)
+    if not workers or not all(isinstance(w, str) and w for w in workers):
+        raise ValueError("attach_to_workers: give a non-empty list of agent addresses")
+    this_host()  # the client Proc that owns the meshes
+    return HostMesh(_native.attach_to_workers(workers))
+
+
+# --- Unhandled failures ----------------------------------------------------------------------------
+
+
+def _default_fault_hook(failure) -> None:
+    """Prints the failure and exits the client with status 1 (fail fast)."""
+    text = failure.report() if isinstance(failure, MeshFailure) else str(failure)
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    sys.stderr.write("monarch: unhandled failure: %s\n" % text)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+#: Receives every failure nobody handled (a MeshFailure, or an actor failure's report as a
+#: MonarchError). Replace it to keep going; runs on a runtime thread. Default: print, exit 1.
+unhandled_fault_hook = _default_fault_hook
+
+
+def _install_fault_hook():
+    def hook(text):
+        h = globals().get("unhandled_fault_hook", _default_fault_hook)
+        h(SupervisionError(text))
+    _native.set_fault_hook(hook)

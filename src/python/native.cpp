@@ -1,0 +1,653 @@
+// monarch._native: the C++ runtime as seen from python/monarch. Everything here is internal; the
+// public API (names, docstrings, argument checks) is the Python package's. See runtime.hpp for
+// the threading and GIL rules every function below follows.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "monarch/mesh/cast.hpp"
+#include "monarch/mesh/process.hpp"
+#include "monarch/wire/serialize.hpp"
+#include "runtime.hpp"
+
+namespace monarch::python {
+
+void register_reply(py::module_& m);
+void set_worker_proc(Proc& p);
+void register_rdma(py::module_& m);
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using Mesh = mesh::ActorMesh<PyActor>;
+
+// --- Futures ---------------------------------------------------------------------------------
+
+// The completion of a C++ Future, seen from Python: completed on a runtime thread without the
+// GIL (the value stays a C++ value until result() converts it, on the caller's thread).
+struct FutureState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::function<py::object()> make;     // converts the value, or rethrows the error (GIL held)
+  std::vector<py::object*> callbacks;   // done callbacks, run once with the GIL
+  ~FutureState() {
+    if (callbacks.empty() || !py_alive()) return;
+    py::gil_scoped_acquire gil;
+    for (auto* c : callbacks) delete c;
+  }
+};
+
+void complete(const std::shared_ptr<FutureState>& s, std::function<py::object()> make) {
+  std::vector<py::object*> cbs;
+  {
+    std::lock_guard lock(s->mu);
+    s->make = std::move(make);
+    s->done = true;
+    cbs.swap(s->callbacks);
+  }
+  s->cv.notify_all();
+  if (cbs.empty()) return;
+  if (!py_alive()) return;  // leaked with the interpreter
+  py::gil_scoped_acquire gil;
+  for (auto* cb : cbs) {
+    try {
+      (*cb)();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("monarch: future done callback");
+    }
+    delete cb;
+  }
+}
+
+// Waits for `ready()` with the GIL released, in slices, so that a signal (Ctrl-C) raises in the
+// waiting thread. Returns false on timeout (timeout_s < 0: forever).
+template <class Ready>
+bool wait_released(std::mutex& mu, std::condition_variable& cv, Ready ready, double timeout_s) {
+  const auto deadline = timeout_s < 0 ? Clock::time_point::max()
+                                      : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                           std::chrono::duration<double>(timeout_s));
+  while (true) {
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock lock(mu);
+      const auto slice_end = std::min(deadline, Clock::now() + 100ms);
+      if (cv.wait_until(lock, slice_end, ready)) return true;
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (Clock::now() >= deadline) return false;
+  }
+}
+
+class NativeFuture {
+ public:
+  NativeFuture() : s_(std::make_shared<FutureState>()) {}
+  explicit NativeFuture(std::shared_ptr<FutureState> s) : s_(std::move(s)) {}
+
+  bool done() const {
+    std::lock_guard lock(s_->mu);
+    return s_->done;
+  }
+  bool wait(double timeout_s) const {
+    auto& s = *s_;
+    return wait_released(s.mu, s.cv, [&] { return s.done; }, timeout_s);
+  }
+  py::object result() const {
+    std::function<py::object()> make;
+    {
+      std::lock_guard lock(s_->mu);
+      if (!s_->done) throw UsageError("future: result() before it completed");
+      make = s_->make;
+    }
+    return make();
+  }
+  void add_done_callback(py::function fn) const {
+    {
+      std::lock_guard lock(s_->mu);
+      if (!s_->done) {
+        s_->callbacks.push_back(new py::object(std::move(fn)));
+        return;
+      }
+    }
+    fn();
+  }
+  const std::shared_ptr<FutureState>& state() const { return s_; }
+
+ private:
+  std::shared_ptr<FutureState> s_;
+};
+
+template <class T, class Conv>
+NativeFuture watch(Future<T> f, Conv conv) {
+  auto s = std::make_shared<FutureState>();
+  f.on_complete([s, conv = std::move(conv)](monarch::detail::State<T>& st) mutable {
+    if (st.error) {
+      auto e = st.error;
+      return complete(s, [e]() -> py::object { std::rethrow_exception(e); });
+    }
+    auto v = std::make_shared<monarch::detail::stored_t<T>>(std::move(*st.value));
+    complete(s, [v, conv]() -> py::object { return conv(*v); });
+  });
+  return NativeFuture(s);
+}
+
+py::object to_bytes(const std::string& s) {
+  return py::bytes(s);
+}
+
+// A ValueMesh of encoded replies as a list by local rank: bytes, or the rank's error (an
+// exception instance, not raised).
+py::object value_list(const ndslice::ValueMesh<std::string>& vm) {
+  py::list out(vm.size());
+  for (size_t r = 0; r < vm.size(); ++r) {
+    if (vm.ok(r)) {
+      out[r] = py::bytes(vm.get(r));
+    } else {
+      out[r] = error_object(vm.error(r));
+    }
+  }
+  return out;
+}
+
+// --- Shapes ------------------------------------------------------------------------------------
+
+ndslice::Shape make_shape(std::vector<std::string> labels, std::vector<size_t> sizes) {
+  return ndslice::Shape(ndslice::Extent(std::move(labels), std::move(sizes)));
+}
+
+ndslice::Range make_range(size_t begin, std::optional<size_t> end, size_t step) {
+  return ndslice::Range(begin, end, step);
+}
+
+std::vector<size_t> global_ranks(const ndslice::Shape& s) {
+  std::vector<size_t> out(s.num_ranks());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = s.global_rank(i);
+  return out;
+}
+
+// --- Process meshes ------------------------------------------------------------------------------
+
+// One proc mesh, with the Python failure handler and log switch its callbacks read.
+struct ProcMeshBox {
+  struct Shared {
+    std::mutex mu;
+    py::object* on_failure = nullptr;  // callable(mesh, ranks, cause, text) -> bool
+    std::atomic<bool> stream_logs{true};
+  };
+  std::optional<mesh::ProcMesh> procs;  // set once spawned
+  std::shared_ptr<Shared> shared;
+};
+
+void write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+bool handle_failure(const std::shared_ptr<ProcMeshBox::Shared>& sh, const MeshFailure& f) {
+  if (!py_alive()) return true;  // the client is exiting: its procs die with it
+  py::gil_scoped_acquire gil;
+  py::object* cb = nullptr;
+  {
+    std::lock_guard lock(sh->mu);
+    cb = sh->on_failure;
+  }
+  if (cb == nullptr) return false;
+  try {
+    return (*cb)(f.mesh, f.ranks, f.cause, f.to_string()).cast<bool>();
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("monarch: ProcMesh failure handler");
+    return false;
+  }
+}
+
+std::shared_ptr<ProcMeshBox> spawn_procs(mesh::HostMesh& host, std::vector<std::string> labels,
+                                         std::vector<size_t> sizes, std::string name,
+                                         std::string program, std::vector<std::string> args,
+                                         std::vector<std::string> env, bool owned_by_actor) {
+  auto box = std::make_shared<ProcMeshBox>();
+  box->shared = std::make_shared<ProcMeshBox::Shared>();
+  mesh::SpawnOptions o;
+  o.name = std::move(name);
+  o.program = std::move(program);
+  o.args = std::move(args);
+  o.env = std::move(env);
+  auto sh = box->shared;
+  if (!owned_by_actor) {
+    o.on_failure = [sh](const MeshFailure& f) { return handle_failure(sh, f); };
+  }
+  o.log_sink = [sh](const mesh::LogRecord& rec) {
+    if (!sh->stream_logs.load(std::memory_order_relaxed)) return;
+    write_all(rec.stream == 2 ? 2 : 1, rec.to_string() + "\n");
+  };
+  auto ext = ndslice::Extent(std::move(labels), std::move(sizes));
+  box->procs = host.spawn_procs(ext, std::move(o));
+  return box;
+}
+
+// The comm actor of this process's Proc (installed on first use in a client; a worker's
+// bootstrap installs its own).
+ActorId local_comm_id() {
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  Proc& p = local_proc();
+  if (auto c = p.lookup<mesh::CommActor>(mesh::kCommActorName)) return c->id();
+  return mesh::detail::install_comm(p).id();
+}
+
+// --- Actor meshes --------------------------------------------------------------------------------
+
+// A rectangular mesh on the wire, so that another process can rebuild it (as remote refs).
+struct MeshWire {
+  std::vector<ActorId> members;
+  std::vector<std::string> labels;
+  size_t offset = 0;
+  std::vector<size_t> sizes, strides;
+  std::vector<ActorId> comm;
+  size_t fanout = 16;
+  size_t per_proc = 1;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(members, labels, offset, sizes, strides, comm, fanout, per_proc);
+  }
+};
+
+// Blocks (GIL released by the caller) until casts to `m` may go (its spawn fence, CAST-11), so
+// that a copy of it in another process never casts ahead of the Spawn messages.
+void wait_cast_ready(const Mesh& m) {
+  const auto* topo = m.topology();
+  if (topo == nullptr) return;
+  Promise<void> p;
+  auto f = p.get_future();
+  topo->when_ready([p = std::make_shared<Promise<void>>(std::move(p))]() mutable { p->set_value(); });
+  f.get();
+}
+
+py::bytes encode_mesh(const Mesh& m) {
+  MeshWire w;
+  {
+    py::gil_scoped_release nogil;
+    wait_cast_ready(m);
+    const auto* topo = m.topology();
+    if (topo == nullptr) throw UsageError("this actor mesh has no cast tree; it cannot be sent");
+    for (const auto& r : m.members()) w.members.push_back(r.valid() ? r.id() : ActorId{});
+    for (const auto& c : topo->comm) w.comm.push_back(c.id());
+    w.fanout = topo->fanout;
+    w.per_proc = m.per_proc();
+    const auto& v = m.view();
+    w.labels = v.labels();
+    w.offset = v.base().offset();
+    w.sizes = v.base().sizes();
+    w.strides = v.base().strides();
+  }
+  auto bytes = wire::encode(w);
+  return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+Mesh decode_mesh(const std::string& b) {
+  auto w = wire::decode<MeshWire>(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(b.data()), b.size()));
+  ndslice::Shape view(w.labels, ndslice::Slice(w.offset, w.sizes, w.strides));
+  return Mesh::from_ids(local_proc(), w.members, std::move(view), w.comm, w.fanout, w.per_proc);
+}
+
+NativeFuture mesh_call(const Mesh& m, std::string method, std::string payload) {
+  return watch(m.call(&PyActor::call, std::move(method), std::move(payload)), value_list);
+}
+
+NativeFuture mesh_call_one(const Mesh& m, std::string method, std::string payload) {
+  return watch(m.call_one(&PyActor::call, std::move(method), std::move(payload)), to_bytes);
+}
+
+NativeFuture mesh_choose(const Mesh& m, std::string method, std::string payload) {
+  return watch(m.choose(&PyActor::call, std::move(method), std::move(payload)), to_bytes);
+}
+
+NativeFuture mesh_reduce(const Mesh& m, std::string fn, std::string method, std::string payload) {
+  return watch(m.reduce(PyReducer{std::move(fn)}, &PyActor::call, std::move(method),
+                        std::move(payload)),
+               to_bytes);
+}
+
+// A stream's replies in arrival order: next(timeout_s) -> (local rank, bytes or error object).
+struct NativeStream {
+  std::shared_ptr<mesh::Stream<std::string>> s;
+  size_t remaining() const { return s->remaining(); }
+  py::object next(double timeout_s) {
+    const auto deadline = timeout_s < 0 ? Clock::time_point::max()
+                                        : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                             std::chrono::duration<double>(timeout_s));
+    while (true) {
+      const auto slice = std::min<Clock::duration>(deadline - Clock::now(), 100ms);
+      std::optional<std::pair<size_t, Future<std::string>>> item;
+      try {
+        py::gil_scoped_release nogil;
+        item.emplace(s->next(std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::max<Clock::duration>(slice, Clock::duration::zero()))));
+      } catch (const TimeoutError&) {
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        if (Clock::now() >= deadline) throw;
+        continue;
+      }
+      auto& [rank, f] = *item;
+      try {
+        return py::make_tuple(rank, py::bytes(f.get()));
+      } catch (...) {
+        return py::make_tuple(rank, error_object(std::current_exception()));
+      }
+    }
+  }
+};
+
+Mesh spawn_actors(const ProcMeshBox& pm, const std::string& name, const std::string& spec) {
+  return pm.procs->spawn<PyActor>(name, spec);
+}
+
+NativeStream mesh_stream(const Mesh& m, std::string method, std::string payload) {
+  return NativeStream{std::make_shared<mesh::Stream<std::string>>(
+      m.stream(&PyActor::call, std::move(method), std::move(payload)))};
+}
+
+// Stops every member of the view (each drains its queue, then its __cleanup__ runs).
+NativeFuture mesh_stop(const Mesh& m) {
+  struct Acc {
+    std::mutex mu;
+    size_t left = 0;
+    std::exception_ptr first;
+    std::shared_ptr<FutureState> s = std::make_shared<FutureState>();
+    void one(std::exception_ptr e) {
+      bool last = false;
+      {
+        std::lock_guard lock(mu);
+        if (e && !first) first = e;
+        last = --left == 0;
+      }
+      if (!last) return;
+      auto err = first;
+      complete(s, [err]() -> py::object {
+        if (err) std::rethrow_exception(err);
+        return py::none();
+      });
+    }
+  };
+  auto acc = std::make_shared<Acc>();
+  acc->left = m.size() + 1;
+  for (size_t i = 0; i < m.size(); ++i) {
+    Future<void> f;
+    try {
+      f = m.at(i).stop();
+    } catch (...) {
+      f = Future<void>::ready_error(std::current_exception());
+    }
+    f.on_complete([acc](monarch::detail::State<void>& st) { acc->one(st.error); });
+  }
+  acc->one(nullptr);
+  return NativeFuture(acc->s);
+}
+
+// This process's Proc as a mesh of one: the actor runs here, and is reached through the Proc's
+// own channel address like any other member, so casts and sends behave as across processes.
+Mesh spawn_local(const std::string& name, const std::string& spec) {
+  Proc& p = local_proc();
+  auto comm = local_comm_id();
+  auto ref = p.spawn<PyActor>(name, spec);
+  return Mesh::from_ids(p, {ref.id()}, ndslice::Shape(), {comm}, 16, 1);
+}
+
+// --- Ports -----------------------------------------------------------------------------------
+
+struct NativePort {
+  Port<std::string> port;
+  void send(const std::string& payload) const {
+    std::string copy = payload;
+    py::gil_scoped_release nogil;
+    port.send(std::move(copy));
+  }
+  py::bytes encode() const {
+    std::vector<std::byte> b;
+    {
+      py::gil_scoped_release nogil;
+      b = wire::encode(port);
+    }
+    return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+};
+
+NativePort decode_port(const std::string& b) {
+  monarch::detail::DecodingScope scope(&local_proc());
+  return NativePort{wire::decode<Port<std::string>>(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(b.data()), b.size()))};
+}
+
+struct NativeReceiver {
+  std::shared_ptr<PortReceiver<std::string>> rx;
+  py::object try_recv() {
+    std::optional<std::string> v;
+    {
+      py::gil_scoped_release nogil;
+      v = rx->try_recv();
+    }
+    if (!v) return py::none();
+    return py::bytes(*v);
+  }
+  py::bytes recv(double timeout_s) {
+    const auto deadline = timeout_s < 0 ? Clock::time_point::max()
+                                        : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                             std::chrono::duration<double>(timeout_s));
+    while (true) {
+      const auto slice = std::max<Clock::duration>(
+          std::min<Clock::duration>(deadline - Clock::now(), 100ms), Clock::duration::zero());
+      try {
+        std::string v;
+        {
+          py::gil_scoped_release nogil;
+          v = rx->recv(std::chrono::duration_cast<std::chrono::microseconds>(slice));
+        }
+        return py::bytes(v);
+      } catch (const TimeoutError&) {
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        if (Clock::now() >= deadline) {
+          throw TimeoutError("PortReceiver.recv: no message within " + std::to_string(timeout_s) +
+                             " s");
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+// Python errors: monarch::Error -> the class of its code (monarch.errors).
+void register_errors() {
+  py::register_exception_translator([](std::exception_ptr p) {
+    if (!p) return;
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error&) {
+      py::object e = error_object(p);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
+    }
+  });
+}
+
+}  // namespace monarch::python
+
+namespace py = pybind11;
+using namespace monarch;
+using namespace monarch::python;
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "monarch-cpp's runtime (internal; use monarch.actor).";
+  register_errors();
+  register_reply(m);
+  // Every process that imports the module can run casts of Python actors in its comm actor.
+  mesh::register_cast<PyActor>(&PyActor::call);
+  mesh::register_cast<PyActor>(&PyActor::send);
+  mesh::register_cast<PyActor>(&PyActor::call, PyReducer{});
+
+  py::class_<NativeFuture>(m, "NativeFuture")
+      .def("done", &NativeFuture::done)
+      .def("wait", &NativeFuture::wait, py::arg("timeout_s"),
+           "Waits up to timeout_s seconds (< 0: forever) with the GIL released; True when done.")
+      .def("result", &NativeFuture::result,
+           "The value, or raises the error. Only once done().")
+      .def("add_done_callback", &NativeFuture::add_done_callback, py::arg("fn"),
+           "fn() runs once, with the GIL, on the completing thread (now when already done).");
+
+  py::class_<ndslice::Shape>(m, "Shape")
+      .def(py::init(&make_shape), py::arg("labels"), py::arg("sizes"))
+      .def_property_readonly("labels", &ndslice::Shape::labels)
+      .def_property_readonly("sizes", &ndslice::Shape::sizes)
+      .def("__len__", &ndslice::Shape::num_ranks)
+      .def("global_rank", &ndslice::Shape::global_rank)
+      .def("global_ranks", &global_ranks)
+      .def("slice_index", py::overload_cast<std::string_view, std::size_t>(
+                              &ndslice::Shape::slice, py::const_))
+      .def("slice_range",
+           [](const ndslice::Shape& s, std::string_view dim, size_t b, std::optional<size_t> e,
+              size_t step) { return s.slice(dim, make_range(b, e, step)); })
+      .def("split", &ndslice::Shape::split)
+      .def("flatten", &ndslice::Shape::flatten)
+      .def("rename", &ndslice::Shape::rename)
+      .def("__eq__", [](const ndslice::Shape& a, const ndslice::Shape& b) { return a == b; })
+      .def("__repr__", &ndslice::Shape::to_string);
+
+  py::class_<ProcMeshBox, std::shared_ptr<ProcMeshBox>>(m, "ProcMesh")
+      .def_property_readonly("shape", [](const ProcMeshBox& b) { return b.procs->shape(); })
+      .def_property_readonly("name", [](const ProcMeshBox& b) { return b.procs->name(); })
+      .def(
+          "with_view",
+          [](const ProcMeshBox& b, ndslice::Shape v) {
+            auto out = std::make_shared<ProcMeshBox>();
+            out->procs = b.procs->with_view(std::move(v));
+            out->shared = b.shared;
+            return out;
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def("spawn", &spawn_actors, py::arg("name"), py::arg("spec"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("stop", [](const ProcMeshBox& b) { return b.procs->stop(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("failed_ranks", [](const ProcMeshBox& b) { return b.procs->failed_ranks(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("pid", [](const ProcMeshBox& b, size_t i) { return b.procs->pid(i); })
+      .def("address", [](const ProcMeshBox& b, size_t i) { return b.procs->address(i); })
+      .def("set_stream_logs",
+           [](const ProcMeshBox& b, bool on) { b.shared->stream_logs.store(on); })
+      .def("set_failure_handler", [](const ProcMeshBox& b, py::object fn) {
+        auto* p = fn.is_none() ? nullptr : new py::object(std::move(fn));
+        py::object* old = nullptr;
+        {
+          std::lock_guard lock(b.shared->mu);
+          old = std::exchange(b.shared->on_failure, p);
+        }
+        delete old;
+      });
+
+  py::class_<mesh::HostMesh>(m, "HostMesh")
+      .def_property_readonly("labels",
+                             [](const mesh::HostMesh& h) { return h.extent().labels(); })
+      .def_property_readonly("sizes", [](const mesh::HostMesh& h) { return h.extent().sizes(); })
+      .def("spawn_procs", &spawn_procs, py::arg("labels"), py::arg("sizes"), py::arg("name"),
+           py::arg("program"), py::arg("args"), py::arg("env"), py::arg("owned_by_actor"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Spawns procs on every host; blocks until they are ready (GIL released).");
+  m.def(
+      "this_host", [] { return local_host(); }, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "attach_to_workers",
+      [](const std::vector<std::string>& agents) { return mesh::attach_to_workers(agents); },
+      py::arg("agents"), py::call_guard<py::gil_scoped_release>());
+  m.def("is_worker", &is_worker);
+  m.def(
+      "local_address", [] { return local_proc().address(); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "set_fault_hook",
+      [](py::function fn) {
+        auto* keep = new py::object(std::move(fn));  // lives as long as the process
+        local_host().set_fault_hook([keep](const ActorSupervisionEvent& ev) {
+          if (!py_alive()) return;
+          py::gil_scoped_acquire gil;
+          try {
+            (*keep)(ev.to_string());
+          } catch (py::error_already_set& e) {
+            e.discard_as_unraisable("monarch: unhandled fault hook");
+          }
+        });
+      },
+      py::arg("fn"), "fn(report: str) receives failures nobody handled (a runtime thread).");
+  m.def(
+      "run_worker",
+      [] {
+        {
+          py::gil_scoped_release nogil;
+          mesh::bootstrap(0, nullptr,
+                          [](Proc& p, const mesh::WorkerInfo&) { set_worker_proc(p); });
+        }
+        throw UsageError(
+            "monarch._worker: this process was not started by a host agent "
+            "(MONARCH_WORKER_OWNER is not set)");
+      },
+      "Serves this process as a worker proc; never returns (the process exits when stopped).");
+
+  py::class_<Mesh>(m, "ActorMesh")
+      .def_property_readonly("shape", &Mesh::shape)
+      .def("__len__", &Mesh::size)
+      .def("member_name", [](const Mesh& a, size_t i) { return a.at(i).id().to_string(); })
+      .def("with_view", &Mesh::with_view, py::call_guard<py::gil_scoped_release>())
+      .def("survivors", &Mesh::survivors, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "select", [](const Mesh& a, std::string_view text) { return a.select(text); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("call", &mesh_call, py::call_guard<py::gil_scoped_release>())
+      .def("call_one", &mesh_call_one, py::call_guard<py::gil_scoped_release>())
+      .def("choose", &mesh_choose, py::call_guard<py::gil_scoped_release>())
+      .def("reduce", &mesh_reduce, py::call_guard<py::gil_scoped_release>())
+      .def("stream", &mesh_stream, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "broadcast",
+          [](const Mesh& a, std::string method, std::string payload) {
+            a.broadcast(&PyActor::send, std::move(method), std::move(payload));
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def("stop", &mesh_stop, py::call_guard<py::gil_scoped_release>())
+      .def("encode", &encode_mesh);
+  m.def("decode_mesh", &decode_mesh, py::call_guard<py::gil_scoped_release>());
+  m.def("spawn_local", &spawn_local, py::arg("name"), py::arg("spec"),
+        py::call_guard<py::gil_scoped_release>());
+
+  py::class_<NativeStream>(m, "NativeStream")
+      .def("remaining", &NativeStream::remaining)
+      .def("next", &NativeStream::next, py::arg("timeout_s"));
+
+  py::class_<NativePort>(m, "Port")
+      .def("send", &NativePort::send, py::arg("payload"))
+      .def("encode", &NativePort::encode)
+      .def("__repr__", [](const NativePort& p) { return p.port.id().to_string(); });
+  py::class_<NativeReceiver>(m, "PortReceiver")
+      .def("recv", &NativeReceiver::recv, py::arg("timeout_s"))
+      .def("try_recv", &NativeReceiver::try_recv);
+  m.def("open_port", [] {
+    py::gil_scoped_release nogil;
+    auto [port, rx] = local_proc().open_port<std::string>();
+    return std::make_pair(NativePort{std::move(port)},
+                          NativeReceiver{std::make_shared<PortReceiver<std::string>>(std::move(rx))});
+  });
+  m.def("decode_port", &decode_port, py::call_guard<py::gil_scoped_release>());
+}

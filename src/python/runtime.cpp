@@ -1,0 +1,243 @@
+// The per-process runtime of the Python bindings, PyActor and PyReducer (runtime.hpp).
+#include "runtime.hpp"
+
+#include <Python.h>
+#include <pybind11/stl.h>
+
+#include <mutex>
+
+#include "monarch/mesh/cast.hpp"
+
+namespace monarch::python {
+
+namespace {
+
+struct Runtime {
+  std::mutex mu;
+  Proc* proc = nullptr;                  // the listening Proc of this process
+  std::optional<mesh::HostMesh> host{};  // this_host(), clients (and workers that spawn procs)
+  bool worker = false;
+};
+
+// Never destroyed: runtime threads may still run while the interpreter exits, and the HostMesh's
+// destructor would wait for them. The process's exit ends them (its procs die with the agent).
+Runtime& rt() {
+  static auto* r = new Runtime();
+  return *r;
+}
+
+}  // namespace
+
+bool py_alive() noexcept {
+  return Py_IsInitialized() != 0 && _Py_IsFinalizing() == 0;
+}
+
+mesh::HostMesh& local_host() {
+  auto& r = rt();
+  std::lock_guard lock(r.mu);
+  if (!r.host) {
+    r.host.emplace(mesh::this_host());
+    if (r.proc == nullptr) r.proc = &r.host->client();
+  }
+  return *r.host;
+}
+
+Proc& local_proc() {
+  {
+    auto& r = rt();
+    std::lock_guard lock(r.mu);
+    if (r.proc != nullptr) return *r.proc;
+  }
+  return local_host().client();
+}
+
+bool is_worker() noexcept {
+  return rt().worker;
+}
+
+void set_worker_proc(Proc& p) {
+  auto& r = rt();
+  std::lock_guard lock(r.mu);
+  r.proc = &p;
+  r.worker = true;
+}
+
+py::object error_object(const std::exception_ptr& e) {
+  auto errors = py::module_::import("monarch.errors");
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    const auto& o = err.origin();
+    return errors.attr("_from_native")(static_cast<int>(err.code()), err.what(), o.actor,
+                                       o.rank ? py::cast(*o.rank) : py::none(), o.address);
+  } catch (const py::error_already_set& err) {
+    return err.value();
+  } catch (const std::exception& err) {
+    return errors.attr("_from_native")(1, err.what(), "", py::none(), "");
+  } catch (...) {
+    return errors.attr("_from_native")(1, "unknown C++ exception", "", py::none(), "");
+  }
+}
+
+// --- PyActor ---------------------------------------------------------------------------------
+
+namespace {
+
+// The point as (labels, sizes, coords), which python/monarch/_host.py turns into a Point.
+py::object point_tuple(const std::optional<ndslice::Point>& p) {
+  if (!p) return py::none();
+  return py::make_tuple(p->extent().labels(), p->extent().sizes(), p->coords());
+}
+
+// A Python error raised inside a handler, as a C++ exception carrying its formatted text.
+[[noreturn]] void rethrow_python(py::error_already_set& e) {
+  std::string text = e.what();
+  e.restore();
+  PyErr_Clear();
+  throw Error(text);
+}
+
+// Completes a call's reply from Python (async, concurrent and explicit-port endpoints), or fails
+// the actor for a broadcast whose async handler raised.
+struct Reply {
+  std::shared_ptr<Promise<std::string>> promise;
+  std::optional<ActorRef<PyActor>> self;  // broadcasts: fail() sends PyActor::fail to it
+  void send(py::bytes b) {
+    std::string s = b;
+    py::gil_scoped_release nogil;
+    if (promise) {
+      try {
+        promise->set_value(std::move(s));
+      } catch (const UsageError&) {
+        throw UsageError("response port: already answered (a reply is sent once)");
+      }
+    }
+  }
+  void fail(std::string why) {
+    py::gil_scoped_release nogil;
+    if (self) {
+      self->send(&PyActor::fail, std::move(why));
+    } else if (promise && !promise->satisfied()) {
+      promise->set_error(Error(why));
+    }
+  }
+};
+
+}  // namespace
+
+void register_reply(py::module_& m) {
+  py::class_<Reply, std::shared_ptr<Reply>>(m, "Reply",
+                                            "The response port of one call (internal: "
+                                            "monarch._host answers through it).")
+      .def("send", &Reply::send, py::arg("payload"))
+      .def("fail", &Reply::fail, py::arg("why"));
+}
+
+PyActor::~PyActor() {
+  if (host_ == nullptr) return;
+  if (!py_alive()) return;  // leaked: the interpreter is going away
+  py::gil_scoped_acquire gil;
+  delete host_;
+}
+
+py::object& PyActor::host() {
+  if (host_ == nullptr) throw Error("python actor " + id().to_string() + " has no instance");
+  return *host_;
+}
+
+void PyActor::init() {
+  std::optional<ndslice::Point> rank;
+  try {
+    rank = mesh::Context::actor_rank();
+  } catch (const UsageError&) {  // spawned outside a ProcMesh (this_proc): no mesh point
+  }
+  if (!py_alive()) throw Error("python actor " + id().to_string() + ": interpreter is exiting");
+  py::gil_scoped_acquire gil;
+  try {
+    auto host_mod = py::module_::import("monarch._host");
+    py::object h = host_mod.attr("ActorHost")(py::bytes(spec_), point_tuple(rank),
+                                              id().to_string(), id().name);
+    host_ = new py::object(std::move(h));
+    spec_.clear();
+  } catch (py::error_already_set& e) {
+    rethrow_python(e);
+  }
+}
+
+void PyActor::cleanup(const std::optional<ActorSupervisionEvent>& error) {
+  if (host_ == nullptr || !py_alive()) return;
+  py::gil_scoped_acquire gil;
+  try {
+    host_->attr("cleanup")(error ? py::cast(error->to_string()) : py::none());
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("monarch: __cleanup__");
+  }
+}
+
+bool PyActor::supervise(const MeshFailure& failure) {
+  if (!py_alive()) return false;
+  py::gil_scoped_acquire gil;
+  try {
+    return host()
+        .attr("supervise")(failure.mesh, failure.ranks, failure.cause, failure.to_string())
+        .cast<bool>();
+  } catch (py::error_already_set& e) {
+    rethrow_python(e);
+  }
+}
+
+Future<std::string> PyActor::call(std::string method, std::string payload) {
+  size_t rank = static_cast<size_t>(-1);
+  try {
+    rank = mesh::Context::message_rank();
+  } catch (const UsageError&) {
+  }
+  if (!py_alive()) throw Error("python actor " + id().to_string() + ": interpreter is exiting");
+  auto promise = std::make_shared<Promise<std::string>>();
+  auto f = promise->get_future();
+  py::gil_scoped_acquire gil;
+  try {
+    auto reply = std::make_shared<Reply>();
+    reply->promise = promise;
+    py::object r = host().attr("handle")(method, py::bytes(payload), rank, reply);
+    if (!r.is_none()) return Future<std::string>::ready_value(r.cast<std::string>());
+  } catch (py::error_already_set& e) {
+    rethrow_python(e);
+  }
+  return f;
+}
+
+void PyActor::send(std::string method, std::string payload) {
+  size_t rank = static_cast<size_t>(-1);
+  try {
+    rank = mesh::Context::message_rank();
+  } catch (const UsageError&) {
+  }
+  if (!py_alive()) return;
+  auto reply = std::make_shared<Reply>();
+  reply->self = self<PyActor>();
+  py::gil_scoped_acquire gil;
+  try {
+    host().attr("handle_send")(method, py::bytes(payload), rank, reply);
+  } catch (py::error_already_set& e) {
+    rethrow_python(e);
+  }
+}
+
+void PyActor::fail(std::string why) {
+  throw Error(why);
+}
+
+std::string PyReducer::operator()(std::string a, const std::string& b) const {
+  if (!py_alive()) throw Error("reduce: the interpreter is exiting");
+  py::gil_scoped_acquire gil;
+  try {
+    auto host_mod = py::module_::import("monarch._host");
+    return host_mod.attr("reduce_pair")(py::bytes(fn), py::bytes(a), py::bytes(b))
+        .cast<std::string>();
+  } catch (py::error_already_set& e) {
+    rethrow_python(e);
+  }
+}
+
+}  // namespace monarch::python

@@ -1,0 +1,80 @@
+// Internal to the Python bindings (monarch._native): the per-process runtime state, the C++ actor
+// that hosts a Python actor (PyActor), the reducer that runs a Python combine inside the cast
+// tree, and the error mapping. The Python side of these lives in python/monarch/_host.py.
+//
+// Threads and the GIL:
+//   - Every binding that enters the runtime releases the GIL first (it may wait on a lock a
+//     runtime thread holds while that thread waits for the GIL).
+//   - Runtime threads (actor workers, channel I/O, mesh monitors) take the GIL only to run Python:
+//     a Python actor's handler, a Python reducer, a failure handler or a future's done callback.
+//     They never hold a runtime lock while they do.
+//   - Once the interpreter is finalizing, runtime threads no longer enter Python (py_alive()).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "monarch/mesh/process.hpp"
+
+namespace monarch::python {
+
+namespace py = pybind11;
+
+/// False once the interpreter is finalizing: runtime threads must not take the GIL then.
+bool py_alive() noexcept;
+
+/// The listening Proc of this process: the client Proc of this_host() in a client, the worker's
+/// own Proc in a worker (set by run_worker). Creates this_host() on first use in a client.
+Proc& local_proc();
+/// This process's HostMesh (this_host()), created on first use with `options`.
+mesh::HostMesh& local_host();
+/// True in a worker process (run_worker is running).
+bool is_worker() noexcept;
+
+/// A monarch::Error (or any exception) as an instance of its Python class (monarch.errors),
+/// without raising it. Needs the GIL.
+py::object error_object(const std::exception_ptr& e);
+
+/// Hosts one Python actor: its endpoints take the Python endpoint's name and the pickled
+/// arguments, and reply with the pickled result (python/monarch/_host.py encodes both).
+class PyActor final : public Actor {
+ public:
+  /// `spec`: cloudpickle of (class, args, kwargs), unpickled in init() on the actor's proc.
+  explicit PyActor(std::string spec) : spec_(std::move(spec)) {}
+  ~PyActor() override;
+
+  void init() override;
+  void cleanup(const std::optional<ActorSupervisionEvent>& error) override;
+  bool supervise(const MeshFailure& failure) override;
+
+  /// A call (call, call_one, choose, stream, reduce): the reply is the host's encoded result
+  /// (a value or the handler's exception, python/monarch/_host.py). Completes later for async,
+  /// concurrent and explicit-response-port endpoints.
+  Future<std::string> call(std::string method, std::string payload);
+  /// A broadcast: a handler that raises fails this actor (supervision), as in C++.
+  void send(std::string method, std::string payload);
+  /// Fails this actor with `why` (sent to itself when an async send handler raised).
+  void fail(std::string why);
+  MONARCH_ENDPOINTS(PyActor, call, send, fail)
+
+ private:
+  py::object& host();
+  std::string spec_;
+  py::object* host_ = nullptr;  // deleted with the GIL held
+};
+
+/// A combine written in Python, run inside the cast tree (reduce): `fn` is the cloudpickled
+/// callable, applied to two encoded replies (python/monarch/_host.py: reduce_pair).
+struct PyReducer {
+  std::string fn;
+  std::string operator()(std::string a, const std::string& b) const;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(fn);
+  }
+};
+
+}  // namespace monarch::python
