@@ -105,10 +105,10 @@ class ActorHost:
             raise AttributeError("actor %s (%s) has no endpoint %r" %
                                  (self.instance_info.actor_id, self.cls.__name__, method))
         args, kwargs, view, port = pickle.loads(payload)
-        mrank = self.instance_info.rank
-        if view is not None and message_rank is not None and message_rank >= 0:
-            mrank = _actor.Extent(view[0], view[1]).point(message_rank)
-        ctx = _actor.Context(self.instance_info, mrank)
+        if view is not None and message_rank is not None:
+            ctx = _actor.Context(self.instance_info, None, view, message_rank)
+        else:
+            ctx = _actor.Context(self.instance_info, self.instance_info.rank)
         return ep, args, kwargs, ctx, port
 
     def handle(self, method, payload, message_rank, reply):

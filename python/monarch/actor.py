@@ -194,9 +194,17 @@ class Context:
     """What a handler may ask: ``actor_instance`` and ``message_rank`` (the receiver's Point in
     the view the message was cast to)."""
 
-    def __init__(self, actor_instance, message_rank):
+    def __init__(self, actor_instance, message_rank, view=None, local_rank=None):
         self.actor_instance = actor_instance
-        self.message_rank = message_rank
+        self._message_rank = message_rank
+        self._view = view            # (labels, sizes) of the cast view: the Point is made lazily
+        self._local_rank = local_rank
+
+    @property
+    def message_rank(self) -> Point:
+        if self._message_rank is None:
+            self._message_rank = Extent(*self._view).point(self._local_rank)
+        return self._message_rank
 
 
 _CLIENT = ActorInstance("client", "client", Point([], Extent([], [])))
@@ -684,8 +692,15 @@ class ActorMesh(MeshTrait, Generic[R]):
         self._view = shape
 
     def _mesh(self):
-        m = self._lazy.result()
-        return m if self._view is None else m.with_view(self._view)
+        m = self.__dict__.get("_native_mesh")
+        if m is None:
+            m = self._lazy.result()
+            if self._view is not None:
+                m = m.with_view(self._view)
+            s = m.shape
+            self._native_mesh = m
+            self._view_tuple = (s.labels, s.sizes)
+        return m
 
     def _shape(self):
         return self._view if self._view is not None else self._lazy.result().shape
@@ -700,7 +715,9 @@ class ActorMesh(MeshTrait, Generic[R]):
             raise AttributeError("actor mesh %r (%s) has no endpoint %r (endpoints: %s)" % (
                 self.__dict__.get("_name"), getattr(self.__dict__.get("_cls"), "__name__", "?"),
                 name, ", ".join(sorted(self.__dict__.get("_eps", {}))) or "none"))
-        return EndpointRef(self, name, self._eps[name])
+        ref = EndpointRef(self, name, self._eps[name])
+        self.__dict__[name] = ref  # next access skips __getattr__
+        return ref
 
     def survivors(self) -> "ActorMesh":
         """The members on procs not known to have failed (a view with extent {ranks: n})."""
@@ -756,8 +773,7 @@ class EndpointRef(Generic[R]):
     def _prepare(self, args, kwargs, port=None):
         self._mesh._live.check()
         m = self._mesh._mesh()
-        s = m.shape
-        payload = _dumps_args(args, kwargs, (s.labels, s.sizes), port, self._where())
+        payload = _dumps_args(args, kwargs, self._mesh._view_tuple, port, self._where())
         return m, payload
 
     def call(self, *args, **kwargs) -> Future[ValueMesh[R]]:

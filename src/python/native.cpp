@@ -14,8 +14,10 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "monarch/config/config.hpp"
 #include "monarch/mesh/cast.hpp"
 #include "monarch/mesh/process.hpp"
 #include "monarch/wire/serialize.hpp"
@@ -40,12 +42,13 @@ using Mesh = mesh::ActorMesh<PyActor>;
 struct FutureState {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;
-  std::function<py::object()> make;     // converts the value, or rethrows the error (GIL held)
-  std::vector<py::object*> callbacks;   // done callbacks, run once with the GIL
+  bool done = false;                   // guarded by mu
+  std::atomic<bool> ready{false};      // set with done, read by the waiter's spin
+  std::function<py::object()> make;    // converts the value, or rethrows the error (GIL held)
+  std::vector<py::object*> callbacks;  // done callbacks, run once with the GIL
   ~FutureState() {
     if (callbacks.empty() || !py_alive()) return;
-    py::gil_scoped_acquire gil;
+    Gil gil;
     for (auto* c : callbacks) delete c;
   }
 };
@@ -56,12 +59,13 @@ void complete(const std::shared_ptr<FutureState>& s, std::function<py::object()>
     std::lock_guard lock(s->mu);
     s->make = std::move(make);
     s->done = true;
+    s->ready.store(true, std::memory_order_release);
     cbs.swap(s->callbacks);
   }
   s->cv.notify_all();
   if (cbs.empty()) return;
   if (!py_alive()) return;  // leaked with the interpreter
-  py::gil_scoped_acquire gil;
+  Gil gil;
   for (auto* cb : cbs) {
     try {
       (*cb)();
@@ -76,9 +80,10 @@ void complete(const std::shared_ptr<FutureState>& s, std::function<py::object()>
 // waiting thread. Returns false on timeout (timeout_s < 0: forever).
 template <class Ready>
 bool wait_released(std::mutex& mu, std::condition_variable& cv, Ready ready, double timeout_s) {
-  const auto deadline = timeout_s < 0 ? Clock::time_point::max()
-                                      : Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                           std::chrono::duration<double>(timeout_s));
+  const auto deadline = timeout_s < 0
+                            ? Clock::time_point::max()
+                            : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(timeout_s));
   while (true) {
     {
       py::gil_scoped_release nogil;
@@ -102,7 +107,24 @@ class NativeFuture {
   }
   bool wait(double timeout_s) const {
     auto& s = *s_;
-    return wait_released(s.mu, s.cv, [&] { return s.done; }, timeout_s);
+    if (s.ready.load(std::memory_order_acquire)) return true;
+    {
+      // Replies across processes often arrive within tens of microseconds: spin (yielding, GIL
+      // released) for up to actor.spin_us before sleeping, as the C++ Future::get does (WAIT-1).
+      py::gil_scoped_release nogil;
+      static const auto spin = std::chrono::microseconds(config::global().integer("actor.spin_us"));
+      const auto until =
+          Clock::now() + std::min<Clock::duration>(
+                             spin, timeout_s < 0 ? spin
+                                                 : std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(timeout_s)));
+      while (Clock::now() < until) {
+        if (s.ready.load(std::memory_order_acquire)) return true;
+        std::this_thread::yield();
+      }
+    }
+    return wait_released(
+        s.mu, s.cv, [&] { return s.done; }, timeout_s);
   }
   py::object result() const {
     std::function<py::object()> make;
@@ -201,7 +223,7 @@ void write_all(int fd, const std::string& s) {
 
 bool handle_failure(const std::shared_ptr<ProcMeshBox::Shared>& sh, const MeshFailure& f) {
   if (!py_alive()) return true;  // the client is exiting: its procs die with it
-  py::gil_scoped_acquire gil;
+  Gil gil;
   py::object* cb = nullptr;
   {
     std::lock_guard lock(sh->mu);
@@ -274,7 +296,8 @@ void wait_cast_ready(const Mesh& m) {
   if (topo == nullptr) return;
   Promise<void> p;
   auto f = p.get_future();
-  topo->when_ready([p = std::make_shared<Promise<void>>(std::move(p))]() mutable { p->set_value(); });
+  topo->when_ready(
+      [p = std::make_shared<Promise<void>>(std::move(p))]() mutable { p->set_value(); });
   f.get();
 }
 
@@ -319,9 +342,9 @@ NativeFuture mesh_choose(const Mesh& m, std::string method, std::string payload)
 }
 
 NativeFuture mesh_reduce(const Mesh& m, std::string fn, std::string method, std::string payload) {
-  return watch(m.reduce(PyReducer{std::move(fn)}, &PyActor::call, std::move(method),
-                        std::move(payload)),
-               to_bytes);
+  return watch(
+      m.reduce(PyReducer{std::move(fn)}, &PyActor::call, std::move(method), std::move(payload)),
+      to_bytes);
 }
 
 // A stream's replies in arrival order: next(timeout_s) -> (local rank, bytes or error object).
@@ -329,9 +352,10 @@ struct NativeStream {
   std::shared_ptr<mesh::Stream<std::string>> s;
   size_t remaining() const { return s->remaining(); }
   py::object next(double timeout_s) {
-    const auto deadline = timeout_s < 0 ? Clock::time_point::max()
-                                        : Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                             std::chrono::duration<double>(timeout_s));
+    const auto deadline = timeout_s < 0
+                              ? Clock::time_point::max()
+                              : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(timeout_s));
     while (true) {
       const auto slice = std::min<Clock::duration>(deadline - Clock::now(), 100ms);
       std::optional<std::pair<size_t, Future<std::string>>> item;
@@ -446,9 +470,10 @@ struct NativeReceiver {
     return py::bytes(*v);
   }
   py::bytes recv(double timeout_s) {
-    const auto deadline = timeout_s < 0 ? Clock::time_point::max()
-                                        : Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                             std::chrono::duration<double>(timeout_s));
+    const auto deadline = timeout_s < 0
+                              ? Clock::time_point::max()
+                              : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(timeout_s));
     while (true) {
       const auto slice = std::max<Clock::duration>(
           std::min<Clock::duration>(deadline - Clock::now(), 100ms), Clock::duration::zero());
@@ -504,8 +529,7 @@ PYBIND11_MODULE(_native, m) {
       .def("done", &NativeFuture::done)
       .def("wait", &NativeFuture::wait, py::arg("timeout_s"),
            "Waits up to timeout_s seconds (< 0: forever) with the GIL released; True when done.")
-      .def("result", &NativeFuture::result,
-           "The value, or raises the error. Only once done().")
+      .def("result", &NativeFuture::result, "The value, or raises the error. Only once done().")
       .def("add_done_callback", &NativeFuture::add_done_callback, py::arg("fn"),
            "fn() runs once, with the GIL, on the completing thread (now when already done).");
 
@@ -516,8 +540,8 @@ PYBIND11_MODULE(_native, m) {
       .def("__len__", &ndslice::Shape::num_ranks)
       .def("global_rank", &ndslice::Shape::global_rank)
       .def("global_ranks", &global_ranks)
-      .def("slice_index", py::overload_cast<std::string_view, std::size_t>(
-                              &ndslice::Shape::slice, py::const_))
+      .def("slice_index",
+           py::overload_cast<std::string_view, std::size_t>(&ndslice::Shape::slice, py::const_))
       .def("slice_range",
            [](const ndslice::Shape& s, std::string_view dim, size_t b, std::optional<size_t> e,
               size_t step) { return s.slice(dim, make_range(b, e, step)); })
@@ -541,10 +565,12 @@ PYBIND11_MODULE(_native, m) {
           py::call_guard<py::gil_scoped_release>())
       .def("spawn", &spawn_actors, py::arg("name"), py::arg("spec"),
            py::call_guard<py::gil_scoped_release>())
-      .def("stop", [](const ProcMeshBox& b) { return b.procs->stop(); },
-           py::call_guard<py::gil_scoped_release>())
-      .def("failed_ranks", [](const ProcMeshBox& b) { return b.procs->failed_ranks(); },
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "stop", [](const ProcMeshBox& b) { return b.procs->stop(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "failed_ranks", [](const ProcMeshBox& b) { return b.procs->failed_ranks(); },
+          py::call_guard<py::gil_scoped_release>())
       .def("pid", [](const ProcMeshBox& b, size_t i) { return b.procs->pid(i); })
       .def("address", [](const ProcMeshBox& b, size_t i) { return b.procs->address(i); })
       .def("set_stream_logs",
@@ -560,8 +586,7 @@ PYBIND11_MODULE(_native, m) {
       });
 
   py::class_<mesh::HostMesh>(m, "HostMesh")
-      .def_property_readonly("labels",
-                             [](const mesh::HostMesh& h) { return h.extent().labels(); })
+      .def_property_readonly("labels", [](const mesh::HostMesh& h) { return h.extent().labels(); })
       .def_property_readonly("sizes", [](const mesh::HostMesh& h) { return h.extent().sizes(); })
       .def("spawn_procs", &spawn_procs, py::arg("labels"), py::arg("sizes"), py::arg("name"),
            py::arg("program"), py::arg("args"), py::arg("env"), py::arg("owned_by_actor"),
@@ -583,7 +608,7 @@ PYBIND11_MODULE(_native, m) {
         auto* keep = new py::object(std::move(fn));  // lives as long as the process
         local_host().set_fault_hook([keep](const ActorSupervisionEvent& ev) {
           if (!py_alive()) return;
-          py::gil_scoped_acquire gil;
+          Gil gil;
           try {
             (*keep)(ev.to_string());
           } catch (py::error_already_set& e) {
@@ -597,8 +622,7 @@ PYBIND11_MODULE(_native, m) {
       [] {
         {
           py::gil_scoped_release nogil;
-          mesh::bootstrap(0, nullptr,
-                          [](Proc& p, const mesh::WorkerInfo&) { set_worker_proc(p); });
+          mesh::bootstrap(0, nullptr, [](Proc& p, const mesh::WorkerInfo&) { set_worker_proc(p); });
         }
         throw UsageError(
             "monarch._worker: this process was not started by a host agent "
@@ -646,8 +670,9 @@ PYBIND11_MODULE(_native, m) {
   m.def("open_port", [] {
     py::gil_scoped_release nogil;
     auto [port, rx] = local_proc().open_port<std::string>();
-    return std::make_pair(NativePort{std::move(port)},
-                          NativeReceiver{std::make_shared<PortReceiver<std::string>>(std::move(rx))});
+    return std::make_pair(
+        NativePort{std::move(port)},
+        NativeReceiver{std::make_shared<PortReceiver<std::string>>(std::move(rx))});
   });
   m.def("decode_port", &decode_port, py::call_guard<py::gil_scoped_release>());
 }

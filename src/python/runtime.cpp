@@ -32,6 +32,18 @@ bool py_alive() noexcept {
   return Py_IsInitialized() != 0 && _Py_IsFinalizing() == 0;
 }
 
+// A Python thread state for this thread that outlives every Gil on it (pybind11 then reuses it
+// instead of making a new one each time).
+Gil::Pin::Pin() {
+  thread_local bool pinned = false;
+  if (pinned) return;
+  pinned = true;
+  if (PyGILState_GetThisThreadState() == nullptr) {
+    PyGILState_Ensure();  // creates the thread state (kept: never released) and takes the GIL
+    PyEval_SaveThread();  // releases the GIL, keeping the thread state
+  }
+}
+
 mesh::HostMesh& local_host() {
   auto& r = rt();
   std::lock_guard lock(r.mu);
@@ -136,7 +148,7 @@ void register_reply(py::module_& m) {
 PyActor::~PyActor() {
   if (host_ == nullptr) return;
   if (!py_alive()) return;  // leaked: the interpreter is going away
-  py::gil_scoped_acquire gil;
+  Gil gil;
   delete host_;
 }
 
@@ -152,11 +164,11 @@ void PyActor::init() {
   } catch (const UsageError&) {  // spawned outside a ProcMesh (this_proc): no mesh point
   }
   if (!py_alive()) throw Error("python actor " + id().to_string() + ": interpreter is exiting");
-  py::gil_scoped_acquire gil;
+  Gil gil;
   try {
     auto host_mod = py::module_::import("monarch._host");
-    py::object h = host_mod.attr("ActorHost")(py::bytes(spec_), point_tuple(rank),
-                                              id().to_string(), id().name);
+    py::object h = host_mod.attr("ActorHost")(py::bytes(spec_), point_tuple(rank), id().to_string(),
+                                              id().name);
     host_ = new py::object(std::move(h));
     spec_.clear();
   } catch (py::error_already_set& e) {
@@ -166,7 +178,7 @@ void PyActor::init() {
 
 void PyActor::cleanup(const std::optional<ActorSupervisionEvent>& error) {
   if (host_ == nullptr || !py_alive()) return;
-  py::gil_scoped_acquire gil;
+  Gil gil;
   try {
     host_->attr("cleanup")(error ? py::cast(error->to_string()) : py::none());
   } catch (py::error_already_set& e) {
@@ -176,7 +188,7 @@ void PyActor::cleanup(const std::optional<ActorSupervisionEvent>& error) {
 
 bool PyActor::supervise(const MeshFailure& failure) {
   if (!py_alive()) return false;
-  py::gil_scoped_acquire gil;
+  Gil gil;
   try {
     return host()
         .attr("supervise")(failure.mesh, failure.ranks, failure.cause, failure.to_string())
@@ -195,7 +207,7 @@ Future<std::string> PyActor::call(std::string method, std::string payload) {
   if (!py_alive()) throw Error("python actor " + id().to_string() + ": interpreter is exiting");
   auto promise = std::make_shared<Promise<std::string>>();
   auto f = promise->get_future();
-  py::gil_scoped_acquire gil;
+  Gil gil;
   try {
     auto reply = std::make_shared<Reply>();
     reply->promise = promise;
@@ -216,7 +228,7 @@ void PyActor::send(std::string method, std::string payload) {
   if (!py_alive()) return;
   auto reply = std::make_shared<Reply>();
   reply->self = self<PyActor>();
-  py::gil_scoped_acquire gil;
+  Gil gil;
   try {
     host().attr("handle_send")(method, py::bytes(payload), rank, reply);
   } catch (py::error_already_set& e) {
@@ -230,7 +242,7 @@ void PyActor::fail(std::string why) {
 
 std::string PyReducer::operator()(std::string a, const std::string& b) const {
   if (!py_alive()) throw Error("reduce: the interpreter is exiting");
-  py::gil_scoped_acquire gil;
+  Gil gil;
   try {
     auto host_mod = py::module_::import("monarch._host");
     return host_mod.attr("reduce_pair")(py::bytes(fn), py::bytes(a), py::bytes(b))

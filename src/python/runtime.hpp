@@ -26,6 +26,22 @@ namespace py = pybind11;
 /// False once the interpreter is finalizing: runtime threads must not take the GIL then.
 bool py_alive() noexcept;
 
+/// Takes the GIL on a runtime thread (releases it at scope exit). The thread's Python thread
+/// state is created once and kept: pybind11's gil_scoped_acquire alone would create and destroy
+/// one per acquisition on a thread Python did not start (several microseconds per message).
+class Gil {
+ public:
+  Gil() = default;
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+
+ private:
+  struct Pin {
+    Pin();  // gives this thread its kept thread state (before gil_ is taken)
+  } pin_;
+  py::gil_scoped_acquire gil_;
+};
+
 /// The listening Proc of this process: the client Proc of this_host() in a client, the worker's
 /// own Proc in a worker (set by run_worker). Creates this_host() on first use in a client.
 Proc& local_proc();
