@@ -28,6 +28,7 @@ broadcast fails the actor; its proc mesh reports a :class:`MeshFailure` to the o
 """
 
 import asyncio
+import atexit
 import contextvars
 import functools
 import inspect
@@ -1207,6 +1208,21 @@ def _default_fault_hook(failure) -> None:
 #: Receives every failure nobody handled (a MeshFailure, or an actor failure's report as a
 #: MonarchError). Replace it to keep going; runs on a runtime thread. Default: print, exit 1.
 unhandled_fault_hook = _default_fault_hook
+
+
+def _stop_at_exit():
+    # Procs still running when the client exits are stopped (their output drained, their
+    # __cleanup__ run); those not gone within the stop timeout are killed. They would die with
+    # this process anyway (the host agent's children), only less gracefully.
+    for pm in list(_PROC_MESHES):
+        if pm._live.stopped is None and pm._lazy.cf.done() and pm._lazy.cf.exception() is None:
+            try:
+                pm.stop().get(timeout=30)
+            except BaseException:
+                pass
+
+
+atexit.register(_stop_at_exit)
 
 
 def _install_fault_hook():
