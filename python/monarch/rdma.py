@@ -21,7 +21,9 @@ is never imported here; a tensor is recognised only when torch is already loaded
 
 Routes (docs/data-plane.md): a reader on the owner's host reads with ``process_vm_readv``
 (``cma``) straight from the owner's memory; writes, and readers elsewhere, go over the data plane's
-backend (channel links, or UCX). ``route()`` says which.
+backend (channel links, or UCX). ``RDMABuffer.allocate(nbytes)`` makes memory in shared memory
+instead (see ``memory()``): same-host peers then read and write it with one memcpy (``shm``).
+``route()`` says which route a transfer takes.
 
 Sizes and offsets are bytes. ``timeout`` is seconds (> 0; None: the ``rdma.timeout`` setting, 30 s
 by default): a transfer not done by then fails with :class:`monarch.errors.RdmaError`.
@@ -152,6 +154,35 @@ class RDMABuffer:
         self._native = _native.RdmaBuffer(address, nbytes, str(name))
         with _lock:
             _registered[id(self._native)] = (self._native, keep)
+
+    @classmethod
+    def allocate(cls, nbytes: int, *, name: str = "buffer") -> "RDMABuffer":
+        """A new buffer of ``nbytes`` zeroed bytes in shared memory that the data plane owns.
+
+        Same-host peers map it (the ``shm`` route: a read or write is one memcpy, faster than
+        the ``cma`` route of a registered tensor). Use its memory through ``memory()``, e.g.
+        ``t = torch.frombuffer(buf.memory(), dtype=torch.float32)``. Raises ValueError for
+        ``nbytes`` <= 0, RdmaError if the memory cannot be had.
+        """
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
+            raise TypeError("RDMABuffer.allocate: nbytes must be an int, not %r" % (nbytes,))
+        if nbytes <= 0:
+            raise ValueError("RDMABuffer.allocate: nbytes must be > 0, not %d" % nbytes)
+        self = cls.__new__(cls)
+        self._native = _native.RdmaBuffer.allocate(nbytes, str(name))
+        with _lock:
+            _registered[id(self._native)] = (self._native, None)
+        return self
+
+    def memory(self) -> memoryview:
+        """The bytes of a buffer made by ``allocate()`` in this process: a writable memoryview
+        (format "B"), valid as long as it (or a tensor made from it) is referenced, also after
+        ``drop()`` (which only ends remote access). Raises ValueError for other buffers (their
+        memory is the object they were made from)."""
+        if not self._native.allocated:
+            raise ValueError("RDMABuffer.memory(): buffer %s was not made by RDMABuffer.allocate() "
+                             "in this process" % self._native.describe())
+        return memoryview(self._native)
 
     @classmethod
     def _from_native(cls, native):

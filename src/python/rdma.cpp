@@ -38,6 +38,7 @@ struct NativeRdmaBuffer {
   std::shared_ptr<rdma::RdmaBuffer> owned;
   rdma::RdmaHandle handle;
   bool dropped = false;
+  bool allocated = false;  // made by allocate(): owned->memory() is the data plane's
 
   void check_live(const char* op) const {
     if (dropped) {
@@ -67,6 +68,31 @@ NativeRdmaBuffer register_memory(uint64_t address, uint64_t bytes, std::string n
   out.handle = b->handle();
   out.owned = std::move(b);
   return out;
+}
+
+// A new zeroed buffer in shared memory, owned by the data plane (same-host peers reach it by
+// the shm route: their transfers are memcpys).
+NativeRdmaBuffer allocate(uint64_t bytes, std::string name) {
+  py::gil_scoped_release nogil;
+  auto b = std::make_shared<rdma::RdmaBuffer>(rdma::RdmaBuffer::allocate(bytes, std::move(name)));
+  NativeRdmaBuffer out;
+  out.handle = b->handle();
+  out.owned = std::move(b);
+  out.allocated = true;
+  return out;
+}
+
+// The bytes of an allocate()d buffer, for memoryview() (the view keeps the object, hence the
+// memory, alive; drop() only ends remote access).
+py::buffer_info memory_of(const NativeRdmaBuffer& b) {
+  if (!b.allocated) {
+    throw UsageError("RDMABuffer.memory(): buffer " + b.handle.describe() +
+                     " was not made by RDMABuffer.allocate() in this process");
+  }
+  auto m = b.owned->memory();
+  return py::buffer_info(m.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                         {static_cast<py::ssize_t>(m.size())}, {py::ssize_t{1}},
+                         /*readonly=*/false);
 }
 
 py::object read_into(const NativeRdmaBuffer& b, uint64_t address, uint64_t bytes, uint64_t offset,
@@ -128,9 +154,13 @@ std::pair<uint64_t, uint64_t> buffer_span(const py::object& obj, bool writable) 
 }  // namespace
 
 void register_rdma(py::module_& m) {
-  py::class_<NativeRdmaBuffer>(m, "RdmaBuffer")
+  py::class_<NativeRdmaBuffer>(m, "RdmaBuffer", py::buffer_protocol())
       .def(py::init(&register_memory), py::arg("address"), py::arg("bytes"), py::arg("name"),
            "Registers bytes [address, address + bytes) of this process (no copy).")
+      .def_static("allocate", &allocate, py::arg("bytes"), py::arg("name"),
+                  "A new zeroed buffer of `bytes` in shared memory (the shm route).")
+      .def_buffer(&memory_of)
+      .def_property_readonly("allocated", [](const NativeRdmaBuffer& b) { return b.allocated; })
       .def_property_readonly("size", [](const NativeRdmaBuffer& b) { return b.handle.length; })
       .def_property_readonly("name", [](const NativeRdmaBuffer& b) { return b.handle.name; })
       .def_property_readonly("owned", [](const NativeRdmaBuffer& b) { return b.owned != nullptr; })
