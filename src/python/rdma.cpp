@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -39,6 +40,7 @@ struct NativeRdmaBuffer {
   rdma::RdmaHandle handle;
   bool dropped = false;
   bool allocated = false;  // made by allocate(): owned->memory() is the data plane's
+  std::shared_ptr<std::mutex> drop_mu = std::make_shared<std::mutex>();
 
   void check_live(const char* op) const {
     if (dropped) {
@@ -123,6 +125,8 @@ void drop(NativeRdmaBuffer& b) {
   b.dropped = true;
   if (!b.owned) return;
   py::gil_scoped_release nogil;
+  // Two threads dropping at once: the second returns once the first's drop did (RD-3 for both).
+  std::lock_guard lock(*b.drop_mu);
   b.owned->drop();  // waits for transfers touching the memory now (RD-3)
 }
 
