@@ -346,6 +346,13 @@ g = torch.Generator().manual_seed(9)
 assert torch.equal(dst, torch.randint(0, 256, (64 << 20,), dtype=torch.uint8, generator=g))
 buf.write_from(torch.ones(64 << 20, dtype=torch.uint8), timeout=30).get(timeout=30)
 assert owner.total.call_one().get(timeout=30) == 64 << 20
+# Transfers still in flight keep their destination / source alive (nobody else refers to them).
+import gc
+futs = [buf.read_into(bytearray(64 << 20)), buf.write_from(bytes(64 << 20))]
+gc.collect()
+for f in futs:
+    assert f.get(timeout=30) is None
+assert owner.total.call_one().get(timeout=30) == 0
 procs.stop().get(timeout=30)
 print("channel ok")
 """
