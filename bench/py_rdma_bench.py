@@ -7,16 +7,18 @@ impl monarch: an actor in a worker proc owns 64 MiB and hands out an RDMABuffer 
 client reads the whole buffer into its own 64 MiB tensor (buf.read_into(dst).get()), one read at
 a time. Two kinds of memory, param "memory": "tensor", a plain torch tensor registered in place
 (the cma route: process_vm_readv), and "allocate", a tensor over RDMABuffer.allocate()d shared
-memory (the shm route: one memcpy from the owner's mapping). impl memcpy: numpy.copyto of 64 MiB between two tensors of the client (a plain
-single-threaded memcpy, as the C++ rdma bench's peer), into the same destination. Every page of
-both sides is warm; the two are interleaved run by run. Target: monarch >= 0.9x memcpy.
+memory (the shm route: one memcpy from the owner's mapping). impl memcpy: numpy.copyto of 64 MiB
+between two tensors of the client (a plain single-threaded memcpy, as the C++ rdma bench's peer),
+into the same destination. Every page of both sides is warm; they are interleaved run by run.
+Target: monarch >= 0.9x memcpy (met by "allocate"; "tensor" is bound by process_vm_readv pinning
+the owner's pages, docs/data-plane.md "Measured").
 
 Output: JSON lines as the C++ benches (bench/common/report.hpp), also appended to
 $MONARCH_BENCH_OUT when set: for each kind of memory, metrics median, min and max of
 BENCH_PY_RDMA_RUNS runs (default 9, at least 5) for each impl, GB/s (10^9 B/s), with equal params
 so that scripts/bench-report.py prints the ratios (the memcpy lines repeat for each kind); then
-one line, metric x_memcpy, the ratio of the medians. The routes the reads
-took (docs/data-plane.md) and every run's figure are printed to stderr.
+one line, metric x_memcpy, the ratio of the medians. The routes the reads took
+(docs/data-plane.md) and every run's figure are printed to stderr.
 """
 import json
 import os

@@ -223,7 +223,8 @@ def test_destination_too_small_names_both_sizes():
     buf = RDMABuffer(bytearray(1000))
     with pytest.raises(ValueError) as e:
         buf.read_into(bytearray(999))
-    assert re.search(r"\b999 bytes\b", str(e.value)) and re.search(r"\b1000\b", str(e.value)), e.value
+    msg = str(e.value)
+    assert re.search(r"\b999 bytes\b", msg) and re.search(r"\b1000\b", msg), msg
     with pytest.raises(ValueError) as e:
         buf.read_into(torch.zeros(10, dtype=torch.uint8), offset=100)
     assert "10 bytes" in str(e.value) and "900 bytes" in str(e.value), e.value
@@ -269,7 +270,7 @@ def test_import_monarch_does_not_import_torch():
     assert r.returncode == 0, r.stderr
 
 
-# --- Memory the data plane allocates (the shm route), and the channel route ------------------------
+# --- Memory the data plane allocates (the shm route), and the channel route --------------------
 
 
 class ShmOwner(Actor):
