@@ -28,6 +28,8 @@ namespace monarch::python {
 void register_reply(py::module_& m);
 void set_worker_proc(Proc& p);
 void register_rdma(py::module_& m);
+/// For rdma.cpp: a Future<void> as a NativeFuture whose result() is None (GIL held).
+py::object native_future(Future<void> f);
 
 namespace {
 
@@ -497,6 +499,10 @@ struct NativeReceiver {
 
 }  // namespace
 
+py::object native_future(Future<void> f) {
+  return py::cast(watch(std::move(f), [](const Unit&) { return py::none(); }));
+}
+
 // Python errors: monarch::Error -> the class of its code (monarch.errors).
 void register_errors() {
   py::register_exception_translator([](std::exception_ptr p) {
@@ -675,4 +681,5 @@ PYBIND11_MODULE(_native, m) {
         NativeReceiver{std::make_shared<PortReceiver<std::string>>(std::move(rx))});
   });
   m.def("decode_port", &decode_port, py::call_guard<py::gil_scoped_release>());
+  register_rdma(m);
 }
