@@ -28,6 +28,8 @@ demo: deps build
 	@echo
 	$(BUILD)/bin/getting_started
 	@echo
+	PYTHONPATH=$(BUILD)/python /usr/bin/python3 examples/python/getting_started.py
+	@echo
 	$(BUILD)/bin/ft_train --out $(BUILD)/ft_train --json-summary $(BUILD)/ft_train/summary.json
 
 bench: deps build
