@@ -25,7 +25,7 @@ PACKAGES=(
   python3
   # Python front end (src/python, python/monarch): the bindings (pybind11) for Debian's
   # /usr/bin/python3, cloudpickle for messages, torch (1.13.1, the same build as libtorch-dev) and
-  # numpy for tensors in messages and monarch.rdma, pytest for python/tests
+  # numpy for tensors, pytest for python/tests
   python3-dev pybind11-dev python3-pybind11 python3-cloudpickle python3-torch python3-numpy
   python3-pytest
 )
