@@ -1,9 +1,11 @@
 # The commands users type. See README.md.
 BUILD   ?= build
+# make install PREFIX=/opt/monarch installs there; the default prefix is CMake's, /usr/local.
+PREFIX  ?=
 GENERATOR ?= Ninja
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench clean
+.PHONY: all deps configure build install test demo bench clean
 
 all: build
 
@@ -18,6 +20,12 @@ configure: $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD)
 
+# The C++ libraries, headers, CLI and CMake package, and the Python package monarch into the
+# system Python's dist-packages (/usr/local/lib/python3.11/dist-packages by default, on
+# /usr/bin/python3's path: `import monarch` then works with no PYTHONPATH).
+install: build
+	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX))
+
 test: deps build
 	ctest --test-dir $(BUILD) --output-on-failure -j2
 
@@ -27,6 +35,8 @@ demo: deps build
 	$(BUILD)/bin/actors_demo
 	@echo
 	$(BUILD)/bin/getting_started
+	@echo
+	PYTHONPATH=$(BUILD)/python /usr/bin/python3 examples/python/getting_started.py
 	@echo
 	$(BUILD)/bin/ft_train --out $(BUILD)/ft_train --json-summary $(BUILD)/ft_train/summary.json
 

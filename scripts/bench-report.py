@@ -7,7 +7,9 @@ import json
 import sys
 from collections import OrderedDict
 
-RESERVED = {"bench", "impl", "metric", "value", "unit", "better"}
+# "spread" ([min, max] over runs) and "note" (where a copied figure came from) describe a row;
+# they are not parameters of the measurement.
+RESERVED = {"bench", "impl", "metric", "value", "unit", "better", "spread", "note"}
 
 
 def key_of(r):

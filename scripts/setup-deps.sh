@@ -23,6 +23,11 @@ PACKAGES=(
   libtorch-dev libgloo-dev zlib1g-dev dataset-fashion-mnist gnuplot-nox libopenblas0-openmp
   # scripts (python3 also runs scripts/fake-kube-api.py for the Kubernetes launcher's tests)
   python3
+  # Python front end (src/python, python/monarch): the bindings (pybind11) for Debian's
+  # /usr/bin/python3, cloudpickle for messages, torch (1.13.1, the same build as libtorch-dev) and
+  # numpy for tensors, pytest for python/tests
+  python3-dev pybind11-dev python3-pybind11 python3-cloudpickle python3-torch python3-numpy
+  python3-pytest
 )
 # kubectl for the Kubernetes launcher and its tests. Only when none is on PATH: another kubectl
 # (e.g. google-cloud-cli's) conflicts with Debian's on /usr/bin/kubectl.
