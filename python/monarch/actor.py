@@ -684,7 +684,8 @@ class ActorMesh(MeshTrait, Generic[R]):
     ``stream``, ``broadcast``, ``reduce``. Meshes are sendable inside messages.
     """
 
-    def __init__(self, cls, lazy: _Lazy, name: str, live: _Liveness, shape=None):
+    def __init__(self, cls, lazy: _Lazy, name: str, live: _Liveness, shape=None, procs=None):
+        self._procs = procs  # keeps the proc mesh (and so its procs) alive while this mesh is
         self._cls = cls
         self._eps = _endpoints_of(cls)
         self._lazy = lazy
@@ -707,7 +708,7 @@ class ActorMesh(MeshTrait, Generic[R]):
         return self._view if self._view is not None else self._lazy.result().shape
 
     def _with_shape(self, shape):
-        return ActorMesh(self._cls, self._lazy, self._name, self._live, shape)
+        return ActorMesh(self._cls, self._lazy, self._name, self._live, shape, self._procs)
 
     def __getattr__(self, name):
         if name.startswith("__") or name not in self.__dict__.get("_eps", {}):
@@ -1038,7 +1039,7 @@ class ProcMesh(MeshTrait):
                 cf.set_exception(e)
 
         self._lazy.cf.add_done_callback(go)
-        return ActorMesh(Class, _Lazy(cf), name, self._live)
+        return ActorMesh(Class, _Lazy(cf), name, self._live, procs=self)
 
     def stop(self) -> Future[None]:
         """Stops every proc of the whole mesh (procs not gone within the stop timeout are
@@ -1210,10 +1211,26 @@ def _default_fault_hook(failure) -> None:
 unhandled_fault_hook = _default_fault_hook
 
 
+_INTERRUPTED = False
+_previous_excepthook = sys.excepthook
+
+
+def _excepthook(tp, value, tb):
+    global _INTERRUPTED
+    if issubclass(tp, KeyboardInterrupt):
+        _INTERRUPTED = True
+    _previous_excepthook(tp, value, tb)
+
+
+sys.excepthook = _excepthook
+
+
 def _stop_at_exit():
     # Procs still running when the client exits are stopped (their output drained, their
-    # __cleanup__ run); those not gone within the stop timeout are killed. They would die with
-    # this process anyway (the host agent's children), only less gracefully.
+    # __cleanup__ run); those not gone within the stop timeout are killed. After Ctrl-C they are
+    # not waited for: they die with this process (the host agent's children, PR_SET_PDEATHSIG).
+    if _INTERRUPTED:
+        return
     for pm in list(_PROC_MESHES):
         if pm._live.stopped is None and pm._lazy.cf.done() and pm._lazy.cf.exception() is None:
             try:

@@ -420,7 +420,19 @@ NativeFuture mesh_stop(const Mesh& m) {
     } catch (...) {
       f = Future<void>::ready_error(std::current_exception());
     }
-    f.on_complete([acc](monarch::detail::State<void>& st) { acc->one(st.error); });
+    // A member whose proc already failed is gone: nothing left to stop.
+    f.on_complete([acc](monarch::detail::State<void>& st) {
+      std::exception_ptr e = st.error;
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const SupervisionError&) {
+          e = nullptr;
+        } catch (...) {
+        }
+      }
+      acc->one(e);
+    });
   }
   acc->one(nullptr);
   return NativeFuture(acc->s);
