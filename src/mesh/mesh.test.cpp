@@ -69,6 +69,36 @@ TEST(ActorMesh, CallGathersAValueMeshOverTheView) {
   EXPECT_EQ(w[3], "local[7]");
 }
 
+// with_view: the front ends' mesh algebra (Python's split/flatten/rename) reaches the same members
+// through any view derived from shape(); a view outside the mesh is refused, naming the rank.
+TEST(ActorMesh, WithViewReachesTheMembersOfADerivedView) {
+  auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}});
+  auto workers = procs.spawn<Worker>("worker", 0);
+  auto split = workers.with_view(workers.shape().split("gpus", {"dp", "tp"}, {2, 2}));
+  EXPECT_EQ(split.extent().to_string(), "{hosts=2, dp=2, tp=2}");
+  auto where = split.slice("tp", 1).call(&Worker::where).get(10s);
+  ASSERT_EQ(where.size(), 4u);
+  EXPECT_EQ(where[0], "local[1]");
+  EXPECT_EQ(where[3], "local[7]");
+  auto flat = workers.slice("hosts", 1).with_view(workers.slice("hosts", 1).shape().flatten("all"));
+  EXPECT_EQ(flat.extent().to_string(), "{all=4}");
+  EXPECT_EQ(flat.call(&Worker::where).get(10s)[0], "local[4]");
+  // A view of a bigger space holds ranks that are not members.
+  monarch::ndslice::Shape outside(Extent{{"x", 16}});
+  try {
+    (void)workers.with_view(outside);
+    FAIL() << "expected UsageError";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("holds rank 8"));
+  }
+  EXPECT_THROW((void)workers.select("0:2").with_view(workers.shape()), monarch::UsageError);
+  // A ProcMesh view spawns over exactly its procs.
+  auto renamed = procs.with_view(procs.shape().rename("gpus", "devices"));
+  auto w2 = renamed.slice("devices", 3).spawn<Worker>("w2", 0);
+  EXPECT_EQ(w2.call(&Worker::where).get(10s)[1], "local[7]");
+  EXPECT_THROW((void)procs.with_view(outside), monarch::UsageError);
+}
+
 TEST(ActorMesh, CallOneChooseStreamBroadcast) {
   auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}});
   auto workers = procs.spawn<Worker>("worker", 0);
