@@ -1061,16 +1061,20 @@ class ProcMesh(MeshTrait):
     def logging_option(self, stream_to_client: bool = True, aggregate_window_sec=None,
                        level=None) -> None:
         """Whether the procs' output is shown here, with ``[mesh rank]`` prefixes (default
-        on). Identical lines from several procs within the aggregation window print once (the
-        window is the config key mesh.log_aggregate_window, MONARCH_MESH_LOG_AGGREGATE_WINDOW,
-        read when this_host() starts; ``aggregate_window_sec`` must match it or be None)."""
+        on), and its aggregation: identical lines from several procs within
+        ``aggregate_window_sec`` seconds print once, with the ranks that wrote them (0: every
+        line at once; None: leave it, default the config key mesh.log_aggregate_window).
+        Raises TypeError/ValueError for a non-bool switch or a negative window."""
         if not isinstance(stream_to_client, bool):
             raise TypeError("logging_option: stream_to_client must be a bool")
         if aggregate_window_sec is not None and (
                 not isinstance(aggregate_window_sec, (int, float)) or aggregate_window_sec < 0):
             raise ValueError("logging_option: aggregate_window_sec must be >= 0 seconds")
         if not self._local:
-            self._lazy.result().set_stream_logs(stream_to_client)
+            native = self._lazy.result()
+            native.set_stream_logs(stream_to_client)
+            if aggregate_window_sec is not None:
+                native.set_log_window(float(aggregate_window_sec))
 
     def __enter__(self):
         return self

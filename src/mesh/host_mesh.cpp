@@ -156,6 +156,16 @@ void ProcMesh::on_failure(FailureHandler handler) const {
   g.options.on_failure = std::move(handler);
 }
 
+void ProcMesh::set_log_window(std::chrono::milliseconds window) const {
+  if (window.count() < 0)
+    throw UsageError("set_log_window: window must be >= 0 ms, not " +
+                     std::to_string(window.count()));
+  auto& g = group();
+  std::lock_guard lock(g.mu);
+  g.log_window = window;
+  g.cv.notify_all();  // the monitor picks its new tick
+}
+
 std::vector<size_t> ProcMesh::failed_ranks() const {
   auto& g = group();
   std::lock_guard lock(g.mu);

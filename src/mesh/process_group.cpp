@@ -61,6 +61,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<HostMeshState> h, std::string n, ndsl
       extent(std::move(e)),
       per_host(ph),
       options(std::move(o)) {
+  log_window = hosts->timeouts.log_window;
   ranks.resize(extent.num_ranks());
   for (size_t r = 0; r < ranks.size(); ++r) ranks[r].host = r / per_host;
   incarnations.resize(ranks.size() / per_host);
@@ -209,7 +210,7 @@ void ProcessGroup::emit(const LogRecord& rec) {
 void ProcessGroup::on_log(uint64_t rank, int stream, std::string line) {
   if (!options.forward_logs) return;
   std::unique_lock lock(mu);
-  if (hosts->timeouts.log_window.count() == 0) {
+  if (log_window.count() == 0) {
     lock.unlock();
     return emit(LogRecord{name, {rank}, stream, std::move(line)});
   }
@@ -236,12 +237,12 @@ void ProcessGroup::flush_logs(std::unique_lock<std::mutex>& lock) {
 
 void ProcessGroup::monitor_loop() {
   const auto& t = hosts->timeouts;
-  auto tick = t.heartbeat_interval;
-  if (t.log_window.count() > 0) tick = std::min(tick, t.log_window);
   AgentPings pings(ranks.size() / per_host);
   auto last_flush = Clock::now();
   std::unique_lock lock(mu);
   while (!closing) {
+    auto tick = t.heartbeat_interval;  // log_window may change (ProcMesh::set_log_window)
+    if (log_window.count() > 0) tick = std::min(tick, log_window);
     // Wakes for a failure once it may be delivered (an exit report notifies cv).
     cv.wait_for(lock, tick, [&] { return closing || deliverable_locked(Clock::now()); });
     if (closing) break;
@@ -249,7 +250,7 @@ void ProcessGroup::monitor_loop() {
     // Agents first: when an agent died, it is the cause, not its procs' silence (proc_failure.cpp).
     check_agents_locked(pings, now);
     check_heartbeats_locked(pings, now);
-    if (t.log_window.count() > 0 && now - last_flush >= t.log_window) {
+    if (log_window.count() == 0 || now - last_flush >= log_window) {
       last_flush = now;
       flush_logs(lock);
     }

@@ -591,6 +591,12 @@ PYBIND11_MODULE(_native, m) {
           py::call_guard<py::gil_scoped_release>())
       .def("pid", [](const ProcMeshBox& b, size_t i) { return b.procs->pid(i); })
       .def("address", [](const ProcMeshBox& b, size_t i) { return b.procs->address(i); })
+      .def(
+          "set_log_window",
+          [](const ProcMeshBox& b, double seconds) {
+            b.procs->set_log_window(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+          },
+          py::call_guard<py::gil_scoped_release>())
       .def("set_stream_logs",
            [](const ProcMeshBox& b, bool on) { b.shared->stream_logs.store(on); })
       .def("set_failure_handler", [](const ProcMeshBox& b, py::object fn) {

@@ -86,6 +86,11 @@ class ProcMesh {
   /// Replaces the failure handler (shared by every view of the mesh). Without one, failures go
   /// to the client Proc's fault hook.
   void on_failure(FailureHandler handler) const;
+  /// Log aggregation of this mesh from now on: identical lines from several procs within
+  /// `window` print once, with the ranks that wrote them (0: every line at once). Lines already
+  /// held print at the end of the current window. Default: the HostMesh's
+  /// ProcTimeouts::log_window. Throws UsageError for a negative window. Any thread.
+  void set_log_window(std::chrono::milliseconds window) const;
   /// Global ranks that failed so far, ascending. Failed procs are never reused.
   std::vector<size_t> failed_ranks() const;
   /// The client Proc that owns the mesh.
