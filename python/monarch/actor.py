@@ -571,7 +571,8 @@ class _Lazy:
         return _Lazy(cf)
 
     def result(self):
-        _no_running_loop("using a mesh before its procs are up")
+        if not self.cf.done():  # waiting would block the loop; a ready value does not
+            _no_running_loop("using a mesh before its procs are up")
         return self.cf.result()
 
 
