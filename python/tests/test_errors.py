@@ -43,6 +43,11 @@ class Faulty(Actor):
         return os.getpid()
 
     @endpoint
+    def call_failing(self, other):
+        """Lets another actor's ActorError propagate through this handler."""
+        return other.fail.call_one("nested failure").get(timeout=30)
+
+    @endpoint
     def big_result(self, n):
         return b"r" * n
 
@@ -82,6 +87,16 @@ def test_call_holds_each_member_error_in_the_value_mesh(faulty):
     with pytest.raises(ActorError):
         vm.values()
     assert [v[1] for v in faulty.ok.call().get(timeout=30).values()] == [0, 1, 2, 3]
+
+
+def test_actor_error_through_another_actor(faulty):
+    with pytest.raises(ActorError) as ei:
+        faulty.slice(gpus=0).call_failing.call_one(faulty.slice(gpus=3)).get(timeout=30)
+    e = ei.value
+    assert isinstance(e.exception, ActorError)  # what the middle actor got
+    assert isinstance(e.exception.exception, ValueError)  # what the last one raised
+    text = str(e)
+    assert "Faulty.call_failing" in text and "Faulty.fail" in text and "nested failure" in text
 
 
 def test_an_exception_that_cannot_travel_still_gives_its_text(faulty):

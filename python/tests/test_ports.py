@@ -115,3 +115,21 @@ def test_explicit_response_port_handler_raises(echo):
     with pytest.raises(ActorError) as ei:
         echo.slice(gpus=1).answer_error.call_one().get(timeout=30)
     assert isinstance(ei.value.exception, KeyError)
+
+
+class Spawner(Actor):
+    @endpoint
+    def spawn_on(self, proc_mesh):
+        m = proc_mesh.spawn("spawned_remotely", Echo)
+        return m.value.call(0).get(timeout=30).values()
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="ProcMesh cannot be sent inside a message yet (no __reduce__: "
+                          "cloudpickle fails on its lock); issue 17 asks for it")
+def test_proc_mesh_inside_a_message(procs):
+    s = procs.slice(gpus=0).spawn("spawner", Spawner)
+    try:
+        assert s.spawn_on.call_one(procs.slice(gpus=slice(2, 4))).get(timeout=30) == [20, 30]
+    finally:
+        s.stop().get(timeout=30)
