@@ -133,3 +133,40 @@ def test_proc_mesh_inside_a_message(procs):
         assert s.spawn_on.call_one(procs.slice(gpus=slice(2, 4))).get(timeout=30) == [20, 30]
     finally:
         s.stop().get(timeout=30)
+
+
+class Link(Actor):
+    @endpoint
+    def chain(self, rest):
+        """Calls the next link and waits for it (blocking this actor's worker thread)."""
+        if not rest:
+            return 0
+        return 1 + rest[0].chain.call_one(rest[1:]).get(timeout=30)
+
+    @endpoint
+    def call_self(self, me):
+        return me.chain.call_one([]).get(timeout=2)
+
+
+def test_a_chain_of_blocked_actors_on_one_proc_makes_progress(procs):
+    """More actors blocked in get() than the proc has worker threads: it lends spare ones."""
+    one = procs.slice(gpus=0)
+    links = [one.spawn("link%d" % i, Link) for i in range(8)]
+    try:
+        assert links[0].chain.call_one(links[1:]).get(timeout=60) == 7
+    finally:
+        for m in links:
+            m.stop().get(timeout=30)
+
+
+@pytest.mark.xfail(strict=True, reason="an actor blocked in get() on its own reply is not "
+                   "detected (C++ Future::get throws DeadlockError); it waits out its timeout")
+def test_waiting_on_its_own_reply_is_a_deadlock_error(procs):
+    import monarch.errors
+    me = procs.slice(gpus=1).spawn("selfcaller", Link)
+    try:
+        with pytest.raises(monarch.errors.ActorError) as ei:
+            me.call_self.call_one(me).get(timeout=30)
+        assert isinstance(ei.value.exception, monarch.errors.DeadlockError), str(ei.value)
+    finally:
+        me.stop().get(timeout=30)
