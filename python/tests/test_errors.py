@@ -2,9 +2,11 @@
 failing its actor (-> unhandled_fault_hook), __supervise__ of procs an actor spawned with one of
 them SIGKILLed, __cleanup__ on stop, bad input, stop() and context managers."""
 
+import asyncio
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -215,6 +217,100 @@ def test_supervise_sees_a_sigkilled_proc_and_survivors_answer():
     finally:
         pm.stop().get(timeout=30)
     assert not pid_alive(pids[1])
+
+
+class AsyncHookSupervisor(Supervisor):
+    """Sync endpoints, an async def __supervise__ (it runs on the proc's event loop)."""
+
+    async def __supervise__(self, failure):
+        await asyncio.sleep(0)
+        self.port.send(("async", failure.mesh, failure.ranks, failure.cause, failure.report()))
+        return True
+
+
+def test_async_supervise_hook():
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="asupervisor")
+    port, rx = Channel.open()
+    try:
+        sup = pm.spawn("sup", AsyncHookSupervisor, port)
+        pids = sup.start.call_one().get(timeout=30)
+        os.kill(pids[0], signal.SIGKILL)
+        kind, mesh, ranks, cause, _ = rx.recv().get(timeout=30)
+        assert (kind, mesh, ranks) == ("async", "kids", [0]) and "SIGKILL" in cause
+        assert sup.ask_survivors.call_one().get(timeout=30) == (1, [1])
+    finally:
+        pm.stop().get(timeout=30)
+
+
+class Refuser(Supervisor):
+    def __supervise__(self, failure):
+        self.port.send(failure.ranks)
+        return False  # not handled: the supervisor fails, and its owner (the client) hears
+
+
+def test_unhandled_supervision_reaches_the_client_hook(fault_hook):
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="refuser")
+    port, rx = Channel.open()
+    try:
+        sup = pm.spawn("sup", Refuser, port)
+        pids = sup.start.call_one().get(timeout=30)
+        os.kill(pids[1], signal.SIGKILL)
+        assert rx.recv().get(timeout=30) == [1]
+        failure = fault_hook.get(timeout=30)
+        assert isinstance(failure, MeshFailure) and failure.mesh == "refuser", repr(failure)
+        # the chain: the supervisor's proc failed because its kids' rank 1 was killed
+        assert "kids" in failure.report() and "SIGKILL" in failure.report(), failure.report()
+        with pytest.raises(monarch.errors.MonarchError):
+            sup.alive.call_one().get(timeout=30)
+    finally:
+        pm.stop().get(timeout=30)
+
+
+class AsyncSupervisor(Actor):
+    def __init__(self, port):
+        self.port = port
+
+    @endpoint
+    async def start(self):
+        self.kid_procs = this_host().spawn_procs(per_host={"gpus": 2}, name="akids")
+        await self.kid_procs.initialized
+        self.kids = self.kid_procs.spawn("kid", Child)
+        return (await self.kids.pid.call()).values()
+
+    async def __supervise__(self, failure):
+        self.port.send((failure.mesh, failure.ranks))
+        return True
+
+    @endpoint
+    async def alive(self):
+        return "alive"
+
+
+@pytest.mark.xfail(strict=True, reason="procs spawned inside an async endpoint are not owned by "
+                   "the actor (spawn_procs takes the client path on the monarch-asyncio "
+                   "thread): their failure goes to the worker's unhandled_fault_hook, which "
+                   "exits the supervisor's proc, and __supervise__ never runs")
+def test_supervise_procs_spawned_in_an_async_endpoint(fault_hook):
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="asyncsup")
+    port, rx = Channel.open()
+    try:
+        sup = pm.spawn("sup", AsyncSupervisor, port)
+        pids = sup.start.call_one().get(timeout=30)
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        got = None
+        while got is None and fault_hook.empty() and time.monotonic() < deadline:
+            got = rx.try_recv()
+            if got is None:
+                try:
+                    got = rx.recv().get(timeout=0.1)
+                except TimeoutError:
+                    pass
+        assert fault_hook.empty(), "the supervisor's proc failed: %r" % fault_hook.get()
+        assert got == ("akids", [1])
+        assert sup.alive.call_one().get(timeout=30) == "alive"
+    finally:
+        pm.stop().get(timeout=30)
 
 
 class Cleaned(Actor):
