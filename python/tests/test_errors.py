@@ -313,6 +313,21 @@ def test_supervise_procs_spawned_in_an_async_endpoint(fault_hook):
         pm.stop().get(timeout=30)
 
 
+def test_a_frozen_proc_becomes_a_mesh_failure(fault_hook):
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, name="frozen")
+    try:
+        m = pm.spawn("faulty", Faulty)
+        pids = m.pid.call().get(timeout=30).values()
+        os.kill(pids[0], signal.SIGSTOP)
+        failure = fault_hook.get(timeout=30)  # after mesh.heartbeat_timeout (2 s by default)
+        assert isinstance(failure, MeshFailure) and failure.ranks == [0], repr(failure)
+        assert "heartbeat" in failure.cause, failure.cause
+        assert m.slice(gpus=1).ok.call_one().get(timeout=30)[:2] == ("ok", 1)
+    finally:
+        pm.stop().get(timeout=30)
+    assert not pid_alive(pids[0])  # a frozen proc is killed, not left stopped
+
+
 class Cleaned(Actor):
     def __init__(self, port):
         self.port = port
@@ -367,6 +382,8 @@ def test_spawning_a_non_actor(procs):
         procs.spawn("na", Faulty())
     with pytest.raises(TypeError):
         procs.spawn(Faulty)  # the name is missing
+    with pytest.raises(TypeError, match="spawn lockholder"):
+        procs.spawn("lockholder", Cleaned, threading.Lock())  # an argument cloudpickle refuses
 
 
 def test_negative_and_bad_timeouts(faulty):
