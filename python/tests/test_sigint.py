@@ -1,5 +1,5 @@
 """Ctrl-C in a client stops every proc it started: no orphans, and the exit status says the
-client was interrupted."""
+client was interrupted. A client that simply exits leaves no procs either."""
 
 import json
 import signal
@@ -54,3 +54,28 @@ def test_sigint_stops_every_proc(tmp_path):
         time.sleep(0.05)  # polling the process table against a deadline, not settling
     left = [x for x in pids if pid_alive(x)]
     assert not left, "worker procs outlived the interrupted client: %s" % left
+
+
+def test_a_client_that_exits_without_stop_leaves_no_procs(tmp_path):
+    path = write_client(tmp_path, """
+        import json, os
+        from monarch.actor import Actor, endpoint, this_host
+
+        class P(Actor):
+            @endpoint
+            def pid(self):
+                return os.getpid()
+
+        procs = this_host().spawn_procs(per_host={"gpus": 4})
+        print(json.dumps(procs.spawn("p", P).pid.call().get(timeout=30).values()), flush=True)
+        # no procs.stop(): the procs die with the client
+    """)
+    r = subprocess.run([sys.executable, str(path)], env=client_env(), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    pids = json.loads(r.stdout.splitlines()[0])
+    assert len(pids) == 4
+    deadline = time.monotonic() + 20
+    while any(pid_alive(x) for x in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the process table against a deadline, not settling
+    assert not [x for x in pids if pid_alive(x)]
