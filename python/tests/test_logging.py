@@ -56,7 +56,8 @@ def test_prints_reach_the_client_with_mesh_rank_prefixes(output):
     lines = _before_stop(output.stdout)
     for tag in ("loud", "last"):
         for r in range(4):
-            got = [ln for ln in lines if re.fullmatch(r"\[talkers %d\] %s %d \d+" % (r, tag, r), ln)]
+            pattern = r"\[talkers %d\] %s %d \d+" % (r, tag, r)
+            got = [ln for ln in lines if re.fullmatch(pattern, ln)]
             assert [int(ln.rsplit(" ", 1)[1]) for ln in got] == list(range(300)), (
                 "rank %d's %r lines before stop() returned: %d of 300" % (r, tag, len(got)))
 
