@@ -580,7 +580,8 @@ class _Lazy:
         return _Lazy(cf)
 
     def result(self):
-        _no_running_loop("using a mesh before its procs are up")
+        if not self.cf.done():  # waiting would block the loop; a ready value does not
+            _no_running_loop("using a mesh before its procs are up")
         return self.cf.result()
 
 
@@ -666,13 +667,18 @@ class MeshTrait:
 
 
 class _Liveness:
-    """Shared by a proc mesh and the actor meshes on it: set once stopped."""
+    """Whether a mesh was stopped: one per proc mesh (shared by its views) and one per actor
+    mesh (shared by its views), whose ``parent`` is its proc mesh's, so that stopping the procs
+    stops their actors, while stopping an actor mesh leaves its procs usable."""
 
-    def __init__(self, what):
+    def __init__(self, what, parent=None):
         self.what = what
         self.stopped = None
+        self.parent = parent
 
     def check(self):
+        if self.parent is not None:
+            self.parent.check()
         if self.stopped is not None:
             raise SupervisionError("%s was stopped (%s); spawn a new one" % (self.what, self.stopped))
 
@@ -727,8 +733,9 @@ class ActorMesh(MeshTrait, Generic[R]):
 
     def stop(self) -> Future[None]:
         """Stops every member (queued messages run first, then ``__cleanup__``)."""
-        if self._live.stopped is not None:
-            return _ready(None)
+        parent = self._live.parent
+        if self._live.stopped is not None or (parent is not None and parent.stopped is not None):
+            return _ready(None)  # already stopped, or its procs are (and it with them)
         fut = Future(native=self._mesh().stop())
         self._live.stopped = "ActorMesh.stop()"
         return fut
@@ -1028,8 +1035,9 @@ class ProcMesh(MeshTrait):
         except Exception as e:
             raise TypeError("spawn %s: the class or its arguments cannot be serialised: %s"
                             % (name, e)) from None
+        live = _Liveness("actor mesh %r" % name, parent=self._live)
         if self._local:
-            return ActorMesh(Class, _Lazy.of(_native.spawn_local(name, spec)), name, self._live)
+            return ActorMesh(Class, _Lazy.of(_native.spawn_local(name, spec)), name, live)
         cf = concurrent.futures.Future()
 
         def go(_):
@@ -1039,7 +1047,7 @@ class ProcMesh(MeshTrait):
                 cf.set_exception(e)
 
         self._lazy.cf.add_done_callback(go)
-        return ActorMesh(Class, _Lazy(cf), name, self._live, procs=self)
+        return ActorMesh(Class, _Lazy(cf), name, live, procs=self)
 
     def stop(self) -> Future[None]:
         """Stops every proc of the whole mesh (procs not gone within the stop timeout are

@@ -78,6 +78,30 @@ void complete(const std::shared_ptr<FutureState>& s, std::function<py::object()>
   }
 }
 
+// While an actor's handler blocks its worker thread (a sync endpoint waiting on a future), the
+// proc's scheduler is told, as Future::get() does, so that it lends a spare worker once every
+// worker is blocked: a chain of actors on one proc, each waiting on the next, makes progress.
+class BlockingWorker {
+ public:
+  BlockingWorker() {
+    if (auto* c = monarch::detail::current_cell()) {
+      sched_ = &c->proc().scheduler();
+      py::gil_scoped_release nogil;
+      sched_->begin_blocking();
+    }
+  }
+  ~BlockingWorker() {
+    if (sched_ == nullptr) return;
+    py::gil_scoped_release nogil;
+    sched_->end_blocking();
+  }
+  BlockingWorker(const BlockingWorker&) = delete;
+  BlockingWorker& operator=(const BlockingWorker&) = delete;
+
+ private:
+  Scheduler* sched_ = nullptr;
+};
+
 // Waits for `ready()` with the GIL released, in slices, so that a signal (Ctrl-C) raises in the
 // waiting thread. Returns false on timeout (timeout_s < 0: forever).
 template <class Ready>
@@ -86,6 +110,11 @@ bool wait_released(std::mutex& mu, std::condition_variable& cv, Ready ready, dou
                             ? Clock::time_point::max()
                             : Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                  std::chrono::duration<double>(timeout_s));
+  {
+    std::lock_guard lock(mu);
+    if (ready()) return true;
+  }
+  BlockingWorker blocking;
   while (true) {
     {
       py::gil_scoped_release nogil;
@@ -594,7 +623,8 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "set_log_window",
           [](const ProcMeshBox& b, double seconds) {
-            b.procs->set_log_window(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+            b.procs->set_log_window(
+                std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
           },
           py::call_guard<py::gil_scoped_release>())
       .def("set_stream_logs",

@@ -1,0 +1,160 @@
+"""Every adverb of an endpoint (call, call_one, choose, stream, broadcast, reduce, send) on a
+mesh of four real worker procs, and per-sender FIFO order over 10k broadcasts."""
+
+import pytest
+
+from monarch.actor import (Accumulator, Actor, Channel, Point, ValueMesh, current_rank, endpoint,
+                           send)
+
+
+class Member(Actor):
+    def __init__(self, base):
+        self.base = base
+        self.seen = []
+        self.gate_port, self.gate = Channel.open()
+
+    @endpoint
+    def value(self, x=0):
+        return self.base + 10 * current_rank().rank + x
+
+    @endpoint
+    def rank(self):
+        return current_rank().rank
+
+    @endpoint
+    def record(self, i):
+        self.seen.append(i)
+
+    @endpoint
+    def take_seen(self):
+        out, self.seen = self.seen, []
+        return out
+
+    @endpoint
+    def gate_port_of(self):
+        return self.gate_port
+
+    @endpoint
+    def slow_on(self, slow_rank):
+        """Member `slow_rank` answers only once its gate port got a message."""
+        r = current_rank().rank
+        if r == slow_rank:
+            self.gate.recv().get(timeout=30)
+        return r
+
+
+@pytest.fixture(scope="module")
+def members(procs):
+    return procs.spawn("members", Member, 100)
+
+
+def test_call_gives_a_value_mesh(members):
+    vm = members.value.call(1).get(timeout=30)
+    assert isinstance(vm, ValueMesh)
+    assert len(vm) == 4
+    assert vm.values() == [101, 111, 121, 131]
+    items = list(vm.items())
+    assert [p.rank for p, _ in items] == [0, 1, 2, 3]
+    assert all(isinstance(p, Point) and p["gpus"] == p.rank for p, _ in items)
+    assert [v for _, v in items] == [101, 111, 121, 131]
+    assert vm.item(gpus=2) == 121
+    with pytest.raises(KeyError):
+        vm.item()  # gpus has size 4: its coordinate is required
+
+
+def test_call_on_a_slice_covers_only_the_slice(members):
+    vm = members.slice(gpus=slice(1, 3)).value.call(x=2).get(timeout=30)
+    assert vm.values() == [112, 122]
+    assert vm.item(gpus=0) == 112
+
+
+def test_call_one(members):
+    assert members.slice(gpus=3).value.call_one(5).get(timeout=30) == 135
+
+
+def test_call_one_on_many_members_names_the_mesh_and_size(members):
+    with pytest.raises(ValueError) as ei:  # monarch.errors.UsageError
+        members.value.call_one().get(timeout=30)
+    text = str(ei.value)
+    assert "members" in text and "4" in text, text
+
+
+def test_choose_picks_one_member(members):
+    got = {members.rank.choose().get(timeout=30) for _ in range(40)}
+    assert got <= {0, 1, 2, 3}
+    assert len(got) > 1  # 40 random picks of 4 landing on one member: p = 4 * 4**-40
+
+
+def test_stream_yields_in_arrival_order(members):
+    gate = members.slice(gpus=2).gate_port_of.call_one().get(timeout=30)
+    it = members.slow_on.stream(2)
+    first = [next(it).get(timeout=30) for _ in range(3)]
+    assert sorted(first) == [0, 1, 3]  # member 2 cannot answer yet: it waits for the gate
+    gate.send("go")
+    assert next(it).get(timeout=30) == 2
+    assert list(it) == []
+
+
+def test_broadcast_returns_none(members):
+    assert members.record.broadcast("b") is None
+    assert members.take_seen.call().get(timeout=30).values() == [["b"]] * 4
+
+
+def test_reduce_builtins(members):
+    # values are 100, 110, 120, 130
+    assert members.value.reduce("sum").get(timeout=30) == 460
+    assert members.value.reduce("min").get(timeout=30) == 100
+    assert members.value.reduce("max").get(timeout=30) == 130
+    with pytest.raises(ValueError):
+        members.value.reduce("median")
+
+
+def test_reduce_with_a_lambda(members):
+    assert members.value.reduce(lambda a, b: a * b % 1000003, 1).get(timeout=30) == (
+        101 * 111 * 121 * 131) % 1000003
+
+
+def test_accumulator(members):
+    acc = Accumulator(members.value, [], lambda a, b: (a if isinstance(a, list) else [a]) +
+                      (b if isinstance(b, list) else [b]))
+    assert sorted(acc.accumulate().get(timeout=30)) == [100, 110, 120, 130]
+    total = Accumulator(members.value, 1000, lambda a, b: a + b)
+    assert total.accumulate(x=1).get(timeout=30) == 1000 + 101 + 111 + 121 + 131
+
+
+def test_send_all_to_a_port(members):
+    port, rx = Channel.open()
+    assert send(members.value, (3,), {}, port=port, selection="all") is None
+    got = sorted(rx.recv().get(timeout=30) for _ in range(4))
+    assert got == [103, 113, 123, 133]
+
+
+def test_send_choose_reaches_one_member(members):
+    port, rx = Channel.open()
+    send(members.value, args=(), kwargs={"x": 7}, port=port, selection="choose")
+    assert rx.recv().get(timeout=30) in (107, 117, 127, 137)
+    # Every member answers this call after anything it sent to the port before (FIFO per sender
+    # pair), so no second reply can still be on its way.
+    members.rank.call().get(timeout=30)
+    assert rx.try_recv() is None
+
+
+def test_send_without_port_and_bad_selection(members):
+    send(members.record, ("s",))
+    assert members.take_seen.call().get(timeout=30).values() == [["s"]] * 4
+    with pytest.raises(ValueError):
+        send(members.record, ("s",), selection="some")
+    with pytest.raises(TypeError):
+        send(members.record, ("s",), port=object())
+    with pytest.raises(TypeError):
+        send(lambda: None, ())
+
+
+def test_fifo_over_10k_broadcasts(members):
+    n = 10000
+    for i in range(n):
+        members.record.broadcast(i)
+    seen = members.take_seen.call().get(timeout=60).values()
+    for rank, s in enumerate(seen):
+        assert len(s) == n, "member %d saw %d of %d broadcasts" % (rank, len(s), n)
+        assert s == list(range(n)), "member %d saw the broadcasts out of order" % rank

@@ -1,0 +1,206 @@
+"""async def endpoints, one message at a time unless @concurrent_endpoint, and Futures:
+get/await/result/exception, get() inside a running loop, TimeoutError leaving a future usable."""
+
+import asyncio
+import threading
+
+import pytest
+
+import monarch.errors
+from monarch.actor import (Actor, ActorError, Channel, concurrent_endpoint, current_rank,
+                           endpoint)
+
+
+class Plain(Actor):
+    def __init__(self):
+        self.gate_port, self.gate = Channel.open()
+
+    @endpoint
+    def value(self, x):
+        return 10 * current_rank().rank + x
+
+    @endpoint
+    def fail(self):
+        raise ValueError("plain failure")
+
+    @endpoint
+    def gate_port_of(self):
+        return self.gate_port
+
+    @endpoint
+    def gated(self, x):
+        return (self.gate.recv().get(timeout=30), x)
+
+
+class Async(Actor):
+    def __init__(self):
+        self.active = 0
+        self.most = 0
+        self.order = []
+        self.waiting = 0
+        self.met = None
+
+    @endpoint
+    async def relay(self, other, x):
+        vm = await other.value.call(x)
+        one = await other.slice(gpus=3).value.call_one(x)
+        return vm.values(), one
+
+    @endpoint
+    async def busy(self, i):
+        self.active += 1
+        self.most = max(self.most, self.active)
+        for _ in range(20):
+            await asyncio.sleep(0)  # lets any other coroutine of this actor run meanwhile
+        self.order.append(i)
+        self.active -= 1
+        return i
+
+    @endpoint
+    async def stats(self):
+        return self.most, self.order
+
+    @endpoint
+    async def blocking_get(self, other):
+        try:
+            other.slice(gpus=0).value.call_one(1).get(timeout=5)
+        except RuntimeError as e:
+            return "RuntimeError: %s" % e
+        return "no error"
+
+    @concurrent_endpoint
+    async def meet(self):
+        """Returns only once two meet() calls run at the same time (10 s deadline)."""
+        if self.met is None:
+            self.met = asyncio.Event()
+        self.waiting += 1
+        if self.waiting == 2:
+            self.met.set()
+        await asyncio.wait_for(self.met.wait(), timeout=10)
+        return "met"
+
+
+class SyncConcurrent(Actor):
+    def __init__(self):
+        self.barrier = threading.Barrier(2, timeout=10)
+
+    @concurrent_endpoint
+    def meet(self):
+        self.barrier.wait()  # BrokenBarrierError unless two run at once
+        return "met"
+
+    @endpoint
+    def value(self):
+        return current_rank().rank
+
+
+@pytest.fixture(scope="module")
+def plain(procs):
+    return procs.spawn("plain", Plain)
+
+
+@pytest.fixture(scope="module")
+def asyncs(procs):
+    return procs.spawn("asyncs", Async)
+
+
+def test_async_endpoint_awaits_another_mesh(asyncs, plain):
+    got = asyncs.slice(gpus=0).relay.call_one(plain, 1).get(timeout=30)
+    assert got == ([1, 11, 21, 31], 31)
+    vm = asyncs.relay.call(plain, 2).get(timeout=30)
+    assert vm.values() == [([2, 12, 22, 32], 32)] * 4
+
+
+def test_async_endpoints_run_one_at_a_time(asyncs):
+    one = asyncs.slice(gpus=1)
+    futs = [one.busy.call_one(i) for i in range(20)]
+    assert [f.get(timeout=30) for f in futs] == list(range(20))
+    most, order = one.stats.call_one().get(timeout=30)
+    assert most == 1, "%d async handlers of one actor ran at once" % most
+    assert order == list(range(20))
+
+
+def test_concurrent_async_endpoint_overlaps(asyncs):
+    one = asyncs.slice(gpus=2)
+    a, b = one.meet.call_one(), one.meet.call_one()
+    assert a.get(timeout=30) == "met" and b.get(timeout=30) == "met"
+
+
+def test_concurrent_def_endpoint_overlaps(procs):
+    m = procs.slice(gpus=0).spawn("syncconc", SyncConcurrent)
+    a, b = m.meet.call_one(), m.meet.call_one()
+    assert a.get(timeout=30) == "met" and b.get(timeout=30) == "met"
+    assert m.value.call_one().get(timeout=30) == 0
+    m.stop().get(timeout=30)
+
+
+def test_get_inside_an_async_endpoint_raises(asyncs, plain):
+    text = asyncs.slice(gpus=0).blocking_get.call_one(plain).get(timeout=30)
+    assert text.startswith("RuntimeError:") and "await" in text, text
+
+
+def test_get_inside_a_running_loop_raises(plain):
+    async def main():
+        fut = plain.slice(gpus=0).value.call_one(1)
+        with pytest.raises(RuntimeError, match="event loop"):
+            fut.get()
+        with pytest.raises(RuntimeError):
+            fut.result()
+        return await fut
+
+    assert asyncio.run(main()) == 1
+
+
+def test_await_a_future(plain):
+    async def main():
+        vm = await plain.value.call(3)
+        one = await plain.slice(gpus=2).value.call_one(4)
+        with pytest.raises(ActorError):
+            await plain.slice(gpus=1).fail.call_one()
+        return vm.values(), one
+
+    assert asyncio.run(main()) == ([3, 13, 23, 33], 24)
+
+
+def test_result_and_exception(plain):
+    ok = plain.slice(gpus=3).value.call_one(0)
+    assert ok.result(timeout=30) == 30
+    assert ok.exception(timeout=30) is None
+    assert ok.get() == 30  # the value can be read again
+    bad = plain.slice(gpus=3).fail.call_one()
+    e = bad.exception(timeout=30)
+    assert isinstance(e, ActorError) and isinstance(e.exception, ValueError)
+    with pytest.raises(ActorError):
+        bad.result()
+    assert bad.done() and ok.done()
+
+
+def test_timeout_leaves_the_future_usable(plain):
+    one = plain.slice(gpus=1)
+    gate = one.gate_port_of.call_one().get(timeout=30)
+    fut = one.gated.call_one("x")
+    with pytest.raises(TimeoutError) as ei:  # the built-in, and monarch's
+        fut.get(timeout=0.1)
+    assert isinstance(ei.value, monarch.errors.TimeoutError)
+    with pytest.raises(TimeoutError):
+        fut.exception(timeout=0)
+    assert not fut.done()
+    gate.send("open")
+    assert fut.get(timeout=30) == ("open", "x")
+    assert fut.get(timeout=0) == ("open", "x")
+
+
+def test_mixing_def_and_async_def_is_refused_at_spawn(procs):
+    class Mixed(Actor):
+        @endpoint
+        def sync_one(self):
+            return 1
+
+        @endpoint
+        async def async_one(self):
+            return 2
+
+    with pytest.raises(TypeError) as ei:
+        procs.spawn("mixed", Mixed)
+    text = str(ei.value)
+    assert "sync_one" in text and "async_one" in text and "Mixed" in text, text
