@@ -82,7 +82,8 @@ def pool():
 
 
 class ActorHost:
-    def __init__(self, spec, rank, actor_id, name):
+    def __init__(self, spec, rank, actor_id, name, me=None):
+        self.me = me  # .fail(text) fails this actor
         cls, args, kwargs = pickle.loads(spec)
         self.cls = cls
         self.endpoints = _actor._endpoints_of(cls)
@@ -90,6 +91,7 @@ class ActorHost:
         self._lock = None
         rank_point = _actor._point_from_tuple(rank)
         self.instance_info = _actor.ActorInstance(actor_id, name, rank_point)
+        self.instance_info._host = self
         token = _actor._current.set(_actor.Context(self.instance_info, rank_point))
         try:
             self.instance = cls.__new__(cls)
@@ -113,6 +115,15 @@ class ActorHost:
 
     def handle(self, method, payload, message_rank, reply):
         """A call: returns the encoded reply now, or None when ``reply`` will be answered."""
+        if method == "__monarch_barrier__":  # stop()'s barrier: earlier casts have run
+            if not self.is_async:
+                return _VALUE + b"N."
+
+            async def barrier():  # behind the async messages queued before it
+                async with self._actor_lock():
+                    reply.send(_VALUE + b"N.")
+            asyncio.run_coroutine_threadsafe(barrier(), loop())
+            return None
         label = "%s.%s" % (self.cls.__name__, method)
         try:
             ep, args, kwargs, ctx, _ = self._decode(method, payload, _rank(message_rank))
@@ -233,6 +244,18 @@ class ActorHost:
         if fn is None:
             return False
         return bool(self._run_hook(fn, MeshFailure(mesh, ranks, cause, text)))
+
+    def owned_failure(self, mesh, ranks, cause, text):
+        """A failure of procs this actor spawned off its own thread (in an async endpoint): as
+        PyActor::supervise would, __supervise__ decides; unhandled, it fails this actor."""
+        try:
+            handled = self.supervise(mesh, ranks, cause, text)
+        except BaseException as e:
+            handled = False
+            text = "%s\n__supervise__ raised: %r" % (text, e)
+        if not handled and self.me is not None:
+            self.me.fail("unhandled failure of procs it spawned: " + text)
+        return True
 
     def cleanup(self, error):
         fn = getattr(self.instance, "__cleanup__", None)

@@ -994,7 +994,9 @@ class ProcMesh(MeshTrait):
     first use waits for them. ``stop()`` returns a Future; ``with procs:`` stops on exit.
     """
 
-    def __init__(self, lazy: _Lazy, name: str, live: _Liveness, shape=None, local=False):
+    def __init__(self, lazy: _Lazy, name: str, live: _Liveness, shape=None, local=False,
+                 remote=False):
+        self._remote = remote  # received inside a message: may spawn on it, not stop it
         self._lazy = lazy
         self._name = name
         self._live = live
@@ -1014,7 +1016,7 @@ class ProcMesh(MeshTrait):
     def _with_shape(self, shape):
         if self._local:
             raise ValueError("this_proc() is a mesh of one; it has no dims to slice")
-        return ProcMesh(self._lazy, self._name, self._live, shape)
+        return ProcMesh(self._lazy, self._name, self._live, shape, remote=self._remote)
 
     @property
     def initialized(self) -> Future[bool]:
@@ -1051,7 +1053,11 @@ class ProcMesh(MeshTrait):
 
     def stop(self) -> Future[None]:
         """Stops every proc of the whole mesh (procs not gone within the stop timeout are
-        killed). Completes once they are gone and their output has reached this client."""
+        killed). Completes once they are gone and their output has reached this client.
+        Raises UsageError on a proc mesh received inside a message (only its owner stops it)."""
+        if self._remote:
+            raise UsageError("proc mesh %r was received inside a message: only the process that "
+                             "spawned it can stop it" % self._name)
         if self._live.stopped is not None or self._local:
             return _ready(None)
         self._live.stopped = "ProcMesh.stop()"
@@ -1078,7 +1084,7 @@ class ProcMesh(MeshTrait):
         if aggregate_window_sec is not None and (
                 not isinstance(aggregate_window_sec, (int, float)) or aggregate_window_sec < 0):
             raise ValueError("logging_option: aggregate_window_sec must be >= 0 seconds")
-        if not self._local:
+        if not self._local and not self._remote:
             native = self._lazy.result()
             native.set_stream_logs(stream_to_client)
             if aggregate_window_sec is not None:
@@ -1092,6 +1098,17 @@ class ProcMesh(MeshTrait):
 
     def __repr__(self):
         return "<ProcMesh %r>" % self._name
+
+    def __reduce__(self):
+        if self._local:
+            raise TypeError("this_proc() cannot be sent inside a message; send a ProcMesh from "
+                            "spawn_procs, or an actor mesh")
+        return (_rebuild_proc_mesh, (self._procs().encode(), self._name))
+
+
+def _rebuild_proc_mesh(encoded, name):
+    return ProcMesh(_Lazy.of(_native.decode_procs(encoded)), name,
+                    _Liveness("proc mesh %r" % name), remote=True)
 
 
 class HostMesh(MeshTrait):
@@ -1142,7 +1159,11 @@ class HostMesh(MeshTrait):
                 raise
             return mesh
 
+        owner = getattr(host, "_host", None) if host is not None else None
+
         def on_failure(mesh_name, ranks, cause, text):
+            if owner is not None:  # spawned inside an async endpoint: that actor owns them
+                return owner.owned_failure(mesh_name, ranks, cause, text)
             f = MeshFailure(mesh_name, ranks, cause, text)
             mesh._failures.append(f)
             hook = globals().get("unhandled_fault_hook", _default_fault_hook)

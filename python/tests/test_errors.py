@@ -286,10 +286,6 @@ class AsyncSupervisor(Actor):
         return "alive"
 
 
-@pytest.mark.xfail(strict=True, reason="procs spawned inside an async endpoint are not owned by "
-                   "the actor (spawn_procs takes the client path on the monarch-asyncio "
-                   "thread): their failure goes to the worker's unhandled_fault_hook, which "
-                   "exits the supervisor's proc, and __supervise__ never runs")
 def test_supervise_procs_spawned_in_an_async_endpoint(fault_hook):
     pm = this_host().spawn_procs(per_host={"gpus": 1}, name="asyncsup")
     port, rx = Channel.open()

@@ -303,6 +303,84 @@ ActorId local_comm_id() {
   return mesh::detail::install_comm(p).id();
 }
 
+// A process mesh shipped to another process (ProcMesh pickled into a message): the procs of the
+// sender's view, densely, and their comm actors. The receiver spawns on them from its own Proc
+// (which then owns those actors), as ProcMesh::spawn does: Spawn messages, then the CAST-11 fence.
+struct RemoteProcs {
+  std::string name;
+  std::vector<std::string> labels;
+  std::vector<size_t> sizes;
+  std::vector<std::string> addrs;  // by local rank of the extent
+  std::vector<ActorId> comm;       // likewise
+  size_t fanout = 16;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(name, labels, sizes, addrs, comm, fanout);
+  }
+  ndslice::Shape shape() const { return make_shape(labels, sizes); }
+  RemoteProcs with_view(const ndslice::Shape& v) const {
+    RemoteProcs out;
+    out.name = name;
+    out.labels = v.labels();
+    out.sizes = v.sizes();
+    out.fanout = fanout;
+    for (size_t i = 0; i < v.num_ranks(); ++i) {
+      const size_t g = v.global_rank(i);
+      if (g >= addrs.size())
+        throw UsageError("with_view: view " + v.to_string() + " holds rank " + std::to_string(g) +
+                         ", outside the mesh's " + std::to_string(addrs.size()) + " procs");
+      out.addrs.push_back(addrs[g]);
+      out.comm.push_back(comm[g]);
+    }
+    return out;
+  }
+};
+
+py::bytes encode_procs(const ProcMeshBox& b) {
+  RemoteProcs w;
+  {
+    py::gil_scoped_release nogil;
+    const auto& pm = *b.procs;
+    const auto& v = pm.shape();
+    w.name = pm.name();
+    w.labels = v.labels();
+    w.sizes = v.sizes();
+    w.fanout = pm.cast_fanout();
+    const auto comm = pm.comm_ids();
+    for (size_t i = 0; i < pm.size(); ++i) {
+      w.addrs.push_back(pm.address(i));
+      w.comm.push_back(comm.at(v.global_rank(i)));
+    }
+  }
+  auto bytes = wire::encode(w);
+  return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+RemoteProcs decode_procs(const std::string& b) {
+  return wire::decode<RemoteProcs>(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(b.data()), b.size()));
+}
+
+Mesh spawn_on_remote_procs(const RemoteProcs& rp, const std::string& name,
+                           const std::string& spec) {
+  Proc& p = local_proc();
+  const ndslice::Extent ext(rp.labels, rp.sizes);
+  const size_t n = rp.addrs.size();
+  std::vector<ActorId> members(n);
+  auto fence = std::make_shared<mesh::detail::CastFence>(n);
+  for (size_t i = 0; i < n; ++i) {
+    members[i] = p.spawn_remote_member<PyActor>(ext.point(i), rp.addrs[i], name, spec).id();
+    try {  // a request after the Spawn on the same link opens the fence (CAST-11)
+      p.remote_lookup_id(rp.addrs[i], mesh::kCommActorName,
+                         monarch::detail::demangle(typeid(mesh::CommActor).name()))
+          .on_complete([fence](auto&) { fence->arrive(); });
+    } catch (...) {
+      fence->arrive();
+    }
+  }
+  return Mesh::from_ids(p, members, ndslice::Shape(ext), rp.comm, rp.fanout, 1, std::move(fence));
+}
+
 // --- Actor meshes --------------------------------------------------------------------------------
 
 // A rectangular mesh on the wire, so that another process can rebuild it (as remote refs).
@@ -419,6 +497,11 @@ NativeStream mesh_stream(const Mesh& m, std::string method, std::string payload)
 }
 
 // Stops every member of the view (each drains its queue, then its __cleanup__ runs).
+// The method name of stop()'s barrier call: python/monarch/_host.py answers it at once.
+constexpr const char* kBarrier = "__monarch_barrier__";
+template <class Acc>
+void stop_members(const Mesh& m, const std::shared_ptr<Acc>& acc);
+
 NativeFuture mesh_stop(const Mesh& m) {
   struct Acc {
     std::mutex mu;
@@ -442,6 +525,21 @@ NativeFuture mesh_stop(const Mesh& m) {
   };
   auto acc = std::make_shared<Acc>();
   acc->left = m.size() + 1;
+  // Casts sent before the stop travel the cast tree, a stop goes straight to each member: a
+  // barrier call through the tree first, so that every earlier broadcast has run (stop drains
+  // what was sent before it). Members that fail it (dead procs) are stopped all the same.
+  Future<ndslice::ValueMesh<std::string>> barrier;
+  try {
+    barrier = m.call(&PyActor::call, std::string(kBarrier), std::string());
+  } catch (...) {
+    barrier = Future<ndslice::ValueMesh<std::string>>::ready_error(std::current_exception());
+  }
+  barrier.on_complete([acc, m](auto&) { stop_members(m, acc); });
+  return NativeFuture(acc->s);
+}
+
+template <class Acc>
+void stop_members(const Mesh& m, const std::shared_ptr<Acc>& acc) {
   for (size_t i = 0; i < m.size(); ++i) {
     Future<void> f;
     try {
@@ -464,7 +562,6 @@ NativeFuture mesh_stop(const Mesh& m) {
     });
   }
   acc->one(nullptr);
-  return NativeFuture(acc->s);
 }
 
 // This process's Proc as a mesh of one: the actor runs here, and is reached through the Proc's
@@ -627,6 +724,7 @@ PYBIND11_MODULE(_native, m) {
                 std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
           },
           py::call_guard<py::gil_scoped_release>())
+      .def("encode", &encode_procs)
       .def("set_stream_logs",
            [](const ProcMeshBox& b, bool on) { b.shared->stream_logs.store(on); })
       .def("set_failure_handler", [](const ProcMeshBox& b, py::object fn) {
@@ -709,6 +807,18 @@ PYBIND11_MODULE(_native, m) {
   m.def("decode_mesh", &decode_mesh, py::call_guard<py::gil_scoped_release>());
   m.def("spawn_local", &spawn_local, py::arg("name"), py::arg("spec"),
         py::call_guard<py::gil_scoped_release>());
+
+  py::class_<RemoteProcs>(m, "RemoteProcMesh")
+      .def_property_readonly("shape", &RemoteProcs::shape)
+      .def_property_readonly("name", [](const RemoteProcs& r) { return r.name; })
+      .def("with_view", &RemoteProcs::with_view)
+      .def("spawn", &spawn_on_remote_procs, py::arg("name"), py::arg("spec"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("encode", [](const RemoteProcs& r) {
+        auto bytes = wire::encode(r);
+        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      });
+  m.def("decode_procs", &decode_procs);
 
   py::class_<NativeStream>(m, "NativeStream")
       .def("remaining", &NativeStream::remaining)

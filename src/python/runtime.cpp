@@ -167,8 +167,10 @@ void PyActor::init() {
   Gil gil;
   try {
     auto host_mod = py::module_::import("monarch._host");
+    auto me = std::make_shared<Reply>();  // fail(): fails this actor (from any thread)
+    me->self = self<PyActor>();
     py::object h = host_mod.attr("ActorHost")(py::bytes(spec_), point_tuple(rank), id().to_string(),
-                                              id().name);
+                                              id().name, me);
     host_ = new py::object(std::move(h));
     spec_.clear();
   } catch (py::error_already_set& e) {

@@ -101,6 +101,12 @@ class ProcMesh {
   /// the last view calls it.
   bool stop() const;
 
+  /// Internal, for front ends that ship a process mesh to another process (the Python
+  /// bindings), which then spawns on it as spawn() does: the comm actor of every proc by global
+  /// rank, and the cast tree's fan-out (SpawnOptions::cast). Process meshes only (UsageError).
+  std::vector<ActorId> comm_ids() const;
+  size_t cast_fanout() const;
+
   /// The actors registered as `name` (Proc::register_name, e.g. in the WorkerSetup) on every
   /// proc of this view, as an ActorMesh. Blocks up to spawn_timeout. Throws UsageError when the
   /// view holds a failed rank, DeliveryFailure/UsageError from the lookup otherwise.
@@ -197,8 +203,6 @@ class ProcMesh {
   // This view with `per_proc`'s dims appended, over the actor base space (k ranks per proc).
   ndslice::Shape actor_view(const ndslice::Extent& per_proc) const;
   size_t base_size() const;
-  std::vector<ActorId> comm_ids() const;  // by global rank (process meshes)
-  size_t cast_fanout() const;             // SpawnOptions::cast (process meshes)
   void check_usable(size_t local) const;
   std::chrono::milliseconds lookup_timeout() const;
   process_detail::ProcessGroup& group() const;
