@@ -30,6 +30,13 @@ Threads: call ``start()`` and ``stop()`` from one thread; both release the GIL w
 The ``on_failure`` handler runs on the job's own monitor thread. Jobs still running when the
 interpreter exits are stopped then (after the client's procs).
 
+Clients and secrets: the first job started makes its client Proc (TCP, listening where
+``listen`` says) this client's own: meshes decoded here (returned by actors) and ports opened
+here (``Channel.open()``) use it, so the job's hosts can reach them. TCP links need one channel
+secret in client, agents and workers: importing this module sets MONARCH_SECRET to a random
+value when neither MONARCH_SECRET nor MONARCH_SECRET_FILE is set, so that every job and every
+proc spawned afterwards (on this_host() too) shares it; import it before spawning procs.
+
 Failures the scheduler reports after ``start()`` (a host or the whole job ended, was
 cancelled or taken away) go to ``on_failure(fn)``: ``fn(MeshFailure) -> bool`` (True:
 handled). Failures of procs go to their ProcMesh as usual (unhandled: to
@@ -38,15 +45,25 @@ handled). Failures of procs go to their ProcMesh as usual (unhandled: to
 
 import atexit
 import os
+import secrets
 import threading
 import weakref
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from monarch import _native
 from monarch import actor as _actor
-from monarch.errors import KubernetesError, MeshFailure, SlurmError, SupervisionError, UsageError
+from monarch.errors import KubernetesError, MeshFailure, SlurmError, UsageError
 
 __all__ = ["KubernetesError", "KubernetesJob", "SlurmError", "SlurmJob"]
+
+# One channel secret for the whole process (TCP links need it on both ends): without one in the
+# environment, each SlurmJob would make its own, and procs of this_host() (which inherit this
+# environment) could not reach the client Proc of a job, which becomes this client's own
+# (meshes decoded and ports opened here use it). Set before this_host() spawns procs: import
+# monarch.job first. A KubernetesJob needs MONARCH_SECRET set by you, equal to the one its pods
+# get (its ``secret``).
+if not os.environ.get("MONARCH_SECRET") and not os.environ.get("MONARCH_SECRET_FILE"):
+    os.environ["MONARCH_SECRET"] = secrets.token_hex(32)
 
 _LIVE = weakref.WeakSet()  # jobs started and not stopped: stopped at exit
 _LIVE_LOCK = threading.Lock()
@@ -80,11 +97,6 @@ def _seconds(what: str, v) -> float:
     return float(v)
 
 
-def _unhandled(text: str) -> None:
-    hook = getattr(_actor, "unhandled_fault_hook", _actor._default_fault_hook)
-    hook(SupervisionError(text))
-
-
 class _Job:
     """What SlurmJob and KubernetesJob share: start, stop, on_failure, context manager."""
 
@@ -112,7 +124,7 @@ class _Job:
             hosts = {}
             for name, h in zip(self._names, natives):
                 # What nobody handled on these hosts goes where this_host()'s does.
-                _native.set_host_fault_hook(h, _unhandled)
+                _native.set_host_fault_hook(h, _actor._unhandled_report)
                 hosts[name] = _actor.HostMesh(h)
             self._hosts = hosts
             with _LIVE_LOCK:
@@ -306,7 +318,7 @@ class KubernetesJob(_Job):
             validate=validate, listen=listen,
             ready_timeout_s=_seconds("KubernetesJob: ready_timeout", ready_timeout),
             poll_interval_s=_seconds("KubernetesJob: poll_interval", poll_interval))
-        native.set_fault_hook(_unhandled)
+        native.set_fault_hook(_actor._unhandled_report)
         super().__init__(native, [name])
         self._name = name
 

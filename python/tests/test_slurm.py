@@ -15,7 +15,7 @@ import pytest
 
 import monarch
 from monarch import actor as monarch_actor
-from monarch.actor import Actor, Channel, current_rank, endpoint
+from monarch.actor import Actor, Channel, current_rank, endpoint, this_host
 from monarch.errors import SlurmError
 from monarch.job import SlurmJob
 
@@ -176,6 +176,12 @@ def test_meshes_and_ports_cross_between_client_and_actors(job):
         where.send_to.call(port, "hi").get(timeout=T)
         got = sorted(rx.recv().get(timeout=T) for _ in range(2))
         assert got == [(0, "hi"), (1, "hi")]
+        # A proc of this host next to the job's: it reaches the same port and the job's actors.
+        with this_host().spawn_procs(per_host={"procs": 1}, name="local-next-to-slurm") as lp:
+            local = lp.spawn("local", Where)
+            local.send_to.call_one(port, "local").get(timeout=T)
+            assert rx.recv().get(timeout=T) == (0, "local")
+            assert local.call_all.call_one(peers, 1).get(timeout=T) == [2, 3]
     finally:
         procs.stop().get(timeout=T)
 
