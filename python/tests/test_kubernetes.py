@@ -167,6 +167,25 @@ def agents():
     a1.kill()
 
 
+# First in this file: it checks that attaching makes the client's own Proc a TCP one, which any
+# job started before would already have done.
+@needs_kubectl
+def test_agents_attached_by_hand_reach_the_clients_meshes_and_ports(agents):
+    from monarch import _native
+    from monarch.actor import attach_to_workers
+    port, a0, a1 = agents
+    hosts = attach_to_workers(["tcp://127.0.0.2:%d" % port, "tcp://127.0.0.3:%d" % port])
+    assert _native.local_address().startswith("tcp://")  # was this_host()'s unix socket
+    with hosts.spawn_procs(per_host={"gpus": 1}, name="by-hand") as procs:
+        w = procs.spawn("w", Worker)
+        assert w.where.call().get(timeout=T).values() == [(0, a0.p.pid), (1, a1.p.pid)]
+        back = w.slice(hosts=0).myself.call_one(w).get(timeout=T)
+        assert back.twice.call(1).get(timeout=T).values() == [2, 3]
+        p, rx = Channel.open()
+        w.send_to.call(p, "y").get(timeout=T)
+        assert sorted(rx.recv().get(timeout=T) for _ in range(2)) == [(0, "y"), (1, "y")]
+
+
 @needs_kubectl
 def test_pods_become_a_host_mesh_and_pod_failures_are_reported(agents, monkeypatch):
     port, a0, a1 = agents
