@@ -110,9 +110,10 @@ class _Job:
 
     def start(self) -> Dict[str, "_actor.HostMesh"]:
         """Submits the job, waits until every host's agent listens and attaches to them
-        (blocks, GIL released, up to the start timeout). Returns {mesh name: HostMesh}. Call
-        once. Raises UsageError when called twice or after stop(), the scheduler's error
-        (SlurmError, KubernetesError) otherwise."""
+        (blocks, GIL released, up to the start timeout; Ctrl-C is seen only when it returns).
+        Returns {mesh name: HostMesh}. Call once. Raises UsageError when called twice or after
+        stop(), the scheduler's error (SlurmError, KubernetesError) otherwise; a failed start
+        has already stopped what it submitted."""
         with self._lock:
             if self._hosts is not None or self._stopped:
                 raise UsageError("%r: start() was already called" % self)
@@ -158,8 +159,10 @@ class _Job:
         """``fn(MeshFailure) -> bool`` receives what the scheduler reports after start():
         ``mesh`` names the job, ``ranks`` are the hosts lost (numbered across meshes, in mesh
         order), ``cause`` what the scheduler saw. True: handled. Runs on the job's monitor
-        thread; it must not call stop(). Set it before start() to miss nothing; None unsets
-        it. Raises TypeError when fn is not callable."""
+        thread; it must not call stop(). An exception it raises is reported as unraisable
+        and counts as unhandled (SLURM: logged; Kubernetes: unhandled_fault_hook). Set it
+        before start() to miss nothing; None unsets it. Raises TypeError when fn is not
+        callable."""
         if fn is None:
             self._native.on_failure(None)
             return
