@@ -1220,8 +1220,14 @@ def attach_to_workers(workers, name: Optional[str] = None) -> HostMesh:
     workers = list(workers)
     if not workers or not all(isinstance(w, str) and w for w in workers):
         raise ValueError("attach_to_workers: give a non-empty list of agent addresses")
-    this_host()  # the client Proc that owns the meshes
-    return HostMesh(_native.attach_to_workers(workers))
+    this_host()  # the client runtime and its fault hook
+    h = _native.attach_to_workers(workers)
+    # This HostMesh has its own client Proc (TCP): make it the one meshes decoded and ports
+    # opened here use (this_host()'s unix socket is unreachable from other hosts), and send
+    # what nobody handled on it to unhandled_fault_hook (not the C++ default: print, exit).
+    _native.prefer_client_of(h)
+    _native.set_host_fault_hook(h, _unhandled_report)
+    return HostMesh(h)
 
 
 # --- Unhandled failures ----------------------------------------------------------------------------
@@ -1275,8 +1281,10 @@ def _stop_at_exit():
 atexit.register(_stop_at_exit)
 
 
+def _unhandled_report(text):
+    h = globals().get("unhandled_fault_hook", _default_fault_hook)
+    h(SupervisionError(text))
+
+
 def _install_fault_hook():
-    def hook(text):
-        h = globals().get("unhandled_fault_hook", _default_fault_hook)
-        h(SupervisionError(text))
-    _native.set_fault_hook(hook)
+    _native.set_fault_hook(_unhandled_report)

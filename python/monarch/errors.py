@@ -105,6 +105,20 @@ class RdmaError(MonarchError):
     code = 14
 
 
+class SlurmError(MonarchError):
+    """A SLURM job (monarch.job.SlurmJob) that could not start, ended, or would not stop: the
+    message names the job id, its state and the command (sbatch, squeue, scancel) that failed."""
+
+    code = 17
+
+
+class KubernetesError(MonarchError):
+    """A Kubernetes job (monarch.job.KubernetesJob) whose kubectl command failed or whose pods
+    failed or never became Ready: the message names the job, the pod and what kubectl said."""
+
+    code = 19
+
+
 class MeshFailure(MonarchError):
     """One failure of one or more ranks of a proc mesh: what ``__supervise__`` receives.
 
@@ -134,7 +148,7 @@ _BY_CODE = {
     for c in (
         MonarchError, UsageError, TimeoutError, DeadlockError, ConfigError, SliceError,
         SelectionParseError, FrameError, DecodeError, ChannelError, ActorError,
-        DeliveryFailure, SupervisionError, RdmaError,
+        DeliveryFailure, SupervisionError, RdmaError, SlurmError, KubernetesError,
     )
 }
 

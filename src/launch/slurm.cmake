@@ -10,6 +10,7 @@ string(SUBSTRING "${_slurm_hash}" 0 3 _slurm_hash)
 math(EXPR _slurm_port "17000 + (0x${_slurm_hash} % 400) * 2")
 set(_slurm_env MONARCH_SLURM_DIR=${CMAKE_BINARY_DIR}/slurm-cluster MONARCH_SLURM_PORT=${_slurm_port}
     SLURM_CONF=${CMAKE_BINARY_DIR}/slurm-cluster/slurm.conf)
+set_property(GLOBAL PROPERTY MONARCH_SLURM_ENV "${_slurm_env}")  # python_slurm_test's too
 set(_slurm_script ${PROJECT_SOURCE_DIR}/scripts/slurm-local.sh)
 add_test(NAME slurm_cluster_start COMMAND sh -c "if [ $(id -u) -ne 0 ] || ! command -v slurmctld >/dev/null; then echo 'not root or no slurm: no cluster (slurm_e2e_test skips)'; exit 0; fi; exec ${_slurm_script} start")
 add_test(NAME slurm_cluster_stop COMMAND sh -c "if [ $(id -u) -ne 0 ] || ! command -v slurmctld >/dev/null; then exit 0; fi; exec ${_slurm_script} stop")

@@ -28,6 +28,7 @@ namespace monarch::python {
 void register_reply(py::module_& m);
 void set_worker_proc(Proc& p);
 void register_rdma(py::module_& m);
+void register_launch(py::module_& m);  // launch.cpp: SlurmJob, KubernetesJob
 /// For rdma.cpp: a Future<void> as a NativeFuture whose result() is None (GIL held).
 py::object native_future(Future<void> f);
 
@@ -840,4 +841,5 @@ PYBIND11_MODULE(_native, m) {
   });
   m.def("decode_port", &decode_port, py::call_guard<py::gil_scoped_release>());
   register_rdma(m);
+  register_launch(m);
 }

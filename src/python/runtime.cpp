@@ -14,8 +14,9 @@ namespace {
 
 struct Runtime {
   std::mutex mu;
-  Proc* proc = nullptr;                  // the listening Proc of this process
-  std::optional<mesh::HostMesh> host{};  // this_host(), clients (and workers that spawn procs)
+  Proc* proc = nullptr;                    // the listening Proc of this process
+  std::optional<mesh::HostMesh> host{};    // this_host(), clients (and workers that spawn procs)
+  std::optional<mesh::HostMesh> remote{};  // whose client is proc (prefer_client_of), kept alive
   bool worker = false;
 };
 
@@ -61,6 +62,17 @@ Proc& local_proc() {
     if (r.proc != nullptr) return *r.proc;
   }
   return local_host().client();
+}
+
+void prefer_client_of(const mesh::HostMesh& host) {
+  auto& r = rt();
+  std::lock_guard lock(r.mu);
+  if (r.worker || r.remote) return;
+  Proc& p = host.client();
+  if (p.address().rfind("tcp://", 0) != 0) return;
+  if (r.proc != nullptr && r.proc->address().rfind("tcp://", 0) == 0) return;
+  r.remote.emplace(host);
+  r.proc = &p;
 }
 
 bool is_worker() noexcept {

@@ -49,6 +49,13 @@ Proc& local_proc();
 mesh::HostMesh& local_host();
 /// True in a worker process (run_worker is running).
 bool is_worker() noexcept;
+/// In a client whose local_proc() does not listen on TCP (this_host()'s abstract unix socket,
+/// unreachable from other hosts, and without the job's channel secret), makes `host`'s client
+/// Proc the local_proc() from now on: the meshes decoded, ports opened and actors spawned on
+/// this_proc() afterwards are reachable from `host`'s agents and workers. Used for HostMeshes of
+/// launchers and attach_to_workers; the first one with a TCP client wins. Keeps `host` alive
+/// for the life of the process. No-op in a worker (its own Proc stays local_proc()).
+void prefer_client_of(const mesh::HostMesh& host);
 
 /// A monarch::Error (or any exception) as an instance of its Python class (monarch.errors),
 /// without raising it. Needs the GIL.
