@@ -139,6 +139,7 @@ class ActorHost:
         if ep.concurrent:
             pool().submit(self._run_sync_concurrent, ep, args, kwargs, ctx, reply, port, label)
             return None
+        ctx._blocking = True  # this handler holds its actor: get() on its own reply deadlocks
         token = _actor._current.set(ctx)
         try:
             result = ep.fn(self.instance, *args, **kwargs)
@@ -163,6 +164,7 @@ class ActorHost:
         if ep.is_async:
             self._schedule(ep, args, kwargs, ctx, reply, port, label, send=True)
             return
+        ctx._blocking = True
         token = _actor._current.set(ctx)
         try:
             result = ep.fn(self.instance, *args, **kwargs)

@@ -48,6 +48,7 @@ import cloudpickle
 from monarch import _native
 from monarch.errors import (  # noqa: F401 (re-exported: Monarch users import them from here)
     ActorError,
+    DeadlockError,
     DeliveryFailure,
     MeshFailure,
     MonarchError,
@@ -272,7 +273,9 @@ class Future(Generic[R]):
     returns the error instead of raising it (None on success).
     """
 
-    def __init__(self, *, native=None, decode=None, thunk=None, value=_UNSET, cf=None):
+    def __init__(self, *, native=None, decode=None, thunk=None, value=_UNSET, cf=None,
+                 deadlock=None):
+        self._deadlock = deadlock      # set when waiting here could never end (DeadlockError)
         self._native = native          # _native.NativeFuture
         self._decode = decode or (lambda x: x)
         self._thunk = thunk            # callable(timeout_s) -> value (blocking receivers)
@@ -331,6 +334,8 @@ class Future(Generic[R]):
     def get(self, timeout: Optional[float] = None) -> R:
         t = _check_timeout(timeout)
         _no_running_loop("Future.get()")
+        if self._deadlock is not None and not self.done():
+            raise DeadlockError(self._deadlock)
         if not self._wait(t):
             raise self._timeout_error(timeout)
         if self._error is not None:
@@ -793,12 +798,31 @@ class EndpointRef(Generic[R]):
         def decode(values):
             return ValueMesh(ext, [_decode_reply(v, r) for r, v in enumerate(values)])
 
-        return Future(native=m.call(self._name, payload), decode=decode)
+        return Future(native=m.call(self._name, payload), decode=decode,
+                      deadlock=self._deadlock(m))
+
+    def _deadlock(self, m):
+        """Why get() on this call could never return, or None: the caller is a handler that
+        blocks its actor (a sync, non-concurrent endpoint) and its own actor is in the view."""
+        ctx = _current.get()
+        if ctx is None or not getattr(ctx, "_blocking", False):
+            return None
+        me = ctx.actor_instance.actor_id
+        members = self._mesh.__dict__.get("_member_ids")
+        if members is None:
+            members = frozenset(m.member_name(i) for i in range(len(m)))
+            self._mesh._member_ids = members
+        if me not in members:
+            return None
+        return ("%s: actor %s waits in get() for its own reply, which it can only send once this "
+                "handler returns; use @concurrent_endpoint or an async endpoint, or do not wait"
+                % (self._where(), me))
 
     def call_one(self, *args, **kwargs) -> Future[R]:
         """The view must hold exactly one member (the error names the mesh and its size)."""
         m, payload = self._prepare(args, kwargs)
-        return Future(native=m.call_one(self._name, payload), decode=_value_or_raise)
+        return Future(native=m.call_one(self._name, payload), decode=_value_or_raise,
+                      deadlock=self._deadlock(m))
 
     def choose(self, *args, **kwargs) -> Future[R]:
         """One member, picked at random."""

@@ -157,8 +157,6 @@ def test_a_chain_of_blocked_actors_on_one_proc_makes_progress(procs):
             m.stop().get(timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason="an actor blocked in get() on its own reply is not "
-                   "detected (C++ Future::get throws DeadlockError); it waits out its timeout")
 def test_waiting_on_its_own_reply_is_a_deadlock_error(procs):
     import monarch.errors
     me = procs.slice(gpus=1).spawn("selfcaller", Link)
