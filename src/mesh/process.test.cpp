@@ -74,7 +74,12 @@ struct Worker : monarch::Actor {
     }
     if (how == "throw") throw std::runtime_error("rank " + std::to_string(rank_) + " exploded");
   }
-  MONARCH_ENDPOINTS(Worker, rank, pid, where, crash)
+  // Writes `line` to stdout (forwarded to the client's log sink).
+  void say(std::string line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  MONARCH_ENDPOINTS(Worker, rank, pid, where, crash, say)
   size_t rank_;
 };
 
@@ -504,6 +509,52 @@ TEST(ProcessMesh, RepeatedLinesAggregateOverAWindow) {
       EXPECT_THAT(r.to_string(), HasSubstr("[logs-agg "));
     }
   }
+}
+
+// ProcMesh::set_log_window: the aggregation window changes while the mesh runs (Python's
+// logging_option(aggregate_window_sec=...)); back to 0, every line is its own record.
+TEST(ProcessMesh, TheLogWindowChangesWhileTheMeshRuns) {
+  std::mutex mu;
+  std::vector<LogRecord> recs;
+  std::condition_variable cv;
+  SpawnOptions so;
+  so.name = "window";
+  so.log_sink = [&](const LogRecord& r) {
+    std::lock_guard lock(mu);
+    recs.push_back(r);
+    cv.notify_all();
+  };
+  auto host = monarch::mesh::this_host(fast());  // log_window 0: no aggregation to start with
+  auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+  auto workers = procs.lookup<Worker>("worker");
+  EXPECT_THROW(procs.set_log_window(-1ms), monarch::UsageError);
+  auto records_of = [&](const std::string& text) {
+    std::vector<LogRecord> out;
+    for (auto& r : recs) {
+      if (r.text == text) out.push_back(r);
+    }
+    return out;
+  };
+  auto ranks_in = [](const std::vector<LogRecord>& rs) {
+    std::vector<size_t> out;
+    for (auto& r : rs) out.insert(out.end(), r.ranks.begin(), r.ranks.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  procs.set_log_window(500ms);
+  (void)workers.call(&Worker::say, std::string("together")).get(10s);
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(
+        cv.wait_for(lock, 10s, [&] { return ranks_in(records_of("together")).size() == 4; }));
+    EXPECT_THAT(ranks_in(records_of("together")), ElementsAre(0u, 1u, 2u, 3u));
+    EXPECT_LT(records_of("together").size(), 4u);  // some ranks shared one record
+  }
+  procs.set_log_window(0ms);
+  (void)workers.call(&Worker::say, std::string("alone")).get(10s);
+  std::unique_lock lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return records_of("alone").size() == 4; }));
+  for (auto& r : records_of("alone")) EXPECT_EQ(r.ranks.size(), 1u) << r.to_string();
 }
 
 TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
