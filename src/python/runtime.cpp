@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <mutex>
+#include <utility>
 
 #include "monarch/mesh/cast.hpp"
 
@@ -198,6 +199,9 @@ void PyActor::cleanup(const std::optional<ActorSupervisionEvent>& error) {
   } catch (py::error_already_set& e) {
     e.discard_as_unraisable("monarch: __cleanup__");
   }
+  // No message runs after cleanup. The instance goes now: its host holds a ref to this actor
+  // (fail()), a cycle that would otherwise keep both alive.
+  delete std::exchange(host_, nullptr);
 }
 
 bool PyActor::supervise(const MeshFailure& failure) {
