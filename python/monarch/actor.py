@@ -28,6 +28,7 @@ broadcast fails the actor; its proc mesh reports a :class:`MeshFailure` to the o
 """
 
 import asyncio
+import base64
 import atexit
 import contextvars
 import functools
@@ -455,11 +456,14 @@ class _EndpointDescriptor:
         self._monarch_endpoint.name = name
 
 
-def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None):
+def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None,
+             instrument: bool = False):
     """Marks an actor method as an endpoint (``def`` or ``async def``).
 
     With ``explicit_response_port=True`` the handler's first argument after self is a Port; it
     answers with ``port.send(value)`` (now or later, once), and its return value is ignored.
+    ``propagate`` and ``instrument`` are accepted so that Monarch scripts run unchanged; neither
+    changes anything yet (``propagate`` belongs to distributed tensors).
     """
     def wrap(f):
         if not callable(f):
@@ -736,13 +740,13 @@ class ActorMesh(MeshTrait, Generic[R]):
         """The members on procs not known to have failed (a view with extent {ranks: n})."""
         return _PickedMesh(self, self._mesh().survivors())
 
-    def stop(self) -> Future[None]:
+    def stop(self, reason: str = "stopped by the client") -> Future[None]:
         """Stops every member (queued messages run first, then ``__cleanup__``)."""
         parent = self._live.parent
         if self._live.stopped is not None or (parent is not None and parent.stopped is not None):
             return _ready(None)  # already stopped, or its procs are (and it with them)
         fut = Future(native=self._mesh().stop())
-        self._live.stopped = "ActorMesh.stop()"
+        self._live.stopped = "ActorMesh.stop(): %s" % reason
         return fut
 
     def __enter__(self):
@@ -1075,7 +1079,7 @@ class ProcMesh(MeshTrait):
         self._lazy.cf.add_done_callback(go)
         return ActorMesh(Class, _Lazy(cf), name, live, procs=self)
 
-    def stop(self) -> Future[None]:
+    def stop(self, reason: str = "stopped by the client") -> Future[None]:
         """Stops every proc of the whole mesh (procs not gone within the stop timeout are
         killed). Completes once they are gone and their output has reached this client.
         Raises UsageError on a proc mesh received inside a message (only its owner stops it)."""
@@ -1084,7 +1088,7 @@ class ProcMesh(MeshTrait):
                              "spawned it can stop it" % self._name)
         if self._live.stopped is not None or self._local:
             return _ready(None)
-        self._live.stopped = "ProcMesh.stop()"
+        self._live.stopped = "ProcMesh.stop(): %s" % reason
         cf = concurrent.futures.Future()
 
         def run():
@@ -1148,11 +1152,13 @@ class HostMesh(MeshTrait):
     def _with_shape(self, shape):
         raise ValueError("slicing a HostMesh is not supported; slice the ProcMesh instead")
 
-    def spawn_procs(self, per_host: Optional[Dict[str, int]] = None, name: Optional[str] = None,
-                    bootstrap=None) -> ProcMesh:
+    def spawn_procs(self, per_host: Optional[Dict[str, int]] = None, bootstrap=None,
+                    name: Optional[str] = None) -> ProcMesh:
         """``per_host`` procs on every host (e.g. {"gpus": 4}); the ProcMesh's dims are the
         host dims followed by these. Returns at once; the procs start in the background.
-        Raises ValueError for a bad per_host or name."""
+        ``bootstrap``: a callable (shipped with cloudpickle) each proc runs before it serves; if
+        it raises, the proc exits and the first use of the mesh raises, naming the rank.
+        Raises ValueError for a bad per_host or name, TypeError for a bad bootstrap."""
         per_host = {"procs": 1} if per_host is None else per_host
         if not isinstance(per_host, Mapping) or not per_host:
             raise TypeError("spawn_procs: per_host must be a non-empty dict of dim -> size, "
@@ -1168,7 +1174,17 @@ class HostMesh(MeshTrait):
         if not isinstance(name, str) or not name:
             raise ValueError("spawn_procs: name must be a non-empty str, not %r" % (name,))
         labels, sizes = list(per_host), [per_host[k] for k in per_host]
-        args = (labels, sizes, name, sys.executable, ["-m", "monarch._worker"], _worker_env())
+        env = _worker_env()
+        if bootstrap is not None:
+            if not callable(bootstrap):
+                raise TypeError("spawn_procs: bootstrap must be a callable (run in each proc "
+                                "before it serves), not %r" % (bootstrap,))
+            try:
+                blob = base64.b64encode(cloudpickle.dumps(bootstrap, protocol=5)).decode()
+            except Exception as e:
+                raise TypeError("spawn_procs: bootstrap cannot be serialised: %s" % e) from None
+            env.append("MONARCH_PY_BOOTSTRAP=" + blob)
+        args = (labels, sizes, name, sys.executable, ["-m", "monarch._worker"], env)
         live = _Liveness("proc mesh %r" % name)
         cf = concurrent.futures.Future()
         mesh = ProcMesh(_Lazy(cf), name, live)

@@ -60,7 +60,7 @@ _registered = {}
 _inflight = {}
 _lock = threading.Lock()
 
-_DEFAULT_TIMEOUT = 3.0  # seconds, Monarch's default
+_DEFAULT_TIMEOUT = 3.0  # seconds
 
 
 def _tensor_type():
