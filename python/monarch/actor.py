@@ -40,6 +40,7 @@ import pickle
 import random
 import sys
 import threading
+import time
 import concurrent.futures
 from collections.abc import Mapping
 from typing import Any, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
@@ -246,10 +247,10 @@ def _check_timeout(timeout):
         return -1.0
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
         raise TypeError("timeout must be a number of seconds or None, not %r" % (timeout,))
-    if timeout < 0:
+    if not timeout >= 0:  # negative, or NaN
         raise ValueError("timeout must be >= 0 seconds (or None to wait forever), not %r"
                          % (timeout,))
-    return float(timeout)
+    return float(timeout)  # inf or huge: forever (the runtime clamps)
 
 
 def _no_running_loop(what):
@@ -307,10 +308,12 @@ class Future(Generic[R]):
                     self._settle_native()
             return True
         if self._cf is not None:
-            try:
-                v = self._cf.result(None if timeout_s < 0 else timeout_s)
-            except concurrent.futures.TimeoutError:
+            if not _wait_done(self._cf, timeout_s):
                 return False
+            try:
+                v = self._cf.result()
+            except KeyboardInterrupt:  # interrupts this wait, not the future
+                raise
             except BaseException as e:
                 self._error = e
                 return True
@@ -324,6 +327,8 @@ class Future(Generic[R]):
                 self._value = self._decode(self._thunk(timeout_s))
             except TimeoutError:
                 return False
+            except KeyboardInterrupt:  # interrupts this wait, not the future
+                raise
             except BaseException as e:
                 self._error = e
             return True
@@ -409,21 +414,35 @@ def _dumps_args(args, kwargs, view, port, where):
         raise TypeError("%s: arguments cannot be serialised: %s" % (where, e)) from None
 
 
-def _decode_reply(b, rank=None):
-    """An encoded reply: the value, or an ActorError (returned, not raised)."""
-    if isinstance(b, BaseException):
-        return b
-    if b[:1] == b"\x00":
-        return pickle.loads(b[1:])
-    exc, text, endpoint_label, actor = pickle.loads(b[1:])
+class _Failure:
+    """A member's error in a reply list (an endpoint may return an exception object as a value,
+    so errors are marked, not recognised by type)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+
+def _decode_reply(b, rank=None, where="endpoint"):
+    """An encoded reply: the value, or a _Failure holding the member's error (not raised)."""
+    if isinstance(b, BaseException):  # the runtime's error for this member (C++ side)
+        return _Failure(b)
+    try:
+        if b[:1] == b"\x00":
+            return pickle.loads(b[1:])
+        exc, text, endpoint_label, actor = pickle.loads(b[1:])
+    except Exception as e:
+        return _Failure(MonarchError("%s: the reply%s cannot be unpickled here: %s: %s" % (
+            where, "" if rank is None else " of rank %d" % rank, type(e).__name__, e)))
     msg = "endpoint %s of actor %s raised:\n%s" % (endpoint_label, actor, text.rstrip())
-    return ActorError(msg, actor, rank, "", exception=exc)
+    return _Failure(ActorError(msg, actor, rank, "", exception=exc))
 
 
-def _value_or_raise(b):
-    v = _decode_reply(b)
-    if isinstance(v, BaseException):
-        raise v
+def _value_or_raise(b, where="endpoint"):
+    v = _decode_reply(b, None, where)
+    if isinstance(v, _Failure):
+        raise v.error
     return v
 
 
@@ -505,6 +524,13 @@ def _check_actor_class(cls):
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError("spawn: %r is not a subclass of monarch.actor.Actor" % (cls,))
     eps = _endpoints_of(cls)
+    taken = sorted(n for n in eps if n.startswith("_") or hasattr(ActorMesh, n))
+    if taken:
+        raise TypeError("actor class %s: endpoint name%s %s would be hidden by the actor mesh's "
+                        "own attribute%s (mesh.%s); rename %s" % (
+                            cls.__name__, "s" if len(taken) > 1 else "", ", ".join(taken),
+                            "s" if len(taken) > 1 else "", taken[0],
+                            "them" if len(taken) > 1 else "it"))
     kinds = {e.is_async for e in eps.values() if not e.concurrent}
     if len(kinds) > 1:
         sync = sorted(n for n, e in eps.items() if not e.is_async and not e.concurrent)
@@ -536,8 +562,8 @@ class ValueMesh(Generic[R]):
 
     def _at(self, rank):
         v = self._values[rank]
-        if isinstance(v, BaseException):
-            raise v
+        if isinstance(v, _Failure):
+            raise v.error
         return v
 
     def item(self, **coords) -> R:
@@ -552,19 +578,19 @@ class ValueMesh(Generic[R]):
         return [self._at(r) for r in range(len(self._values))]
 
     def ok(self, **coords) -> bool:
-        return not isinstance(self._values[self.extent.rank_of(coords)], BaseException)
+        return not isinstance(self._values[self.extent.rank_of(coords)], _Failure)
 
     def error(self, **coords) -> Optional[BaseException]:
         v = self._values[self.extent.rank_of(coords)]
-        return v if isinstance(v, BaseException) else None
+        return v.error if isinstance(v, _Failure) else None
 
     def failed_ranks(self) -> List[int]:
-        return [r for r, v in enumerate(self._values) if isinstance(v, BaseException)]
+        return [r for r, v in enumerate(self._values) if isinstance(v, _Failure)]
 
     def throw_if_failed(self):
         for v in self._values:
-            if isinstance(v, BaseException):
-                raise v
+            if isinstance(v, _Failure):
+                raise v.error
 
     def __iter__(self):
         return self.items()
@@ -574,6 +600,19 @@ class ValueMesh(Generic[R]):
 
 
 # --- Mesh algebra -------------------------------------------------------------------------------
+
+
+def _wait_done(cf, timeout_s) -> bool:
+    """Waits for a concurrent.futures.Future by polling (from 0.1 up to 10 ms): Ctrl-C then
+    interrupts between polls, never inside a Condition (which it can leave broken)."""
+    deadline = None if timeout_s < 0 or timeout_s > 1e9 else time.monotonic() + timeout_s
+    nap = 0.0001
+    while not cf.done():
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(nap)
+        nap = min(nap * 2, 0.01)
+    return True
 
 
 class _Lazy:
@@ -591,6 +630,7 @@ class _Lazy:
     def result(self):
         if not self.cf.done():  # waiting would block the loop; a ready value does not
             _no_running_loop("using a mesh before its procs are up")
+            _wait_done(self.cf, -1.0)
         return self.cf.result()
 
 
@@ -631,6 +671,9 @@ class MeshTrait:
                     raise IndexError("slice: %s=%d out of range for size %d" % (dim, sel, size))
                 s = s.slice_index(dim, i)
             else:
+                if sel.step is not None and (not isinstance(sel.step, int) or sel.step <= 0):
+                    raise ValueError("slice: %s= needs a positive int step, not %r"
+                                     % (dim, sel.step))
                 start, stop, step = sel.indices(size)
                 if step <= 0:
                     raise ValueError("slice: %s= needs a positive step" % dim)
@@ -641,33 +684,57 @@ class MeshTrait:
 
     def split(self, **kwargs):
         """``split(gpus=("dp", "tp"), tp=2)``: replaces a dim by several (row-major); sizes of all
-        but one new dim are given, the last is inferred."""
+        but one new dim are given, the last is inferred. Raises ValueError/TypeError naming what
+        is wrong (unknown dim, sizes that do not divide it, a size for no new dim)."""
         s = self._shape()
         splits = {k: v for k, v in kwargs.items() if isinstance(v, (tuple, list))}
         sizes_given = {k: v for k, v in kwargs.items() if k not in splits}
+        if not splits:
+            raise ValueError("split: name the dim to split and its new dims, e.g. "
+                             "split(gpus=('dp', 'tp'), tp=2)")
+        new_names = [n for names in splits.values() for n in names]
+        for k, v in sizes_given.items():
+            if k not in new_names:
+                raise ValueError("split: %s=%r is the size of no new dim (new dims: %s); give a "
+                                 "dim's new names as a tuple" % (k, v, ", ".join(new_names)))
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError("split: size %s=%r must be a positive int" % (k, v))
         for dim, names in splits.items():
             if dim not in s.labels:
-                raise ValueError("split: unknown dim %r" % dim)
+                raise ValueError("split: unknown dim %r (dims: %s)" % (dim, ", ".join(s.labels)))
+            if not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError("split: the new dims of %r must be non-empty str, not %r"
+                                 % (dim, names))
             total = s.sizes[s.labels.index(dim)]
             known = 1
             missing = [n for n in names if n not in sizes_given]
             for n in names:
                 if n in sizes_given:
-                    known *= int(sizes_given[n])
+                    known *= sizes_given[n]
             if len(missing) > 1:
-                raise ValueError("split: give the sizes of all but one of %s" % (names,))
-            if total % known:
-                raise ValueError("split: %s=%d is not divisible by %d" % (dim, total, known))
-            sz = [int(sizes_given[n]) if n in sizes_given else total // known for n in names]
+                raise ValueError("split: give the sizes of all but one of %s" % (tuple(names),))
+            if total % known or (not missing and known != total):
+                raise ValueError("split: %s=%d cannot be split into sizes %s" % (
+                    dim, total, {n: sizes_given.get(n, "?") for n in names}))
+            sz = [sizes_given[n] if n in sizes_given else total // known for n in names]
             s = s.split(dim, list(names), sz)
         return self._with_shape(s)
 
     def flatten(self, name: str):
+        """One dim ``name`` over every member (the view must be contiguous)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("flatten: the new dim's name must be a non-empty str, not %r" % (name,))
         return self._with_shape(self._shape().flatten(name))
 
     def rename(self, **kwargs):
+        """``rename(gpus="devices")``."""
         s = self._shape()
         for old, new in kwargs.items():
+            if not isinstance(new, str) or not new:
+                raise TypeError("rename: %s= takes the new name (a non-empty str), not %r"
+                                % (old, new))
+            if old not in s.labels:
+                raise ValueError("rename: unknown dim %r (dims: %s)" % (old, ", ".join(s.labels)))
             s = s.rename(old, new)
         return self._with_shape(s)
 
@@ -841,10 +908,10 @@ class EndpointRef(Generic[R]):
         def gen():
             while st.remaining() > 0:
                 rank, v = st.next(-1.0)
-                d = _decode_reply(v, rank)
-                if isinstance(d, BaseException):
+                d = _decode_reply(v, rank, self._where())
+                if isinstance(d, _Failure):
                     f = Future()
-                    f._error = d
+                    f._error = d.error
                     yield f
                 else:
                     yield _ready(d)
@@ -896,6 +963,11 @@ def send(endpoint: EndpointRef, args=(), kwargs=None, port=None, selection="all"
     if not isinstance(endpoint, EndpointRef):
         raise TypeError("send: the first argument must be an endpoint of an actor mesh "
                         "(mesh.some_endpoint), not %r" % (endpoint,))
+    if not isinstance(args, (tuple, list)):
+        raise TypeError("send: args must be a tuple of the endpoint's arguments, e.g. (5,), "
+                        "not %r" % (args,))
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError("send: kwargs must be a dict, not %r" % (kwargs,))
     if port is not None and not isinstance(port, Port):
         raise TypeError("send: port must be a monarch.actor.Port, not %r" % (port,))
     endpoint._send(tuple(args), dict(kwargs or {}), port, selection)
@@ -979,8 +1051,14 @@ class _ResponsePort(Port):
         self._fail(exc)
 
     def _fail(self, exc):
+        # The handler raised. If it had answered already, the caller keeps that answer and
+        # the error is only reported here (on the proc's stderr, forwarded to the client).
         from monarch import _host
-        self._reply.send(_host.encode_error(exc, self._label, self._actor))
+        try:
+            self._reply.send(_host.encode_error(exc, self._label, self._actor))
+        except UsageError:
+            sys.stderr.write("monarch: endpoint %s raised after it answered its response port: "
+                             "%s: %s\n" % (self._label, type(exc).__name__, exc))
 
     def __reduce__(self):
         raise TypeError("a response port answers its own call; it cannot be sent on")
@@ -998,6 +1076,7 @@ class _NullPort(Port):
 
 
 _PROC_MESHES: List["ProcMesh"] = []
+_MAX_PROCS_PER_HOST = 4096
 _COUNTER = itertools.count()
 
 
@@ -1093,7 +1172,8 @@ class ProcMesh(MeshTrait):
 
         def run():
             try:
-                self._lazy.result().stop()
+                if self._lazy.cf.exception() is None:  # procs that never came up: nothing to stop
+                    self._lazy.cf.result().stop()
                 cf.set_result(None)
             except BaseException as e:
                 cf.set_exception(e)
@@ -1110,8 +1190,11 @@ class ProcMesh(MeshTrait):
         if not isinstance(stream_to_client, bool):
             raise TypeError("logging_option: stream_to_client must be a bool")
         if aggregate_window_sec is not None and (
-                not isinstance(aggregate_window_sec, (int, float)) or aggregate_window_sec < 0):
-            raise ValueError("logging_option: aggregate_window_sec must be >= 0 seconds")
+                isinstance(aggregate_window_sec, bool)
+                or not isinstance(aggregate_window_sec, (int, float))
+                or not 0 <= aggregate_window_sec <= 3600):
+            raise ValueError("logging_option: aggregate_window_sec must be a number of seconds "
+                             "in [0, 3600], not %r" % (aggregate_window_sec,))
         if not self._local and not self._remote:
             native = self._lazy.result()
             native.set_stream_logs(stream_to_client)
@@ -1160,15 +1243,24 @@ class HostMesh(MeshTrait):
         it raises, the proc exits and the first use of the mesh raises, naming the rank.
         Raises ValueError for a bad per_host or name, TypeError for a bad bootstrap."""
         per_host = {"procs": 1} if per_host is None else per_host
-        if not isinstance(per_host, Mapping) or not per_host:
-            raise TypeError("spawn_procs: per_host must be a non-empty dict of dim -> size, "
+        if not isinstance(per_host, Mapping):
+            raise TypeError("spawn_procs: per_host must be a dict of dim -> size, "
                             "e.g. {'gpus': 4}, not %r" % (per_host,))
+        if not per_host:
+            raise ValueError("spawn_procs: per_host is empty; give at least one dim, "
+                             "e.g. {'gpus': 4}")
         for k, v in per_host.items():
             if not isinstance(k, str) or not k:
                 raise ValueError("spawn_procs: dim names must be non-empty str, not %r" % (k,))
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError("spawn_procs: size of dim %r must be a positive int, not %r"
                                  % (k, v))
+        per_host_total = 1
+        for v in per_host.values():
+            per_host_total *= v
+        if per_host_total > _MAX_PROCS_PER_HOST:
+            raise ValueError("spawn_procs: %s is %d procs per host, more than %d (each is a "
+                             "process)" % (dict(per_host), per_host_total, _MAX_PROCS_PER_HOST))
         if name is None:
             name = "procs%d" % next(_COUNTER)
         if not isinstance(name, str) or not name:
@@ -1318,6 +1410,8 @@ def _stop_at_exit():
                 pass
 
 
+# atexit runs handlers last-registered first: prepare_exit runs after _stop_at_exit.
+atexit.register(_native.prepare_exit)
 atexit.register(_stop_at_exit)
 
 

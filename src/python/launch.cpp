@@ -56,7 +56,7 @@ struct JobBox {
   ~JobBox() {
     // ~Job stops the job and joins its monitor thread, which may wait for the GIL.
     if (py_alive() && PyGILState_Check() != 0) {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       job.reset();
     } else {
       job.reset();
@@ -65,7 +65,7 @@ struct JobBox {
 
   std::vector<mesh::HostMesh> start() {
     auto& j = get();
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     auto hosts = j.start();
     // Meshes decoded and ports opened in this client must be reachable from the job's hosts
     // (and carry its secret): this_host()'s unix-socket client Proc is neither.
@@ -78,12 +78,12 @@ struct JobBox {
   }
   void stop() {
     auto& j = get();
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     j.stop();
   }
   // Destroys the job (after a stop(): its work dir goes unless kept). Idempotent.
   void close() {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     job.reset();
     slurm = nullptr;
     k8s = nullptr;
@@ -91,12 +91,12 @@ struct JobBox {
   void on_failure(py::object fn) {
     auto& j = get();
     if (fn.is_none()) {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       j.on_failure(nullptr);
       return;
     }
     auto cb = keep(std::move(fn));
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     j.on_failure([cb](const MeshFailure& f) -> bool {
       if (!py_alive()) return true;  // the client is exiting
       Gil gil;
@@ -114,7 +114,7 @@ struct JobBox {
 template <class SetHook>
 void set_python_fault_hook(SetHook set, py::object fn) {
   auto cb = keep(std::move(fn));
-  py::gil_scoped_release nogil;
+  NoGil nogil;
   set([cb](const ActorSupervisionEvent& ev) {
     if (!py_alive()) return;
     Gil gil;
@@ -232,8 +232,7 @@ void register_launch(py::module_& m) {
         py::arg("env"), py::arg("secret"), py::arg("kubectl"), py::arg("kubectl_args"),
         py::arg("validate"), py::arg("listen"), py::arg("ready_timeout_s"),
         py::arg("poll_interval_s"), "A KubernetesJob (nothing applied).");
-  m.def("prefer_client_of", &prefer_client_of, py::arg("host"),
-        py::call_guard<py::gil_scoped_release>(),
+  m.def("prefer_client_of", &prefer_client_of, py::arg("host"), py::call_guard<NoGil>(),
         "Makes host's client Proc this client's own when its own does not listen on TCP.");
   m.def(
       "set_host_fault_hook",

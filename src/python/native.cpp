@@ -87,13 +87,13 @@ class BlockingWorker {
   BlockingWorker() {
     if (auto* c = monarch::detail::current_cell()) {
       sched_ = &c->proc().scheduler();
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       sched_->begin_blocking();
     }
   }
   ~BlockingWorker() {
     if (sched_ == nullptr) return;
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     sched_->end_blocking();
   }
   BlockingWorker(const BlockingWorker&) = delete;
@@ -107,10 +107,7 @@ class BlockingWorker {
 // waiting thread. Returns false on timeout (timeout_s < 0: forever).
 template <class Ready>
 bool wait_released(std::mutex& mu, std::condition_variable& cv, Ready ready, double timeout_s) {
-  const auto deadline = timeout_s < 0
-                            ? Clock::time_point::max()
-                            : Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                 std::chrono::duration<double>(timeout_s));
+  const auto deadline = deadline_after(timeout_s);
   {
     std::lock_guard lock(mu);
     if (ready()) return true;
@@ -118,7 +115,7 @@ bool wait_released(std::mutex& mu, std::condition_variable& cv, Ready ready, dou
   BlockingWorker blocking;
   while (true) {
     {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       std::unique_lock lock(mu);
       const auto slice_end = std::min(deadline, Clock::now() + 100ms);
       if (cv.wait_until(lock, slice_end, ready)) return true;
@@ -143,13 +140,9 @@ class NativeFuture {
     {
       // Replies across processes often arrive within tens of microseconds: spin (yielding, GIL
       // released) for up to actor.spin_us before sleeping, as the C++ Future::get does (WAIT-1).
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       static const auto spin = std::chrono::microseconds(config::global().integer("actor.spin_us"));
-      const auto until =
-          Clock::now() + std::min<Clock::duration>(
-                             spin, timeout_s < 0 ? spin
-                                                 : std::chrono::duration_cast<Clock::duration>(
-                                                       std::chrono::duration<double>(timeout_s)));
+      const auto until = std::min(Clock::now() + spin, deadline_after(timeout_s));
       while (Clock::now() < until) {
         if (s.ready.load(std::memory_order_acquire)) return true;
         std::this_thread::yield();
@@ -340,7 +333,7 @@ struct RemoteProcs {
 py::bytes encode_procs(const ProcMeshBox& b) {
   RemoteProcs w;
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     const auto& pm = *b.procs;
     const auto& v = pm.shape();
     w.name = pm.name();
@@ -414,7 +407,7 @@ void wait_cast_ready(const Mesh& m) {
 py::bytes encode_mesh(const Mesh& m) {
   MeshWire w;
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     wait_cast_ready(m);
     const auto* topo = m.topology();
     if (topo == nullptr) throw UsageError("this actor mesh has no cast tree; it cannot be sent");
@@ -439,19 +432,36 @@ Mesh decode_mesh(const std::string& b) {
   return Mesh::from_ids(local_proc(), w.members, std::move(view), w.comm, w.fanout, w.per_proc);
 }
 
+// A message over the frame limit would be refused by the channel (a call fails late, a broadcast
+// would be dropped): refuse it here, at the call site, naming the endpoint and the limit.
+void check_frame(const std::string& method, const std::string& payload) {
+  static const size_t limit = config::global().bytes("channel.max_frame_bytes");
+  constexpr size_t kHeadroom = 64 * 1024;  // headers, the cast tree's wire, the endpoint name
+  if (payload.size() + kHeadroom > limit) {
+    throw UsageError("endpoint " + method + ": the message is " + std::to_string(payload.size()) +
+                     " bytes, more than channel.max_frame_bytes (" + std::to_string(limit) +
+                     " bytes, less 64 KiB of headers) allows; send large tensors through "
+                     "monarch.rdma.RDMABuffer, or raise MONARCH_CHANNEL_MAX_FRAME_BYTES");
+  }
+}
+
 NativeFuture mesh_call(const Mesh& m, std::string method, std::string payload) {
+  check_frame(method, payload);
   return watch(m.call(&PyActor::call, std::move(method), std::move(payload)), value_list);
 }
 
 NativeFuture mesh_call_one(const Mesh& m, std::string method, std::string payload) {
+  check_frame(method, payload);
   return watch(m.call_one(&PyActor::call, std::move(method), std::move(payload)), to_bytes);
 }
 
 NativeFuture mesh_choose(const Mesh& m, std::string method, std::string payload) {
+  check_frame(method, payload);
   return watch(m.choose(&PyActor::call, std::move(method), std::move(payload)), to_bytes);
 }
 
 NativeFuture mesh_reduce(const Mesh& m, std::string fn, std::string method, std::string payload) {
+  check_frame(method, payload);
   return watch(
       m.reduce(PyReducer{std::move(fn)}, &PyActor::call, std::move(method), std::move(payload)),
       to_bytes);
@@ -462,15 +472,12 @@ struct NativeStream {
   std::shared_ptr<mesh::Stream<std::string>> s;
   size_t remaining() const { return s->remaining(); }
   py::object next(double timeout_s) {
-    const auto deadline = timeout_s < 0
-                              ? Clock::time_point::max()
-                              : Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                   std::chrono::duration<double>(timeout_s));
+    const auto deadline = deadline_after(timeout_s);
     while (true) {
       const auto slice = std::min<Clock::duration>(deadline - Clock::now(), 100ms);
       std::optional<std::pair<size_t, Future<std::string>>> item;
       try {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         item.emplace(s->next(std::chrono::duration_cast<std::chrono::milliseconds>(
             std::max<Clock::duration>(slice, Clock::duration::zero()))));
       } catch (const TimeoutError&) {
@@ -493,6 +500,7 @@ Mesh spawn_actors(const ProcMeshBox& pm, const std::string& name, const std::str
 }
 
 NativeStream mesh_stream(const Mesh& m, std::string method, std::string payload) {
+  check_frame(method, payload);
   return NativeStream{std::make_shared<mesh::Stream<std::string>>(
       m.stream(&PyActor::call, std::move(method), std::move(payload)))};
 }
@@ -580,13 +588,13 @@ struct NativePort {
   Port<std::string> port;
   void send(const std::string& payload) const {
     std::string copy = payload;
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     port.send(std::move(copy));
   }
   py::bytes encode() const {
     std::vector<std::byte> b;
     {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       b = wire::encode(port);
     }
     return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
@@ -604,24 +612,21 @@ struct NativeReceiver {
   py::object try_recv() {
     std::optional<std::string> v;
     {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       v = rx->try_recv();
     }
     if (!v) return py::none();
     return py::bytes(*v);
   }
   py::bytes recv(double timeout_s) {
-    const auto deadline = timeout_s < 0
-                              ? Clock::time_point::max()
-                              : Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                   std::chrono::duration<double>(timeout_s));
+    const auto deadline = deadline_after(timeout_s);
     while (true) {
       const auto slice = std::max<Clock::duration>(
           std::min<Clock::duration>(deadline - Clock::now(), 100ms), Clock::duration::zero());
       try {
         std::string v;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           v = rx->recv(std::chrono::duration_cast<std::chrono::microseconds>(slice));
         }
         return py::bytes(v);
@@ -664,6 +669,9 @@ using namespace monarch::python;
 PYBIND11_MODULE(_native, m) {
   m.doc() = "monarch-cpp's runtime (internal; use monarch.actor).";
   register_errors();
+  note_main_thread();
+  m.def("prepare_exit", &prepare_exit,
+        "At exit: runtime threads stop entering Python before the interpreter finalizes.");
   register_reply(m);
   // Every process that imports the module can run casts of Python actors in its comm actor.
   mesh::register_cast<PyActor>(&PyActor::call);
@@ -707,15 +715,13 @@ PYBIND11_MODULE(_native, m) {
             out->shared = b.shared;
             return out;
           },
-          py::call_guard<py::gil_scoped_release>())
-      .def("spawn", &spawn_actors, py::arg("name"), py::arg("spec"),
-           py::call_guard<py::gil_scoped_release>())
+          py::call_guard<NoGil>())
+      .def("spawn", &spawn_actors, py::arg("name"), py::arg("spec"), py::call_guard<NoGil>())
       .def(
-          "stop", [](const ProcMeshBox& b) { return b.procs->stop(); },
-          py::call_guard<py::gil_scoped_release>())
+          "stop", [](const ProcMeshBox& b) { return b.procs->stop(); }, py::call_guard<NoGil>())
       .def(
           "failed_ranks", [](const ProcMeshBox& b) { return b.procs->failed_ranks(); },
-          py::call_guard<py::gil_scoped_release>())
+          py::call_guard<NoGil>())
       .def("pid", [](const ProcMeshBox& b, size_t i) { return b.procs->pid(i); })
       .def("address", [](const ProcMeshBox& b, size_t i) { return b.procs->address(i); })
       .def(
@@ -724,7 +730,7 @@ PYBIND11_MODULE(_native, m) {
             b.procs->set_log_window(
                 std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
           },
-          py::call_guard<py::gil_scoped_release>())
+          py::call_guard<NoGil>())
       .def("encode", &encode_procs)
       .def("set_stream_logs",
            [](const ProcMeshBox& b, bool on) { b.shared->stream_logs.store(on); })
@@ -743,18 +749,17 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("sizes", [](const mesh::HostMesh& h) { return h.extent().sizes(); })
       .def("spawn_procs", &spawn_procs, py::arg("labels"), py::arg("sizes"), py::arg("name"),
            py::arg("program"), py::arg("args"), py::arg("env"), py::arg("owned_by_actor"),
-           py::call_guard<py::gil_scoped_release>(),
+           py::call_guard<NoGil>(),
            "Spawns procs on every host; blocks until they are ready (GIL released).");
   m.def(
-      "this_host", [] { return local_host(); }, py::call_guard<py::gil_scoped_release>());
+      "this_host", [] { return local_host(); }, py::call_guard<NoGil>());
   m.def(
       "attach_to_workers",
       [](const std::vector<std::string>& agents) { return mesh::attach_to_workers(agents); },
-      py::arg("agents"), py::call_guard<py::gil_scoped_release>());
+      py::arg("agents"), py::call_guard<NoGil>());
   m.def("is_worker", &is_worker);
   m.def(
-      "local_address", [] { return local_proc().address(); },
-      py::call_guard<py::gil_scoped_release>());
+      "local_address", [] { return local_proc().address(); }, py::call_guard<NoGil>());
   m.def(
       "set_fault_hook",
       [](py::function fn) {
@@ -774,7 +779,7 @@ PYBIND11_MODULE(_native, m) {
       "run_worker",
       [] {
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           mesh::bootstrap(0, nullptr, [](Proc& p, const mesh::WorkerInfo&) { set_worker_proc(p); });
         }
         throw UsageError(
@@ -787,34 +792,34 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("shape", &Mesh::shape)
       .def("__len__", &Mesh::size)
       .def("member_name", [](const Mesh& a, size_t i) { return a.at(i).id().to_string(); })
-      .def("with_view", &Mesh::with_view, py::call_guard<py::gil_scoped_release>())
-      .def("survivors", &Mesh::survivors, py::call_guard<py::gil_scoped_release>())
+      .def("with_view", &Mesh::with_view, py::call_guard<NoGil>())
+      .def("survivors", &Mesh::survivors, py::call_guard<NoGil>())
       .def(
           "select", [](const Mesh& a, std::string_view text) { return a.select(text); },
-          py::call_guard<py::gil_scoped_release>())
-      .def("call", &mesh_call, py::call_guard<py::gil_scoped_release>())
-      .def("call_one", &mesh_call_one, py::call_guard<py::gil_scoped_release>())
-      .def("choose", &mesh_choose, py::call_guard<py::gil_scoped_release>())
-      .def("reduce", &mesh_reduce, py::call_guard<py::gil_scoped_release>())
-      .def("stream", &mesh_stream, py::call_guard<py::gil_scoped_release>())
+          py::call_guard<NoGil>())
+      .def("call", &mesh_call, py::call_guard<NoGil>())
+      .def("call_one", &mesh_call_one, py::call_guard<NoGil>())
+      .def("choose", &mesh_choose, py::call_guard<NoGil>())
+      .def("reduce", &mesh_reduce, py::call_guard<NoGil>())
+      .def("stream", &mesh_stream, py::call_guard<NoGil>())
       .def(
           "broadcast",
           [](const Mesh& a, std::string method, std::string payload) {
+            check_frame(method, payload);
             a.broadcast(&PyActor::send, std::move(method), std::move(payload));
           },
-          py::call_guard<py::gil_scoped_release>())
-      .def("stop", &mesh_stop, py::call_guard<py::gil_scoped_release>())
+          py::call_guard<NoGil>())
+      .def("stop", &mesh_stop, py::call_guard<NoGil>())
       .def("encode", &encode_mesh);
-  m.def("decode_mesh", &decode_mesh, py::call_guard<py::gil_scoped_release>());
-  m.def("spawn_local", &spawn_local, py::arg("name"), py::arg("spec"),
-        py::call_guard<py::gil_scoped_release>());
+  m.def("decode_mesh", &decode_mesh, py::call_guard<NoGil>());
+  m.def("spawn_local", &spawn_local, py::arg("name"), py::arg("spec"), py::call_guard<NoGil>());
 
   py::class_<RemoteProcs>(m, "RemoteProcMesh")
       .def_property_readonly("shape", &RemoteProcs::shape)
       .def_property_readonly("name", [](const RemoteProcs& r) { return r.name; })
       .def("with_view", &RemoteProcs::with_view)
       .def("spawn", &spawn_on_remote_procs, py::arg("name"), py::arg("spec"),
-           py::call_guard<py::gil_scoped_release>())
+           py::call_guard<NoGil>())
       .def("encode", [](const RemoteProcs& r) {
         auto bytes = wire::encode(r);
         return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -833,13 +838,13 @@ PYBIND11_MODULE(_native, m) {
       .def("recv", &NativeReceiver::recv, py::arg("timeout_s"))
       .def("try_recv", &NativeReceiver::try_recv);
   m.def("open_port", [] {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     auto [port, rx] = local_proc().open_port<std::string>();
     return std::make_pair(
         NativePort{std::move(port)},
         NativeReceiver{std::make_shared<PortReceiver<std::string>>(std::move(rx))});
   });
-  m.def("decode_port", &decode_port, py::call_guard<py::gil_scoped_release>());
+  m.def("decode_port", &decode_port, py::call_guard<NoGil>());
   register_rdma(m);
   register_launch(m);
 }

@@ -64,7 +64,7 @@ rdma::TransferOptions options(int64_t timeout_ms) {
 }
 
 NativeRdmaBuffer register_memory(uint64_t address, uint64_t bytes, std::string name) {
-  py::gil_scoped_release nogil;
+  NoGil nogil;
   auto b = std::make_shared<rdma::RdmaBuffer>(span_at(address, bytes), std::move(name));
   NativeRdmaBuffer out;
   out.handle = b->handle();
@@ -75,7 +75,7 @@ NativeRdmaBuffer register_memory(uint64_t address, uint64_t bytes, std::string n
 // A new zeroed buffer in shared memory, owned by the data plane (same-host peers reach it by
 // the shm route: their transfers are memcpys).
 NativeRdmaBuffer allocate(uint64_t bytes, std::string name) {
-  py::gil_scoped_release nogil;
+  NoGil nogil;
   auto b = std::make_shared<rdma::RdmaBuffer>(rdma::RdmaBuffer::allocate(bytes, std::move(name)));
   NativeRdmaBuffer out;
   out.handle = b->handle();
@@ -103,7 +103,7 @@ py::object read_into(const NativeRdmaBuffer& b, uint64_t address, uint64_t bytes
   auto o = options(timeout_ms);
   Future<void> f;
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     f = b.handle.read_into(span_at(address, bytes), offset, o);
   }
   return native_future(std::move(f));
@@ -115,7 +115,7 @@ py::object write_from(const NativeRdmaBuffer& b, uint64_t address, uint64_t byte
   auto o = options(timeout_ms);
   Future<void> f;
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     f = b.handle.write_from(span_at(address, bytes), offset, o);
   }
   return native_future(std::move(f));
@@ -124,7 +124,7 @@ py::object write_from(const NativeRdmaBuffer& b, uint64_t address, uint64_t byte
 void drop(NativeRdmaBuffer& b) {
   b.dropped = true;
   if (!b.owned) return;
-  py::gil_scoped_release nogil;
+  NoGil nogil;
   // Two threads dropping at once: the second returns once the first's drop did (RD-3 for both).
   std::lock_guard lock(*b.drop_mu);
   b.owned->drop();  // waits for transfers touching the memory now (RD-3)
@@ -180,7 +180,7 @@ void register_rdma(py::module_& m) {
           "route",
           [](const NativeRdmaBuffer& b, bool write) {
             b.check_live("route");
-            py::gil_scoped_release nogil;
+            NoGil nogil;
             return rdma::route_for(b.handle, write);
           },
           py::arg("write") = false, "The route a transfer takes from here: shm, cma, channel...")
@@ -190,8 +190,7 @@ void register_rdma(py::module_& m) {
   m.def("buffer_span", &buffer_span, py::arg("obj"), py::arg("writable"),
         "(address, bytes) of a contiguous buffer; raises BufferError otherwise.");
   m.def(
-      "rdma_backend", [] { return rdma::active_backend(); },
-      py::call_guard<py::gil_scoped_release>());
+      "rdma_backend", [] { return rdma::active_backend(); }, py::call_guard<NoGil>());
 }
 
 }  // namespace monarch::python

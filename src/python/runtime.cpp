@@ -3,8 +3,11 @@
 
 #include <Python.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "monarch/mesh/cast.hpp"
@@ -30,13 +33,49 @@ Runtime& rt() {
 
 }  // namespace
 
+namespace {
+// Set by prepare_exit(), at the client's exit: from then on runtime threads do not enter Python.
+std::atomic<bool> g_exiting{false};
+// Runtime threads inside (or waiting to enter) Python: prepare_exit() waits for them to leave.
+std::atomic<int> g_in_python{0};
+// The thread that imported the module (the main thread, which finalizes the interpreter).
+std::thread::id g_main_thread;
+
+[[noreturn]] void hang_until_exit() {
+  while (true) ::pause();  // the process is exiting; never re-enter the interpreter
+}
+}  // namespace
+
+void note_main_thread() {
+  g_main_thread = std::this_thread::get_id();
+}
+
 bool py_alive() noexcept {
-  return Py_IsInitialized() != 0 && _Py_IsFinalizing() == 0;
+  return !g_exiting.load() && Py_IsInitialized() != 0 && _Py_IsFinalizing() == 0;
+}
+
+void prepare_exit() {
+  g_exiting.store(true);
+  PyThreadState* st = PyEval_SaveThread();  // the threads inside Python need the GIL to leave
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (g_in_python.load() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  PyEval_RestoreThread(st);
 }
 
 // A Python thread state for this thread that outlives every Gil on it (pybind11 then reuses it
-// instead of making a new one each time).
-Gil::Pin::Pin() {
+// instead of making a new one each time). Counted in g_in_python until the Gil is gone, so that
+// the interpreter is not finalized under it: a thread that takes the GIL while the interpreter
+// finalizes is ended inside C++ (pthread_exit through noexcept frames: std::terminate).
+Gil::Pin::Pin() : counted(PyGILState_Check() == 0) {
+  if (counted) {
+    g_in_python.fetch_add(1);
+    if (g_exiting.load()) {
+      g_in_python.fetch_sub(1);
+      hang_until_exit();
+    }
+  }
   thread_local bool pinned = false;
   if (pinned) return;
   pinned = true;
@@ -44,6 +83,24 @@ Gil::Pin::Pin() {
     PyGILState_Ensure();  // creates the thread state (kept: never released) and takes the GIL
     PyEval_SaveThread();  // releases the GIL, keeping the thread state
   }
+}
+
+Gil::Pin::~Pin() {
+  if (counted) g_in_python.fetch_sub(1);
+}
+
+NoGil::NoGil() : state_(PyEval_SaveThread()) {}
+
+NoGil::~NoGil() {
+  if (!py_alive() && std::this_thread::get_id() != g_main_thread) hang_until_exit();
+  PyEval_RestoreThread(state_);
+}
+
+std::chrono::steady_clock::time_point deadline_after(double seconds) {
+  using Clock = std::chrono::steady_clock;
+  if (!(seconds >= 0) || seconds > 1e9) return Clock::time_point::max();
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 mesh::HostMesh& local_host() {
@@ -129,7 +186,7 @@ struct Reply {
   std::optional<ActorRef<PyActor>> self;  // broadcasts: fail() sends PyActor::fail to it
   void send(py::bytes b) {
     std::string s = b;
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     if (promise) {
       try {
         promise->set_value(std::move(s));
@@ -139,7 +196,7 @@ struct Reply {
     }
   }
   void fail(std::string why) {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     if (self) {
       self->send(&PyActor::fail, std::move(why));
     } else if (promise && !promise->satisfied()) {

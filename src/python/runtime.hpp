@@ -13,6 +13,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,8 +24,33 @@ namespace monarch::python {
 
 namespace py = pybind11;
 
-/// False once the interpreter is finalizing: runtime threads must not take the GIL then.
+/// False once the interpreter is finalizing, or the client began to exit (prepare_exit):
+/// runtime threads must not take the GIL then.
 bool py_alive() noexcept;
+/// Called at the client's exit (monarch.actor registers it with atexit, to run after its other
+/// exit handlers): runtime threads stop entering Python, and those inside it get up to 2 s to
+/// leave, before the interpreter finalizes. GIL held; releases it while waiting.
+void prepare_exit();
+/// Records the calling thread as the one that finalizes the interpreter (module import).
+void note_main_thread();
+
+/// Releases the GIL for its scope (use it, not py::gil_scoped_release, around every call into the
+/// runtime). If the interpreter started finalizing meanwhile, the thread does not take the GIL
+/// back: it blocks until the process exits (taking it would end the thread inside C++ with
+/// pthread_exit, which aborts the process: a daemon thread inside a call at Ctrl-C).
+class NoGil {
+ public:
+  NoGil();
+  ~NoGil();
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
+/// Seconds (Python's float timeouts) as a deadline: < 0, NaN or beyond ~30 years: never.
+std::chrono::steady_clock::time_point deadline_after(double seconds);
 
 /// Takes the GIL on a runtime thread (releases it at scope exit). The thread's Python thread
 /// state is created once and kept: pybind11's gil_scoped_acquire alone would create and destroy
@@ -38,6 +64,10 @@ class Gil {
  private:
   struct Pin {
     Pin();  // gives this thread its kept thread state (before gil_ is taken)
+    ~Pin();
+    Pin(const Pin&) = delete;
+    Pin& operator=(const Pin&) = delete;
+    bool counted;  // a thread that did not hold the GIL yet (see prepare_exit)
   } pin_;
   py::gil_scoped_acquire gil_;
 };
