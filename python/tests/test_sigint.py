@@ -9,6 +9,13 @@ import time
 
 from conftest import client_env, pid_alive, write_client
 
+
+def _default_sigint():
+    # A client started from a shell's background job inherits SIGINT ignored (and Python then
+    # installs no KeyboardInterrupt handler); a user's terminal gives it the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 CLIENT = """
     import json, os, sys
     from monarch.actor import Actor, endpoint, this_host
@@ -33,7 +40,8 @@ CLIENT = """
 def test_sigint_stops_every_proc(tmp_path):
     path = write_client(tmp_path, CLIENT)
     p = subprocess.Popen([sys.executable, str(path)], env=client_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                             preexec_fn=_default_sigint)
     try:
         line = p.stdout.readline()
         assert line, "the client printed no pids: %s" % p.stderr.read()

@@ -1,0 +1,147 @@
+"""Edge cases found by the adversarial review of the front end: each was a crash, a silent loss or
+a wrong answer before its fix."""
+
+import json
+import math
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import client_env, write_client
+from monarch.actor import Actor, endpoint, this_host
+from monarch.errors import UsageError
+
+
+class Edge(Actor):
+    @endpoint
+    def give_exception(self):
+        return ValueError("a value, not an error")
+
+    @endpoint(explicit_response_port=True)
+    def answer_twice(self, port):
+        port.send("first")
+        port.send("second")  # raises in the handler; the caller keeps "first"
+
+    @endpoint
+    def size(self, b):
+        return len(b)
+
+    @endpoint
+    def echo(self, x):
+        return x
+
+
+@pytest.fixture(scope="module")
+def edge(procs):
+    m = procs.spawn("edge", Edge)
+    yield m
+    m.stop().get(timeout=30)
+
+
+def test_a_returned_exception_is_a_value(edge):
+    vm = edge.give_exception.call().get(timeout=30)
+    assert vm.failed_ranks() == []
+    v = vm.item(gpus=1)
+    assert isinstance(v, ValueError) and str(v) == "a value, not an error"
+    assert isinstance(edge.slice(gpus=0).give_exception.call_one().get(timeout=30), ValueError)
+
+
+def test_a_second_answer_on_a_response_port_keeps_the_first(edge):
+    assert edge.slice(gpus=2).answer_twice.call_one().get(timeout=30) == "first"
+    assert edge.slice(gpus=2).echo.call_one(7).get(timeout=30) == 7  # the actor lives on
+
+
+def test_oversize_messages_raise_at_the_call_site_for_every_adverb(edge):
+    big = b"x" * (64 << 20)  # the default channel.max_frame_bytes
+    for adverb in ("call", "broadcast"):
+        with pytest.raises(UsageError, match="max_frame_bytes"):
+            getattr(edge.size, adverb)(big)
+    with pytest.raises(UsageError, match="endpoint size"):
+        edge.slice(gpus=0).size.call_one(big)
+    assert edge.slice(gpus=0).size.call_one(b"ok").get(timeout=30) == 2  # nothing was sent
+
+
+def test_timeouts_nan_is_refused_and_huge_or_inf_wait_until_done(edge):
+    with pytest.raises(ValueError, match="timeout"):
+        edge.slice(gpus=0).echo.call_one(1).get(timeout=math.nan)
+    for t in (math.inf, 1e12):
+        assert edge.slice(gpus=0).echo.call_one(3).get(timeout=t) == 3
+
+
+def test_endpoint_names_a_mesh_attribute_would_hide_are_refused(procs):
+    class Shadow(Actor):
+        @endpoint
+        def stop(self):
+            return "never reached: mesh.stop is the mesh's"
+
+        @endpoint
+        def slice(self):
+            return 0
+
+    with pytest.raises(TypeError, match="slice, stop would be hidden"):
+        procs.spawn("shadow", Shadow)
+
+
+def test_mesh_algebra_rejects_bad_arguments_by_name(procs):
+    with pytest.raises(ValueError, match="name the dim to split"):
+        procs.split(tp=2)
+    with pytest.raises(ValueError, match="size of no new dim"):
+        procs.split(gpus=("dp", "tp"), tp=2, zz=9)
+    with pytest.raises(ValueError, match="positive int"):
+        procs.split(gpus=("dp", "tp"), tp=0)
+    with pytest.raises(ValueError, match="cannot be split"):
+        procs.split(gpus=("dp", "tp"), tp=3)
+    with pytest.raises(TypeError, match="non-empty str"):
+        procs.flatten(3)
+    with pytest.raises(TypeError, match="new name"):
+        procs.rename(gpus=5)
+    with pytest.raises(ValueError, match="gpus= needs a positive int step"):
+        procs.slice(gpus=slice(0, 2, 0))
+    assert procs.split(gpus=("dp", "tp"), tp=2).sizes == {"dp": 2, "tp": 2}
+
+
+def test_spawn_procs_rejects_an_empty_or_huge_per_host():
+    with pytest.raises(ValueError, match="per_host is empty"):
+        this_host().spawn_procs(per_host={})
+    with pytest.raises(ValueError, match="procs per host"):
+        this_host().spawn_procs(per_host={"gpus": 2 ** 40})
+
+
+
+def _default_sigint():
+    # A client started from a shell's background job inherits SIGINT ignored (and Python then
+    # installs no KeyboardInterrupt handler); a user's terminal gives it the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+SPAWN_THEN_WAIT = """
+    from monarch.actor import this_host
+    procs = this_host().spawn_procs(per_host={"gpus": 16})
+    print("spawning", flush=True)
+    procs.initialized.get()
+    print("up", flush=True)
+    import threading
+    threading.Event().wait()
+"""
+
+
+def test_ctrl_c_while_procs_start_exits_as_interrupted(tmp_path):
+    """Before the fix about 1 run in 6 aborted (SIGABRT) instead: a daemon thread inside the
+    native spawn took the GIL back while the interpreter finalized."""
+    path = write_client(tmp_path, SPAWN_THEN_WAIT)
+    for _ in range(3):
+        p = subprocess.Popen([sys.executable, str(path)], env=client_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=_default_sigint)
+        try:
+            assert p.stdout.readline().strip() == "spawning"
+            p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (p.returncode, err[-2000:])
+        assert "terminate called" not in err, err[-2000:]
