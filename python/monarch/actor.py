@@ -833,7 +833,8 @@ class _PickedMesh(ActorMesh):
     """A survivors()/select() view: not rectangular, so it cannot be sliced further."""
 
     def __init__(self, parent, native):
-        super().__init__(parent._cls, _Lazy.of(native), parent._name, parent._live)
+        super().__init__(parent._cls, _Lazy.of(native), parent._name, parent._live,
+                         procs=parent._procs)
 
     def _with_shape(self, shape):
         raise ValueError("this view was made by survivors(); slice the mesh first, then take "

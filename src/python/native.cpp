@@ -235,6 +235,16 @@ struct ProcMeshBox {
   };
   std::optional<mesh::ProcMesh> procs;  // set once spawned
   std::shared_ptr<Shared> shared;
+  ProcMeshBox() = default;
+  ProcMeshBox(const ProcMeshBox&) = delete;
+  ProcMeshBox& operator=(const ProcMeshBox&) = delete;
+  // The last view of a mesh stops its procs, which waits for its monitor thread: that thread may
+  // be waiting for the GIL (a failure handler), so the GIL is released meanwhile.
+  ~ProcMeshBox() {
+    if (!procs || PyGILState_Check() == 0) return;
+    NoGil nogil;
+    procs.reset();
+  }
 };
 
 void write_all(int fd, const std::string& s) {
