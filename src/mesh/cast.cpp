@@ -221,6 +221,16 @@ DeadProcs relay_dead(Proc& proc, const CastWire& w) {
   return dead;
 }
 
+void check_cast_size(Proc& caster, size_t bytes, const std::string& endpoint) {
+  constexpr size_t kHeader = 64 * 1024;  // member runs, comm ids, dead procs, the frame header
+  const size_t limit = caster.options().channel.max_frame_bytes;
+  if (bytes + kHeader > limit) {
+    throw UsageError("cast of " + endpoint + ": its arguments are " + std::to_string(bytes) +
+                     " bytes; a cast hop carries at most channel.max_frame_bytes (" +
+                     std::to_string(limit) + " bytes) less 64 KiB of cast header");
+  }
+}
+
 void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& cause) {
   spdlog::warn("monarch.comm of {}: broadcast not delivered on the failed proc of {}: {}",
                proc.name(), comm.to_string(), cause);

@@ -29,13 +29,14 @@ struct Member : monarch::Actor {
   std::string where() const { return id().proc; }
   long value(long x) const { return base_ + x + static_cast<long>(Context::message_rank()); }
   void record(int seq) { log_.push_back(seq); }
+  void record_bytes(std::string b) { log_.push_back(static_cast<int>(b.size())); }
   std::vector<int> log() const { return log_; }
   long fail_on(size_t r) const {
     if (Context::message_rank() == r)
       throw std::runtime_error("rank " + std::to_string(r) + " failed");
     return 1;
   }
-  MONARCH_ENDPOINTS(Member, where, value, record, log, fail_on)
+  MONARCH_ENDPOINTS(Member, where, value, record, record_bytes, log, fail_on)
   long base_;
   std::vector<int> log_;
 };
@@ -331,6 +332,39 @@ TEST(CastTree, CAST9_LostBroadcastsGoToTheCasterAndTheRelayLivesOn) {
   // The relay still serves a cast that passes every surviving comm actor but the lost subtree.
   EXPECT_EQ(m.slice("procs", 7).reduce(monarch::mesh::Sum{}, &Tally::count).get(30s), 1);
   EXPECT_EQ(hooked.load(), 0);
+}
+
+// A cast whose arguments cannot fit in one hop under the caster's max_frame_bytes is refused at
+// the caster, naming the endpoint: a broadcast was dropped with only a log line, a call failed
+// every member late. Nothing is sent: the members' logs stay empty.
+TEST(CastTree, AnOversizeCastIsRefusedAtTheCaster) {
+  const std::string prefix = "unix://@monarch-cast-big-" + std::to_string(::getpid());
+  monarch::ProcOptions o;
+  o.listen = prefix + "/p{rank}";
+  auto procs = ProcMesh::local(Extent{{"procs", 2}}, o);
+  auto local = procs.spawn<Member>("m", 0L);
+  monarch::ProcOptions co;
+  co.listen = prefix + "/client";
+  co.channel.max_frame_bytes = 1 << 20;
+  monarch::Proc client(co);
+  auto m = local.attach(client);
+  const std::string big(1 << 20, 'x');
+  for (int adverb = 0; adverb < 2; ++adverb) {
+    try {
+      if (adverb == 0) {
+        m.broadcast(&Member::record_bytes, big);
+      } else {
+        (void)m.call(&Member::record_bytes, big);
+      }
+      FAIL() << "an oversize cast was accepted";
+    } catch (const monarch::UsageError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("record_bytes"));
+      EXPECT_THAT(e.what(), HasSubstr("max_frame_bytes (1048576 bytes)"));
+    }
+  }
+  (void)m.call(&Member::record_bytes, std::string(1000, 'y')).get(30s);
+  auto logs = m.call(&Member::log).get(30s);
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(logs[r], (std::vector<int>{1000}));
 }
 
 // CAST-10: the same casts when the comm actors are in other processes: the procs serve abstract

@@ -89,6 +89,11 @@ struct LostMember {
 CastWire cast_wire_without(const CastWire& w, const DeadProcs& dead, std::vector<LostMember>& lost);
 /// A relay cannot tell a broadcast's caster that a destination proc is dead: it logs it.
 void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& cause);
+/// Refuses, at the caster, a cast whose encoded arguments (`bytes`) would not fit in one hop
+/// under the caster's ChannelOptions::max_frame_bytes (less 64 KiB for the cast's own header):
+/// the hop would be refused by the channel later, failing every member of a call and dropping a
+/// broadcast with only a log line. Throws UsageError naming the endpoint, the size and the limit.
+void check_cast_size(Proc& caster, size_t bytes, const std::string& endpoint);
 /// The caster's hops for the whole-tree wire `w` (CAST-12): `w` itself (with `dead` in it) when
 /// base proc 0 is alive, else the subtrees of proc 0's live descendants, each rooted at its own
 /// live node. `w`'s plan must hold no destination on a dead proc (CastPlan::without).
@@ -447,6 +452,9 @@ struct RemoteCast {
     (void)auto_registered;  // static registration in every process of this binary
     w.handler = register_for(method);
     w.args = to_string_bytes(wire::encode(Stored(args...)));
+    if (topo.client != nullptr)
+      check_cast_size(*topo.client, w.args.size(),
+                      monarch::detail::remote_endpoint_name<A>(method));
     w.reducer = encode_reducer(reducer);
     w.lo = 0;
     w.hi = static_cast<uint32_t>(topo.comm.size());
