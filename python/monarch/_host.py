@@ -140,16 +140,13 @@ class ActorHost:
             pool().submit(self._run_sync_concurrent, ep, args, kwargs, ctx, reply, port, label)
             return None
         ctx._blocking = True  # this handler holds its actor: get() on its own reply deadlocks
-        token = _actor._current.set(ctx)
         try:
-            result = ep.fn(self.instance, *args, **kwargs)
+            result = self._invoke(ctx, ep, args, kwargs)
         except BaseException as e:
             if port is not None:
                 port._fail(e)
                 return None
             return encode_error(e, label, self.instance_info.actor_id)
-        finally:
-            _actor._current.reset(token)
         if port is not None:
             return None
         return encode_value(result, label, self.instance_info.actor_id)
@@ -165,30 +162,30 @@ class ActorHost:
             self._schedule(ep, args, kwargs, ctx, reply, port, label, send=True)
             return
         ctx._blocking = True
-        token = _actor._current.set(ctx)
         try:
-            result = ep.fn(self.instance, *args, **kwargs)
+            result = self._invoke(ctx, ep, args, kwargs)
         except BaseException as e:
-            raise RuntimeError("endpoint %s raised in a broadcast:\n%s" %
-                               (label, "".join(traceback.format_exception(type(e), e,
-                                                                          e.__traceback__))))
-        finally:
-            _actor._current.reset(token)
+            raise RuntimeError(_broadcast_failure(label, e))
         if port is not None:
             port.send(result)
 
-    def _run_sync_concurrent(self, ep, args, kwargs, ctx, reply, port, label):
+    def _invoke(self, ctx, ep, args, kwargs):
+        """Runs a def endpoint with ``ctx`` as the current context."""
         token = _actor._current.set(ctx)
         try:
-            result = ep.fn(self.instance, *args, **kwargs)
+            return ep.fn(self.instance, *args, **kwargs)
+        finally:
+            _actor._current.reset(token)
+
+    def _run_sync_concurrent(self, ep, args, kwargs, ctx, reply, port, label):
+        try:
+            result = self._invoke(ctx, ep, args, kwargs)
         except BaseException as e:
             if port is not None:
                 port._fail(e)
             else:
                 reply.send(encode_error(e, label, self.instance_info.actor_id))
             return
-        finally:
-            _actor._current.reset(token)
         if port is None:
             reply.send(encode_value(result, label, self.instance_info.actor_id))
 
@@ -203,9 +200,7 @@ class ActorHost:
                     result = await ep.fn(self.instance, *args, **kwargs)
                 except BaseException as e:
                     if send:
-                        reply.fail("endpoint %s raised in a broadcast:\n%s" % (
-                            label, "".join(traceback.format_exception(type(e), e,
-                                                                      e.__traceback__))))
+                        reply.fail(_broadcast_failure(label, e))
                     elif port is not None:
                         port._fail(e)
                     else:
@@ -265,6 +260,12 @@ class ActorHost:
             return
         exc = None if error is None else _actor.ActorError(error)
         self._run_hook(fn, exc)
+
+
+def _broadcast_failure(label, e):
+    """What fails an actor whose broadcast handler raised: the endpoint and the traceback."""
+    return "endpoint %s raised in a broadcast:\n%s" % (
+        label, "".join(traceback.format_exception(type(e), e, e.__traceback__)))
 
 
 def _rank(r):

@@ -865,7 +865,7 @@ class EndpointRef(Generic[R]):
     def call(self, *args, **kwargs) -> Future[ValueMesh[R]]:
         """Every member; a ValueMesh over the view (failed members hold their errors)."""
         m, payload = self._prepare(args, kwargs)
-        ext = Extent(m.shape.labels, m.shape.sizes)
+        ext = Extent(*self._mesh._view_tuple)
 
         def decode(values):
             return ValueMesh(ext, [_decode_reply(v, r) for r, v in enumerate(values)])

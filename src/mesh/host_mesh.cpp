@@ -166,6 +166,12 @@ void ProcMesh::set_log_window(std::chrono::milliseconds window) const {
   g.cv.notify_all();  // the monitor picks its new tick
 }
 
+void ProcMesh::set_forward_logs(bool on) const {
+  auto& g = group();
+  std::lock_guard lock(g.mu);
+  g.forward_logs = on;
+}
+
 std::vector<size_t> ProcMesh::failed_ranks() const {
   auto& g = group();
   std::lock_guard lock(g.mu);

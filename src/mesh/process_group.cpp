@@ -62,6 +62,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<HostMeshState> h, std::string n, ndsl
       per_host(ph),
       options(std::move(o)) {
   log_window = hosts->timeouts.log_window;
+  forward_logs = options.forward_logs;
   ranks.resize(extent.num_ranks());
   for (size_t r = 0; r < ranks.size(); ++r) ranks[r].host = r / per_host;
   incarnations.resize(ranks.size() / per_host);
@@ -208,8 +209,8 @@ void ProcessGroup::emit(const LogRecord& rec) {
 }
 
 void ProcessGroup::on_log(uint64_t rank, int stream, std::string line) {
-  if (!options.forward_logs) return;
   std::unique_lock lock(mu);
+  if (!forward_logs) return;
   if (log_window.count() == 0) {
     lock.unlock();
     return emit(LogRecord{name, {rank}, stream, std::move(line)});

@@ -106,6 +106,9 @@ struct ProcessGroup {
   // The aggregation window of this mesh (guarded by mu): hosts->timeouts.log_window until
   // ProcMesh::set_log_window changes it. 0: every line prints at once.
   std::chrono::milliseconds log_window{0};
+  // Whether output is forwarded (guarded by mu): SpawnOptions::forward_logs until
+  // ProcMesh::set_forward_logs changes it.
+  bool forward_logs = true;
   std::map<std::pair<int, std::string>, Agg> agg;  // aggregated lines of the current window
   std::vector<std::pair<int, std::string>> agg_order;
   std::thread monitor;

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,26 +105,40 @@ class BlockingWorker {
   Scheduler* sched_ = nullptr;
 };
 
-// Waits for `ready()` with the GIL released, in slices, so that a signal (Ctrl-C) raises in the
-// waiting thread. Returns false on timeout (timeout_s < 0: forever).
+// Every blocking wait of the bindings: runs `attempt(slice)` with the GIL released, in slices of
+// at most 100 ms, until it gives a value or `deadline` passes (then nullopt), so that a signal
+// (Ctrl-C) raises in the waiting thread between slices. `attempt` returns a std::optional.
+template <class Attempt>
+auto in_slices(Clock::time_point deadline, Attempt attempt)
+    -> decltype(attempt(Clock::duration{})) {
+  BlockingWorker blocking;
+  while (true) {
+    const auto slice =
+        std::clamp<Clock::duration>(deadline - Clock::now(), Clock::duration::zero(), 100ms);
+    {
+      NoGil nogil;
+      if (auto v = attempt(slice)) return v;
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (Clock::now() >= deadline) return {};
+  }
+}
+
+// Waits for `ready()` (under `mu`, signalled on `cv`). Returns false on timeout (timeout_s < 0:
+// forever).
 template <class Ready>
 bool wait_released(std::mutex& mu, std::condition_variable& cv, Ready ready, double timeout_s) {
-  const auto deadline = deadline_after(timeout_s);
   {
     std::lock_guard lock(mu);
     if (ready()) return true;
   }
-  BlockingWorker blocking;
-  while (true) {
-    {
-      NoGil nogil;
-      std::unique_lock lock(mu);
-      const auto slice_end = std::min(deadline, Clock::now() + 100ms);
-      if (cv.wait_until(lock, slice_end, ready)) return true;
-    }
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    if (Clock::now() >= deadline) return false;
-  }
+  return in_slices(deadline_after(timeout_s),
+                   [&](Clock::duration slice) -> std::optional<bool> {
+                     std::unique_lock lock(mu);
+                     if (cv.wait_for(lock, slice, ready)) return true;
+                     return std::nullopt;
+                   })
+      .has_value();
 }
 
 class NativeFuture {
@@ -226,12 +242,11 @@ std::vector<size_t> global_ranks(const ndslice::Shape& s) {
 
 // --- Process meshes ------------------------------------------------------------------------------
 
-// One proc mesh, with the Python failure handler and log switch its callbacks read.
+// One proc mesh, with the Python failure handler its monitor thread calls.
 struct ProcMeshBox {
   struct Shared {
     std::mutex mu;
     py::object* on_failure = nullptr;  // callable(mesh, ranks, cause, text) -> bool
-    std::atomic<bool> stream_logs{true};
   };
   std::optional<mesh::ProcMesh> procs;  // set once spawned
   std::shared_ptr<Shared> shared;
@@ -246,15 +261,6 @@ struct ProcMeshBox {
     procs.reset();
   }
 };
-
-void write_all(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
-    if (n <= 0) return;
-    off += static_cast<size_t>(n);
-  }
-}
 
 bool handle_failure(const std::shared_ptr<ProcMeshBox::Shared>& sh, const MeshFailure& f) {
   if (!py_alive()) return true;  // the client is exiting: its procs die with it
@@ -288,10 +294,6 @@ std::shared_ptr<ProcMeshBox> spawn_procs(mesh::HostMesh& host, std::vector<std::
   if (!owned_by_actor) {
     o.on_failure = [sh](const MeshFailure& f) { return handle_failure(sh, f); };
   }
-  o.log_sink = [sh](const mesh::LogRecord& rec) {
-    if (!sh->stream_logs.load(std::memory_order_relaxed)) return;
-    write_all(rec.stream == 2 ? 2 : 1, rec.to_string() + "\n");
-  };
   auto ext = ndslice::Extent(std::move(labels), std::move(sizes));
   box->procs = host.spawn_procs(ext, std::move(o));
   return box;
@@ -442,8 +444,9 @@ Mesh decode_mesh(const std::string& b) {
   return Mesh::from_ids(local_proc(), w.members, std::move(view), w.comm, w.fanout, w.per_proc);
 }
 
-// A message over the frame limit would be refused by the channel (a call fails late, a broadcast
-// would be dropped): refuse it here, at the call site, naming the endpoint and the limit.
+// A message over the frame limit would be refused by the channel (a direct call failing late):
+// refuse it here, at the call site, naming the Python endpoint and the limit. Casts are refused
+// by the runtime too (detail::check_cast_size), but it names PyActor's C++ endpoint.
 void check_frame(const std::string& method, const std::string& payload) {
   static const size_t limit = config::global().bytes("channel.max_frame_bytes");
   constexpr size_t kHeadroom = 64 * 1024;  // headers, the cast tree's wire, the endpoint name
@@ -482,25 +485,24 @@ struct NativeStream {
   std::shared_ptr<mesh::Stream<std::string>> s;
   size_t remaining() const { return s->remaining(); }
   py::object next(double timeout_s) {
-    const auto deadline = deadline_after(timeout_s);
-    while (true) {
-      const auto slice = std::min<Clock::duration>(deadline - Clock::now(), 100ms);
-      std::optional<std::pair<size_t, Future<std::string>>> item;
-      try {
-        NoGil nogil;
-        item.emplace(s->next(std::chrono::duration_cast<std::chrono::milliseconds>(
-            std::max<Clock::duration>(slice, Clock::duration::zero()))));
-      } catch (const TimeoutError&) {
-        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-        if (Clock::now() >= deadline) throw;
-        continue;
-      }
-      auto& [rank, f] = *item;
-      try {
-        return py::make_tuple(rank, py::bytes(f.get()));
-      } catch (...) {
-        return py::make_tuple(rank, error_object(std::current_exception()));
-      }
+    auto item = in_slices(
+        deadline_after(timeout_s),
+        [&](Clock::duration slice) -> std::optional<std::pair<size_t, Future<std::string>>> {
+          try {
+            return s->next(std::chrono::duration_cast<std::chrono::milliseconds>(slice));
+          } catch (const TimeoutError&) {
+            return std::nullopt;
+          }
+        });
+    if (!item) {
+      throw TimeoutError("stream: no reply within " + std::to_string(timeout_s) + " s (" +
+                         std::to_string(s->remaining()) + " outstanding)");
+    }
+    auto& [rank, f] = *item;
+    try {
+      return py::make_tuple(rank, py::bytes(f.get()));
+    } catch (...) {
+      return py::make_tuple(rank, error_object(std::current_exception()));
     }
   }
 };
@@ -629,25 +631,19 @@ struct NativeReceiver {
     return py::bytes(*v);
   }
   py::bytes recv(double timeout_s) {
-    const auto deadline = deadline_after(timeout_s);
-    while (true) {
-      const auto slice = std::max<Clock::duration>(
-          std::min<Clock::duration>(deadline - Clock::now(), 100ms), Clock::duration::zero());
-      try {
-        std::string v;
-        {
-          NoGil nogil;
-          v = rx->recv(std::chrono::duration_cast<std::chrono::microseconds>(slice));
-        }
-        return py::bytes(v);
-      } catch (const TimeoutError&) {
-        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-        if (Clock::now() >= deadline) {
-          throw TimeoutError("PortReceiver.recv: no message within " + std::to_string(timeout_s) +
-                             " s");
-        }
-      }
+    auto v = in_slices(
+        deadline_after(timeout_s), [&](Clock::duration slice) -> std::optional<std::string> {
+          try {
+            return rx->recv(std::chrono::duration_cast<std::chrono::microseconds>(slice));
+          } catch (const TimeoutError&) {
+            return std::nullopt;
+          }
+        });
+    if (!v) {
+      throw TimeoutError("PortReceiver.recv: no message within " + std::to_string(timeout_s) +
+                         " s");
     }
+    return py::bytes(*v);
   }
 };
 
@@ -742,8 +738,9 @@ PYBIND11_MODULE(_native, m) {
           },
           py::call_guard<NoGil>())
       .def("encode", &encode_procs)
-      .def("set_stream_logs",
-           [](const ProcMeshBox& b, bool on) { b.shared->stream_logs.store(on); })
+      .def(
+          "set_stream_logs", [](const ProcMeshBox& b, bool on) { b.procs->set_forward_logs(on); },
+          py::call_guard<NoGil>())
       .def("set_failure_handler", [](const ProcMeshBox& b, py::object fn) {
         auto* p = fn.is_none() ? nullptr : new py::object(std::move(fn));
         py::object* old = nullptr;

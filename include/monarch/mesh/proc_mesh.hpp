@@ -91,6 +91,9 @@ class ProcMesh {
   /// held print at the end of the current window. Default: the HostMesh's
   /// ProcTimeouts::log_window. Throws UsageError for a negative window. Any thread.
   void set_log_window(std::chrono::milliseconds window) const;
+  /// Whether the procs' output is forwarded from now on (SpawnOptions::forward_logs at spawn;
+  /// false drops lines as they arrive). Any thread.
+  void set_forward_logs(bool on) const;
   /// Global ranks that failed so far, ascending. Failed procs are never reused.
   std::vector<size_t> failed_ranks() const;
   /// The client Proc that owns the mesh.
