@@ -1,0 +1,50 @@
+// What ft_train trains: a model whose whole committed state is one FlatState, plus its data.
+// `--model mlp` (Fashion-MNIST, model.hpp) and `--model llama-tiny` (a byte-level decoder-only
+// transformer on Debian's fortunes text) are the two implementations. Torch-free header.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "monarch/ft/torch/flat_state.hpp"
+
+namespace monarch::ft::example {
+
+/// Not thread-safe: one per trainer rank, used only by that rank's training thread.
+class Workload {
+ public:
+  virtual ~Workload() = default;
+
+  /// The committed state (parameters, Adam moments, step, data position) and the gradients.
+  virtual FlatState& state() = 0;
+
+  /// Zeroes state().grads(), then runs forward and backward on share `slot` of `slots` of the
+  /// global batch of `batch` samples that starts at `position` of the seeded data stream
+  /// (replicas that agree on (seed, position) agree on the batch; shares are disjoint and cover
+  /// it). Afterwards grads() holds the gradient of the mean loss over the share; returns that
+  /// mean loss. Throws std::invalid_argument unless 0 <= slot < slots <= batch.
+  virtual double forward_backward(std::int64_t position, std::int64_t batch, int slot,
+                                  int slots) = 0;
+
+  /// The quality metric on held-out data: `full` the whole held-out split, otherwise a quick
+  /// fixed subset (for progress). No gradients; does not change state().
+  virtual double evaluate(bool full) = 0;
+
+  /// "accuracy" (in [0, 1], higher is better) or "perplexity" (>= 1, lower is better).
+  virtual const char* metric() const = 0;
+  virtual bool higher_is_better() const = 0;
+};
+
+struct WorkloadOptions {
+  std::string model = "mlp";  ///< "mlp" or "llama-tiny"
+  std::uint64_t seed = 1;     ///< model init (same seed: bitwise-equal replicas) and data order
+  std::string data_dir{};     ///< empty: the model's Debian default
+  std::int64_t eval_samples = 2000;  ///< size of the quick evaluation subset
+};
+
+/// Builds the workload (loads its data: may take ~1 s). Throws UsageError on an unknown model,
+/// DatasetError (fashion_mnist.hpp) when the data is missing, naming the package to install.
+std::unique_ptr<Workload> make_workload(const WorkloadOptions& options);
+
+}  // namespace monarch::ft::example
