@@ -21,6 +21,11 @@ PACKAGES=(
   # gloo headers, the data, the chart. libopenblas0-openmp replaces the reference BLAS that
   # libtorch pulls in (about 35x faster matrix multiply: 32 ms -> 2.3 ms per training step).
   libtorch-dev libgloo-dev zlib1g-dev dataset-fashion-mnist gnuplot-nox libopenblas0-openmp
+  # ft_train --model llama-tiny trains on English text: Debian's fortune cookie files
+  fortunes fortunes-min
+  # the standalone lighthouse's HTTP status page and JSON API; its page is tested in headless
+  # chromium
+  libcpp-httplib-dev chromium
   # scripts (python3 also runs scripts/fake-kube-api.py for the Kubernetes launcher's tests)
   python3
   # Python front end (src/python, python/monarch): the bindings (pybind11) for Debian's
