@@ -5,16 +5,21 @@
 //     using ReplicaController::ReplicaController;
 //     Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs,
 //                                 ActorRef<ft::Manager> manager) override {
-//       trainers_[g.group] = procs.spawn<MyTrainer>("trainer", self<ReplicaController>(), manager,
-//                                                   g.replica_id, g.incarnation);
-//       return trainers_[g.group].call(&MyTrainer::ready).then([](auto) {});
+//       // opts: ReplicaClientOptions with g.replica_id, g.incarnation, self<ReplicaController>()
+//       auto t = procs.spawn<MyTrainer>("trainer", opts, manager);
+//       trainers_.insert_or_assign(g.group, t);
+//       return t.call(&MyTrainer::ready).then([](auto v) { (void)v.to_vector(); });
 //     }
 //     void start_trainers(const ft::GroupInfo& g) override {
-//     trainers_[g.group].cast(&MyTrainer::go); } MONARCH_FT_CONTROLLER_ENDPOINTS(MyController)
+//       auto& t = trainers_.at(g.group);
+//       for (size_t i = 0; i < t.size(); ++i) t.at(i).send(&MyTrainer::start, int64_t(i));
+//     }
+//     MONARCH_FT_CONTROLLER_ENDPOINTS(MyController)
 //   };
 //   auto c = client.spawn<MyController>("controller", hosts, lighthouse, options);
-//   c.call(&MyController::spawn_all).get(); /* lighthouse sees every group */
-//   c.call(&MyController::start_all).get(); ft::RunStats stats = c.call(&MyController::done).get();
+//   c.call(&MyController::spawn_all).get(timeout);  // every group ready
+//   c.call(&MyController::start_all).get(timeout);  // once the lighthouse has heard them all
+//   ft::RunStats stats = c.call(&MyController::done).get(run_timeout);
 //
 // Groups: group r (replica id "replica<r>") runs `ranks` procs on host_for(r) (default
 // hosts[r % hosts.size()]) as mesh "replica<r>-<incarnation>"; its rank-0 proc holds the group's
