@@ -205,9 +205,11 @@ struct RunResult {
   ft::RunStats s;
 };
 
-/// One run of the job on `hosts`, with the caller's lighthouse (in this process or external).
+/// One run of the job on `hosts` with the caller's lighthouse (in this process or external; an
+/// external one is not ours to stop: `own_lighthouse` false).
 RunResult run_job(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
-                  TrainConfig cfg, const RunOptions& run, const ft::StoreServer& store) {
+                  bool own_lighthouse, TrainConfig cfg, const RunOptions& run,
+                  const ft::StoreServer& store) {
   cfg.client.store_host = store.host();
   cfg.client.store_port = store.port();
   cfg.client.store_namespace = run.name;
@@ -224,7 +226,7 @@ RunResult run_job(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> li
   if (!done.wait_for(budget)) c.call(&JobController::finish_now).get(spawn_timeout);
   RunResult res{run.name, done.get(spawn_timeout)};
   // The lighthouse first: holders waiting for a quorum get an error at once and see the stop.
-  lighthouse.stop().get(spawn_timeout);
+  if (own_lighthouse) lighthouse.stop().get(spawn_timeout);
   c.call(&JobController::shutdown).get(spawn_timeout * 2);
   c.stop().get(spawn_timeout);
   return res;
@@ -334,7 +336,7 @@ static int run(int argc, char** argv) {
     auto one_run = [&](RunOptions o) {
       auto lighthouse =
           hosts[0].client().spawn<ft::Lighthouse>("lighthouse." + o.name, ft::LighthouseOptions{});
-      return run_job(hosts, lighthouse, cfg, o, store);
+      return run_job(hosts, lighthouse, true, cfg, o, store);
     };
     std::printf(
         "ft_train: %s, %lld replica group(s) x %lld rank(s), %lld steps, batch %lld, seed %llu\n",

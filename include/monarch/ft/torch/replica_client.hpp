@@ -99,9 +99,11 @@ class ReplicaClient {
   ReplicaClient(const ReplicaClient&) = delete;
   ReplicaClient& operator=(const ReplicaClient&) = delete;
 
-  /// Steps 1 of the protocol (above). Throws (and remembers commit_failed for the next request):
-  /// QuorumError / TimeoutError when no quorum formed in step_timeout, AllreduceError when the
-  /// new group could not form, std::runtime_error naming the donor when a heal failed.
+  /// Step 1 of the protocol (above). Throws std::runtime_error naming the replica, rank, step
+  /// and quorum and the cause (no quorum within step_timeout, the new gloo group did not form,
+  /// a failed heal naming the donor); the next start_quorum() then says commit_failed. A failure
+  /// after the quorum answered also votes no for this step, so the group's other ranks do not
+  /// wait out step_timeout.
   StepPlan start_quorum();
   /// Sums `data` over the quorum's ranks in place, then divides by plan.slots. A rank that did
   /// not train (plan.train false) contributes zeros. Fault point "allreduce.enter" throws here.
