@@ -274,7 +274,9 @@ class ReplicaController : public Actor {
 
   /// Fault injection: `kind` on group `group` (sigstop: frozen for `freeze`, then SIGCONT;
   /// kill_donor_mid_heal: SIGKILL, then the replacement's heal kills its donor). Only in the
-  /// actor. UsageError for a bad group or kind outside.
+  /// actor. UsageError for a bad group, a group not running, or kind outside. The signals go to
+  /// ProcMesh::pid(0) with kill(2): procs on this host only (a remote host's agent would have to
+  /// deliver them).
   void inject(FaultKind kind, int64_t group,
               std::chrono::milliseconds freeze = std::chrono::milliseconds(2000));
   /// Every group up, no fault open, and the last committed step had every group.
