@@ -1,0 +1,337 @@
+// ReplicaController: the replica-group lifecycle of a fault-tolerant training job (docs/ft.md,
+// "Parts"). Torch-free (monarch_ft); the training side is ReplicaClient (torch/replica_client.hpp).
+//
+//   struct MyController : ft::ReplicaController {
+//     using ReplicaController::ReplicaController;
+//     Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs,
+//                                 ActorRef<ft::Manager> manager) override {
+//       // opts: ReplicaClientOptions with g.replica_id, g.incarnation, self<ReplicaController>()
+//       auto t = procs.spawn<MyTrainer>("trainer", opts, manager);
+//       trainers_.insert_or_assign(g.group, t);
+//       return t.call(&MyTrainer::ready).then([](auto v) { (void)v.to_vector(); });
+//     }
+//     void start_trainers(const ft::GroupInfo& g) override {
+//       auto& t = trainers_.at(g.group);
+//       for (size_t i = 0; i < t.size(); ++i) t.at(i).send(&MyTrainer::start, int64_t(i));
+//     }
+//     MONARCH_FT_CONTROLLER_ENDPOINTS(MyController)
+//   };
+//   auto c = client.spawn<MyController>("controller", hosts, lighthouse, options);
+//   c.call(&MyController::spawn_all).get(timeout);  // every group ready
+//   c.call(&MyController::start_all).get(timeout);  // once the lighthouse has heard them all
+//   ft::RunStats stats = c.call(&MyController::done).get(run_timeout);
+//
+// Groups: group r (replica id "replica<r>") runs `ranks` procs on host_for(r) (default
+// hosts[r % hosts.size()]) as mesh "replica<r>-<incarnation>"; its rank-0 proc holds the group's
+// Manager, every proc a FaultAgent (fault points, below) and the user's trainer actor.
+// supervise(MeshFailure) of a group's mesh evicts the group at the lighthouse (survivors form a
+// quorum without it at once) and respawns it (a new incarnation, fresh procs); the other groups are
+// never touched. Meshes not named like ours are not handled (fail fast).
+//
+// Counting: every group whose procs failed is one fault: injected by inject() / the
+// heal.after_first_chunk point (faults_injected), or not (faults_outside: a `kill -9` by a user, an
+// OOM kill). survivor_restarts counts groups restarted without having failed (an invariant: 0).
+//
+// Threads: everything runs in the actor (its handlers and then() continuations). The virtual hooks
+// are called there too; they must not block for long (spawn_trainers returns a Future).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "monarch/actor/actor.hpp"
+#include "monarch/actor/future.hpp"
+#include "monarch/ft/lighthouse.hpp"
+#include "monarch/mesh/process.hpp"
+
+namespace monarch::ft {
+
+// ---------------------------------------------------------------------------------------------
+// Fault points inside a replica's processes (ReplicaClient calls them; FaultAgent arms them).
+
+/// "allreduce.enter": the next ReplicaClient::allreduce in the process throws.
+inline constexpr const char* kFaultAllreduceEnter = "allreduce.enter";
+/// "heal.after_first_chunk": a healer, after reading the first chunk of its donor's state, asks
+/// the controller to SIGKILL the donor, then goes on reading (and fails).
+inline constexpr const char* kFaultHealAfterFirstChunk = "heal.after_first_chunk";
+
+/// Arms `point` in this process (thread-safe). Unknown names are rejected (UsageError).
+void arm_fault(const std::string& point);
+/// True once per arm: consumes `point` when it is armed in this process (thread-safe).
+bool take_fault(std::string_view point);
+/// Fault point "heal.after_first_chunk" of healer group `healer` reading from `donor`: when armed,
+/// asks the controller (blocks up to 10 s) to kill the donor. No-op otherwise.
+void fault_point_kill_donor(const std::string& healer, const std::string& donor);
+
+class ReplicaController;
+
+/// One per proc of every replica group (the controller spawns it as "ft.faults"): arms this
+/// process's fault points and tells fault_point_kill_donor which controller to ask.
+class FaultAgent : public Actor {
+ public:
+  explicit FaultAgent(ActorRef<ReplicaController> controller);
+  void arm(std::string point) { arm_fault(point); }
+  MONARCH_ENDPOINTS(FaultAgent, arm)
+};
+
+// ---------------------------------------------------------------------------------------------
+// Reports and the fault timeline.
+
+/// What each rank tells its controller after every step (committed or not) and once at the end
+/// (`final`). ReplicaClient::report fills it.
+struct StepReport {
+  std::string replica_id;
+  int64_t incarnation = 0;
+  int64_t rank = 0;
+  int64_t step = 0;  ///< committed steps after this one
+  bool committed = false;
+  double loss = -1;  ///< mean loss of this rank's share; -1 when it did not train (healing)
+  int64_t quorum_id = 0;
+  int64_t participants = 0;
+  int64_t healing = 0;
+  bool healed = false;  ///< this step healed from `donor`
+  std::string donor;
+  double heal_ms = 0;
+  uint64_t heal_bytes = 0;
+  uint64_t hash = 0;   ///< FlatState::hash() after a commit (and in the final report)
+  int64_t t_ns = 0;    ///< steady_clock, ns (same host as the controller for timelines)
+  std::string error;   ///< why the step did not commit
+  double metric = -1;  ///< the model's quality metric when evaluated (-1: not this step)
+  bool final = false;  ///< the rank reached the last step and holds
+  uint64_t state_bytes = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(replica_id, incarnation, rank, step, committed, loss, quorum_id, participants, healing,
+       healed, donor, heal_ms, heal_bytes, hash, t_ns, error, metric, final, state_bytes);
+  }
+};
+
+enum class FaultKind { sigkill, sigstop, allreduce_throw, kill_donor_mid_heal, outside };
+/// "sigkill", "sigstop", "allreduce_exception", "kill_donor_mid_heal", "outside".
+const char* fault_name(FaultKind kind);
+
+/// One fault and its recovery. Times are steady_clock ns (0: not yet).
+struct FaultRecord {
+  FaultKind kind{};
+  int64_t step = 0;               ///< last committed step when injected (or detected, for outside)
+  int64_t quorum_id = 0;          ///< quorum id then
+  std::set<std::string> victims;  ///< groups hit (the donor joins for kill_donor_mid_heal)
+  std::set<std::string> pending_rejoin;  ///< victims not committed in a newer quorum yet
+  std::string note;
+  bool donor_killed = false;
+  int64_t injected = 0, detected = 0, new_quorum = 0, survivors_resumed = 0, respawned = 0,
+          healed = 0, rejoined = 0;
+  bool open() const { return !pending_rejoin.empty(); }
+  /// recovery_s = rejoined - injected; other keys "<event>_s" relative to `t0` (null when unset).
+  nlohmann::json to_json(int64_t t0) const;
+};
+
+/// What one committed step looked like across the groups that committed it.
+struct StepInfo {
+  uint64_t hash = 0;
+  int64_t reports = 0;
+  double loss_sum = 0;
+  int64_t loss_n = 0;
+  int64_t participants = 0;
+  int64_t healing = 0;
+  int64_t quorum_id = 0;
+  int64_t t_ns = 0;    ///< first commit report of the step
+  double metric = -1;  ///< as reported (rank 0 of replica rank 0), or the final value
+  double loss() const { return loss_n ? loss_sum / static_cast<double>(loss_n) : -1; }
+  /// The metrics line of step `step` (see ReplicaControllerOptions::metrics_path).
+  nlohmann::json to_json(int64_t step, int64_t t0, const std::string& run,
+                         const std::string& metric_name) const;
+};
+
+/// The run's outcome (ReplicaController::done).
+struct RunStats {
+  int64_t steps = 0;
+  double wall_s = 0;
+  double metric = -1;  ///< the final metric (full held-out set) of replica0
+  bool replicas_bitwise_equal = false;
+  int64_t hash_mismatches = 0;
+  int64_t faults_injected = 0;  ///< by inject() and the heal.after_first_chunk point
+  int64_t faults_outside = 0;   ///< groups that failed without an injected fault
+  int64_t survivor_restarts = 0;
+  int64_t respawns = 0;
+  double max_survivor_stall_s = 0;
+  std::string max_stall_where;
+  std::vector<double> recovery_s;
+  double committed_samples_per_s = 0;
+  double heal_gbps = 0;
+  uint64_t state_bytes = 0;
+  double step_ms_p50 = 0, step_ms_p95 = 0;  ///< between consecutive committed steps
+  std::string faults_json;                  ///< JSON array of FaultRecord::to_json
+  std::string error;
+  template <class A>
+  void serialize(A& ar) {
+    ar(steps, wall_s, metric, replicas_bitwise_equal, hash_mismatches, faults_injected,
+       faults_outside, survivor_restarts, respawns, max_survivor_stall_s, max_stall_where,
+       recovery_s, committed_samples_per_s, heal_gbps, state_bytes, step_ms_p50, step_ms_p95,
+       faults_json, error);
+  }
+};
+
+/// memcpy bandwidth (GB/s) of a buffer of `bytes` (at least 4 KiB): the bound for a heal.
+double memcpy_gbps(size_t bytes);
+/// q-quantile (0..1, linear interpolation) of `v`; 0 when empty.
+double percentile(std::vector<double> v, double q);
+
+// ---------------------------------------------------------------------------------------------
+
+struct ReplicaControllerOptions {
+  int64_t groups = 1;            ///< replica groups
+  int64_t ranks = 1;             ///< procs (trainer ranks) per group
+  int64_t steps = 0;             ///< the run ends when every group reported final at this step
+  int64_t samples_per_step = 0;  ///< for committed_samples_per_s
+  std::string run_name = "run";  ///< prefixes event lines; "run" key of metrics lines
+  /// Non-empty: JSONL metrics written here (truncated first): one line per committed step in
+  /// step order (run, step, participants, healing, quorum_id, t_s, loss, <metric_name> when
+  /// evaluated) and one per fault (FaultRecord::to_json) when it closes or at the end.
+  std::string metrics_path{};
+  std::string metric_name = "metric";
+  template <class A>
+  void serialize(A& ar) {
+    ar(groups, ranks, steps, samples_per_step, run_name, metrics_path, metric_name);
+  }
+};
+
+/// What the hooks learn about the group being spawned.
+struct GroupInfo {
+  int64_t group = 0;
+  std::string replica_id;  ///< "replica<group>"
+  int64_t incarnation = 0;
+  bool respawn = false;
+};
+
+class ReplicaController : public Actor {
+ public:
+  /// `hosts`: at least one (UsageError otherwise). `lighthouse`: the job's (in this process or
+  /// external).
+  ReplicaController(std::vector<mesh::HostMesh> hosts, ActorRef<Lighthouse> lighthouse,
+                    ReplicaControllerOptions options);
+  ~ReplicaController() override;
+
+  /// Spawns every group (procs, manager, fault agents, trainers); completes once every group's
+  /// spawn_trainers future did (a group whose trainers fail to start never completes it: bound
+  /// the wait). Does not start training.
+  Future<void> spawn_all();
+  /// Waits (polling, up to mesh.spawn_timeout) until the lighthouse has heard from every group,
+  /// so that the first quorum has them all, then calls start_trainers for every group.
+  void start_all();
+  /// Completes with the run's statistics once every group reported final (or finish_now()).
+  Future<RunStats> done();
+  /// Ends the run now with what is known: groups that did not finish make it not equal.
+  void finish_now();
+  /// Stops every group's procs (and joins the helper threads).
+  void shutdown();
+  /// A rank's step report (ReplicaClient::report sends it).
+  void report(StepReport r);
+  /// Fault point "heal.after_first_chunk": SIGKILLs `donor`'s rank 0 once per armed fault.
+  bool kill_donor(std::string healer, std::string donor);
+  /// Respawns group `group` (supervise() sends it).
+  void respawn(int64_t group);
+  bool supervise(const mesh::MeshFailure& failure) override;
+  void undeliverable(const DeliveryFailure& failure) override;
+
+  MONARCH_ENDPOINTS(ReplicaController, spawn_all, start_all, done, finish_now, shutdown, report,
+                    kill_donor, respawn)
+
+ protected:
+  /// Where group `group` runs; default hosts[group % hosts.size()]. A launcher that replaces
+  /// dead hosts overrides it.
+  virtual const mesh::HostMesh& host_for(int64_t group);
+  /// Spawns the user's trainer actors (one per rank) on `procs`, handing them `manager` and
+  /// self<ReplicaController>(); the Future completes once they are ready to train.
+  virtual Future<void> spawn_trainers(const GroupInfo& g, const mesh::ProcMesh& procs,
+                                      ActorRef<Manager> manager) = 0;
+  /// Lets group g's trainers start training.
+  virtual void start_trainers(const GroupInfo& g) = 0;
+  /// An event line (fault, supervision, quorum change, heal, recovery). Default: nothing.
+  virtual void on_event(const std::string& line) { (void)line; }
+  /// The first commit report of a new highest step (progress, fault scheduling).
+  virtual void on_commit(int64_t step, const StepInfo& info) {
+    (void)step;
+    (void)info;
+  }
+  /// Steps in order, once the next one started (and all remaining at the end), after their
+  /// metrics line.
+  virtual void on_step(int64_t step, const StepInfo& info) {
+    (void)step;
+    (void)info;
+  }
+  /// A fault closed (its victims rejoined), or was still open at the end.
+  virtual void on_fault(const FaultRecord& f) { (void)f; }
+
+  /// Fault injection: `kind` on group `group` (sigstop: frozen for `freeze`, then SIGCONT;
+  /// kill_donor_mid_heal: SIGKILL, then the replacement's heal kills its donor). Only in the
+  /// actor. UsageError for a bad group, a group not running, or kind outside. The signals go to
+  /// ProcMesh::pid(0) with kill(2): procs on this host only (a remote host's agent would have to
+  /// deliver them).
+  void inject(FaultKind kind, int64_t group,
+              std::chrono::milliseconds freeze = std::chrono::milliseconds(2000));
+  /// Every group up, no fault open, and the last committed step had every group.
+  bool quiet() const;
+  const ReplicaControllerOptions& options() const { return opts_; }
+  const std::vector<FaultRecord>& faults() const { return faults_; }
+  int64_t t0_ns() const { return t0_; }
+  /// "[  12.34s] <run>: what", relative to spawn_all.
+  std::string stamp(int64_t t_ns) const;
+  void event(const std::string& what);
+
+ private:
+  struct Group {
+    std::optional<mesh::ProcMesh> procs;
+    std::optional<mesh::ActorMesh<FaultAgent>> agents;
+    int64_t incarnation = -1;
+    bool up = false;
+    bool failed = false;  // this incarnation's procs failed (supervise)
+    int64_t failures_in_a_row = 0;
+    bool arm_kill_donor = false;
+  };
+  static std::string replica_id(int64_t r) { return "replica" + std::to_string(r); }
+  GroupInfo info(int64_t r) const;
+  Future<void> spawn_group(int64_t r, bool respawned);
+  void start_group(int64_t r);
+  void note_progress(const StepReport& r);
+  bool is_victim_at(const std::string& id, int64_t from, int64_t to) const;
+  FaultRecord* open_fault();
+  void flush_steps(int64_t before);
+  void finish(bool complete);
+
+  std::vector<mesh::HostMesh> hosts_;
+  ActorRef<Lighthouse> lighthouse_;
+  ReplicaControllerOptions opts_;
+  std::vector<Group> groups_;
+  std::vector<FaultRecord> faults_;
+  std::vector<std::thread> helpers_;  // SIGCONT timers, stops of old meshes
+  std::ofstream metrics_;
+  int64_t t0_ = 0, started_ = 0;
+  std::map<int64_t, StepInfo> steps_;
+  int64_t max_committed_ = 0, flushed_upto_ = -1, last_qid_ = 0;
+  int64_t first_commit_ns_ = 0, last_commit_ns_ = 0;
+  std::map<std::string, int64_t> last_progress_at_;            // replica/incarnation/rank -> time
+  std::map<std::string, std::pair<uint64_t, double>> finals_;  // replica -> (hash, metric)
+  std::set<std::string> errors_seen_;
+  double heal_bytes_ = 0, heal_secs_ = 0;
+  RunStats stats_;
+  bool finished_ = false;
+  std::optional<Promise<RunStats>> done_;
+};
+
+}  // namespace monarch::ft
+
+/// MONARCH_ENDPOINTS for a ReplicaController subclass C: the base's endpoints (trainers in other
+/// processes call report/kill_donor through an ActorRef<ReplicaController>) plus C's own.
+#define MONARCH_FT_CONTROLLER_ENDPOINTS(C, ...)                                              \
+  MONARCH_ENDPOINTS(C, spawn_all, start_all, done, finish_now, shutdown, report, kill_donor, \
+                    respawn __VA_OPT__(, ) __VA_ARGS__)

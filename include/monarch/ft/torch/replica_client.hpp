@@ -1,0 +1,134 @@
+// ReplicaClient: the training side of fault-tolerant training, one per rank of a replica group,
+// in the spirit of torchft's Manager (docs/ft.md, "One step, on every rank"). Any training loop
+// whose committed state is one FlatState uses it:
+//
+//   ft::ReplicaClient client(manager, state, options);      // state: FlatState& of the model
+//   while (state.step() < steps) {
+//     ft::StepPlan plan;
+//     try { plan = client.start_quorum(); } catch (const std::exception&) { continue; }
+//     if (!plan.step) continue;                             // caught up by healing only
+//     int64_t pos = state.data_position();
+//     bool ok = true;
+//     try {
+//       if (plan.train) loss = model.forward_backward(pos, batch, plan.slot, plan.slots);
+//       client.allreduce(state.grads());                    // healers contribute zeros
+//     } catch (const std::exception& e) { ok = false; }
+//     if (client.should_commit(ok)) { state.adam_step(adam); state.set_data_position(pos + batch);
+//     }
+//   }
+//
+// Protocol of one step (invariants the group relies on):
+//  1. start_quorum(): publishes the committed state (RdmaBuffer::sync) and asks the group's
+//     Manager for the quorum of step state.step(). A new quorum id reconfigures the gloo group
+//     under "<namespace>/quorum/<id>/" BEFORE healing, so a failed heal aborts the group and the
+//     peers fail at once. Behind max_step: heals from the donor (one RdmaBuffer read straight into
+//     state.bytes(); the donor changes its state only at a commit, which needs this rank's
+//     allreduce, so the read sees a committed state). Up-to-date groups train on disjoint shares
+//     (slot of slots) of the global batch; healers do not train this step.
+//  2. allreduce(): sums over the quorum's ranks and divides by the ranks that trained.
+//  3. should_commit(ok): the group's vote; true only if every rank of the group voted ok. Apply
+//     the optimizer step only then. A failed step aborts the gloo group (peers fail fast) and the
+//     next start_quorum() says commit_failed, which makes the lighthouse form a new quorum.
+// A failed step never poisons the next: every failure is an exception that names the quorum,
+// step and peer, and the caller simply calls start_quorum() again.
+//
+// Threads: not thread-safe; one per rank, used only by that rank's training thread (it blocks
+// on the Manager, the allreduce and RDMA reads). The Manager and the RDMA engine run elsewhere.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "monarch/ft/controller.hpp"
+#include "monarch/ft/lighthouse.hpp"
+#include "monarch/ft/torch/allreduce.hpp"
+#include "monarch/ft/torch/flat_state.hpp"
+
+namespace monarch::ft {
+
+struct ReplicaClientOptions {
+  std::string replica_id;   ///< this group's id at the lighthouse ("replica2")
+  int64_t incarnation = 0;  ///< for reports (ReplicaController drops reports of old incarnations)
+  int64_t rank = 0;         ///< this rank in its group, 0 <= rank < ranks
+  int64_t ranks = 1;        ///< ranks per group (every group has the same number)
+  std::string store_host = "127.0.0.1";  ///< the StoreServer (rendezvous of the gloo groups)
+  uint16_t store_port = 0;
+  std::string store_namespace = "run";  ///< each run of a job gets its own keys in the store
+  std::chrono::milliseconds collective_timeout{0};  ///< 0: ft.collective_timeout
+  std::chrono::milliseconds step_timeout{0};        ///< 0: ft.step_timeout (quorum, vote, heal)
+  uint64_t heal_chunk_bytes = 256 << 10;  ///< heal reads: the first chunk, then batches of 4
+  int64_t max_steps = 0;                  ///< > 0: the run ends at this step (see StepPlan::step)
+  std::optional<ActorRef<ReplicaController>> controller{};  ///< where report() sends; none: no-op
+  template <class A>
+  void serialize(A& ar) {
+    ar(replica_id, incarnation, rank, ranks, store_host, store_port, store_namespace,
+       collective_timeout, step_timeout, heal_chunk_bytes, max_steps, controller);
+  }
+};
+
+/// What start_quorum() decided for this rank's step.
+struct StepPlan {
+  int64_t quorum_id = 0;
+  int64_t max_step = 0;                   ///< the quorum's highest committed step
+  std::vector<std::string> participants;  ///< replica ids in the quorum, in rank order
+  std::vector<std::string> healing;       ///< those healing this step
+  /// false: no step to run (every participant is at max_steps: this rank only healed to catch
+  /// up, or it is done and holds). Do not call allreduce/should_commit then.
+  bool step = false;
+  bool train = false;  ///< this rank computes gradients on share `slot` of `slots`
+  int slot = -1;
+  int slots = 0;
+  bool healed = false;  ///< the state was read from `donor` this step
+  std::string donor;
+  uint64_t heal_bytes = 0;
+  double heal_ms = 0;
+};
+
+class ReplicaClient {
+ public:
+  /// `manager`: the group's Manager (rank 0's proc). `state` must outlive the client; it is
+  /// exposed to healers as the RdmaBuffer "<replica_id>.r<rank>.state". Throws UsageError for a
+  /// bad rank or an empty replica id.
+  ReplicaClient(ActorRef<Manager> manager, FlatState& state, ReplicaClientOptions options);
+  ~ReplicaClient();
+  ReplicaClient(const ReplicaClient&) = delete;
+  ReplicaClient& operator=(const ReplicaClient&) = delete;
+
+  /// Step 1 of the protocol (above). Throws std::runtime_error naming the replica, rank, step
+  /// and quorum and the cause (no quorum within step_timeout, the new gloo group did not form,
+  /// a failed heal naming the donor); the next start_quorum() then says commit_failed. A failure
+  /// after the quorum answered also votes no for this step, so the group's other ranks do not
+  /// wait out step_timeout.
+  StepPlan start_quorum();
+  /// Sums `data` over the quorum's ranks in place, then divides by plan.slots. A rank that did
+  /// not train (plan.train false) contributes zeros. Fault point "allreduce.enter" throws here.
+  /// On failure aborts the group (peers fail fast) and throws AllreduceError (naming the quorum
+  /// and the peer) or std::runtime_error; call should_commit(false) next.
+  void allreduce(std::span<float> data);
+  /// The group's commit vote for the step start_quorum() planned: true only if every rank of the
+  /// group voted ok. `false` or a vote timeout aborts the gloo group; a timeout throws.
+  bool should_commit(bool ok);
+  /// For a rank that finished (state.step() >= max_steps): one quorum round without training,
+  /// so that groups still behind can heal from this one; errors are ignored. Paces itself (50 ms).
+  void hold();
+  /// Sends this step's StepReport to the controller (no-op without one): quorum and heal facts
+  /// of the last plan, whether it committed, the state's hash and step, the last error.
+  /// `loss` < 0: did not train; `metric` < 0: not evaluated. `final`: the rank is done.
+  void report(double loss, double metric = -1, bool final = false);
+
+  /// The committed state's RdmaBuffer handle (what healers read).
+  rdma::RdmaHandle state_handle() const;
+  /// Why the last step failed ("" after a commit).
+  const std::string& last_error() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace monarch::ft

@@ -1,0 +1,614 @@
+#include "monarch/ft/controller.hpp"
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+
+#include "monarch/config/config.hpp"
+
+namespace monarch::ft {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+int64_t now_ns() {
+  return Clock::now().time_since_epoch().count();
+}
+
+// This process's fault points (a replica's procs; the controller arms them through FaultAgent).
+struct FaultPoints {
+  std::mutex mu;
+  std::multiset<std::string> armed;
+  std::optional<ActorRef<ReplicaController>> controller;
+};
+FaultPoints& points() {
+  static FaultPoints* p = new FaultPoints;  // never destroyed: read from any thread at exit
+  return *p;
+}
+
+// "replica<r>" -> r, or -1.
+int64_t group_of(const std::string& id, size_t groups) {
+  if (id.rfind("replica", 0) != 0 || id.size() == 7) return -1;
+  try {
+    size_t used = 0;
+    int64_t r = std::stoll(id.substr(7), &used);
+    if (used != id.size() - 7 || r < 0 || static_cast<size_t>(r) >= groups) return -1;
+    return r;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+void arm_fault(const std::string& point) {
+  if (point != kFaultAllreduceEnter && point != kFaultHealAfterFirstChunk) {
+    throw UsageError("arm_fault: unknown fault point '" + point + "'; expected " +
+                     kFaultAllreduceEnter + " or " + kFaultHealAfterFirstChunk);
+  }
+  std::lock_guard lock(points().mu);
+  points().armed.insert(point);
+}
+
+bool take_fault(std::string_view point) {
+  auto& p = points();
+  std::lock_guard lock(p.mu);
+  auto it = p.armed.find(std::string(point));
+  if (it == p.armed.end()) return false;
+  p.armed.erase(it);
+  return true;
+}
+
+void fault_point_kill_donor(const std::string& healer, const std::string& donor) {
+  if (!take_fault(kFaultHealAfterFirstChunk)) return;
+  std::optional<ActorRef<ReplicaController>> c;
+  {
+    std::lock_guard lock(points().mu);
+    c = points().controller;
+  }
+  if (!c) return;
+  c->call(&ReplicaController::kill_donor, healer, donor).get(std::chrono::seconds(10));
+}
+
+FaultAgent::FaultAgent(ActorRef<ReplicaController> controller) {
+  std::lock_guard lock(points().mu);
+  points().controller = std::move(controller);
+}
+
+const char* fault_name(FaultKind k) {
+  switch (k) {
+    case FaultKind::sigkill:
+      return "sigkill";
+    case FaultKind::sigstop:
+      return "sigstop";
+    case FaultKind::allreduce_throw:
+      return "allreduce_exception";
+    case FaultKind::kill_donor_mid_heal:
+      return "kill_donor_mid_heal";
+    case FaultKind::outside:
+      return "outside";
+  }
+  return "?";
+}
+
+nlohmann::json FaultRecord::to_json(int64_t t0) const {
+  auto rel = [&](int64_t t) {
+    return t ? nlohmann::json(static_cast<double>(t - t0) / 1e9) : nlohmann::json(nullptr);
+  };
+  return {{"fault", fault_name(kind)},
+          {"step", step},
+          {"victims", victims},
+          {"note", note},
+          {"injected_s", rel(injected)},
+          {"detected_s", rel(detected)},
+          {"new_quorum_s", rel(new_quorum)},
+          {"survivors_resumed_s", rel(survivors_resumed)},
+          {"respawned_s", rel(respawned)},
+          {"healed_s", rel(healed)},
+          {"rejoined_s", rel(rejoined)},
+          {"recovery_s", rejoined ? nlohmann::json(static_cast<double>(rejoined - injected) / 1e9)
+                                  : nlohmann::json(nullptr)}};
+}
+
+nlohmann::json StepInfo::to_json(int64_t step, int64_t t0, const std::string& run,
+                                 const std::string& metric_name) const {
+  nlohmann::json j{{"run", run},
+                   {"step", step},
+                   {"participants", participants},
+                   {"healing", healing},
+                   {"quorum_id", quorum_id},
+                   {"t_s", static_cast<double>(t_ns - t0) / 1e9}};
+  if (loss_n) j["loss"] = loss();
+  if (metric >= 0) j[metric_name] = metric;
+  return j;
+}
+
+double memcpy_gbps(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 4096);
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  std::memcpy(b.data(), a.data(), bytes);  // fault the pages in
+  int reps = 50;
+  auto t = Clock::now();
+  for (int i = 0; i < reps; ++i) {
+    a[static_cast<size_t>(i)] = static_cast<char>(i);
+    std::memcpy(b.data(), a.data(), bytes);
+  }
+  double s = std::chrono::duration<double>(Clock::now() - t).count();
+  return b[7] == 7 ? static_cast<double>(bytes) * reps / s / 1e9 : 0;
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  double pos = q * static_cast<double>(v.size() - 1);
+  auto lo = static_cast<size_t>(std::floor(pos));
+  size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+ReplicaController::ReplicaController(std::vector<mesh::HostMesh> hosts,
+                                     ActorRef<Lighthouse> lighthouse,
+                                     ReplicaControllerOptions options)
+    : hosts_(std::move(hosts)), lighthouse_(std::move(lighthouse)), opts_(std::move(options)) {
+  if (hosts_.empty()) throw UsageError("ReplicaController: no hosts");
+  if (opts_.groups < 1 || opts_.ranks < 1) {
+    throw UsageError("ReplicaController: groups (" + std::to_string(opts_.groups) +
+                     ") and ranks (" + std::to_string(opts_.ranks) + ") must be >= 1");
+  }
+  groups_.resize(static_cast<size_t>(opts_.groups));
+  if (!opts_.metrics_path.empty()) {
+    metrics_.open(opts_.metrics_path, std::ios::trunc);
+    if (!metrics_) throw UsageError("ReplicaController: cannot write " + opts_.metrics_path);
+  }
+}
+
+ReplicaController::~ReplicaController() {
+  for (auto& t : helpers_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+const mesh::HostMesh& ReplicaController::host_for(int64_t group) {
+  return hosts_[static_cast<size_t>(group) % hosts_.size()];
+}
+
+GroupInfo ReplicaController::info(int64_t r) const {
+  const auto& g = groups_[static_cast<size_t>(r)];
+  return {r, replica_id(r), g.incarnation, g.incarnation > 0};
+}
+
+std::string ReplicaController::stamp(int64_t t_ns) const {
+  char b[32];
+  std::snprintf(b, sizeof b, "[%7.2fs]", static_cast<double>(t_ns - t0_) / 1e9);
+  return std::string(b) + " " + opts_.run_name + ": ";
+}
+
+void ReplicaController::event(const std::string& what) {
+  on_event(stamp(now_ns()) + what);
+}
+
+Future<void> ReplicaController::spawn_all() {
+  t0_ = now_ns();
+  Promise<void> all;
+  auto f = all.get_future();
+  auto pending = std::make_shared<std::pair<int64_t, Promise<void>>>(opts_.groups, std::move(all));
+  // The continuations run in this actor once each group is ready (this handler has returned).
+  for (int64_t r = 0; r < opts_.groups; ++r) {
+    (void)spawn_group(r, false).then([pending] {
+      if (--pending->first == 0) pending->second.set_value();
+    });
+  }
+  return f;
+}
+
+void ReplicaController::start_all() {
+  // The first quorum should have every group: wait until the lighthouse has heard from all.
+  auto timeout = config::global().duration("mesh.spawn_timeout");
+  auto deadline = Clock::now() + timeout;
+  while (lighthouse_.call(&Lighthouse::healthy).get(timeout).size() <
+         static_cast<size_t>(opts_.groups)) {
+    if (Clock::now() > deadline) {
+      throw std::runtime_error("the replica groups did not heartbeat the lighthouse within " +
+                               std::to_string(timeout.count()) + " ms (mesh.spawn_timeout)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the lighthouse's view
+  }
+  started_ = now_ns();
+  for (int64_t r = 0; r < opts_.groups; ++r) start_group(r);
+}
+
+Future<RunStats> ReplicaController::done() {
+  Promise<RunStats> p;
+  auto f = p.get_future();
+  if (finished_) {
+    p.set_value(stats_);
+  } else {
+    done_ = std::move(p);
+  }
+  return f;
+}
+
+void ReplicaController::finish_now() {
+  if (finished_) return;
+  stats_.error = std::to_string(finals_.size()) + " of " + std::to_string(opts_.groups) +
+                 " replica groups finished before the deadline";
+  event(stats_.error);
+  finish(false);
+}
+
+void ReplicaController::shutdown() {
+  for (auto& g : groups_) {
+    if (g.procs) g.procs->stop();
+  }
+  for (auto& t : helpers_) t.join();
+  helpers_.clear();
+}
+
+// Spawns group r's procs, manager, fault agents and trainers. The returned future completes
+// once the trainers are ready; a respawn starts them then (then() runs in this actor, so the
+// controller keeps handling reports and failures meanwhile).
+Future<void> ReplicaController::spawn_group(int64_t r, bool respawned) {
+  auto& g = groups_[static_cast<size_t>(r)];
+  g.incarnation += 1;
+  g.up = false;
+  g.failed = false;
+  std::string mesh_name = replica_id(r) + "-" + std::to_string(g.incarnation);
+  g.procs =
+      host_for(r).spawn_procs({{"ranks", static_cast<size_t>(opts_.ranks)}}, {.name = mesh_name});
+  auto managers = g.procs->slice("ranks", 0)
+                      .spawn<Manager>("manager", lighthouse_, replica_id(r), opts_.ranks,
+                                      std::chrono::milliseconds(0));
+  g.agents = g.procs->spawn<FaultAgent>("ft.faults", self<ReplicaController>());
+  if (std::exchange(g.arm_kill_donor, false)) {
+    for (size_t i = 0; i < g.agents->size(); ++i)
+      g.agents->at(i).send(&FaultAgent::arm, std::string(kFaultHealAfterFirstChunk));
+  }
+  auto ready = spawn_trainers(info(r), *g.procs, managers.at(0));
+  if (!respawned) return ready;
+  ++stats_.respawns;
+  return ready.then([this, r, inc = g.incarnation, mesh_name] {
+    auto& grp = groups_[static_cast<size_t>(r)];
+    if (grp.incarnation != inc || finished_) return;  // replaced again meanwhile, or the run ended
+    start_group(r);
+    for (auto& f : faults_) {
+      if (f.open() && f.victims.count(replica_id(r)) && !f.respawned) f.respawned = now_ns();
+    }
+    event("respawned " + replica_id(r) + " as mesh " + mesh_name + " (ready)");
+  });
+}
+
+void ReplicaController::start_group(int64_t r) {
+  start_trainers(info(r));
+  groups_[static_cast<size_t>(r)].up = true;
+}
+
+bool ReplicaController::quiet() const {
+  for (const auto& g : groups_) {
+    if (!g.up) return false;
+  }
+  for (const auto& f : faults_) {
+    if (f.open()) return false;
+  }
+  auto it = steps_.find(max_committed_);
+  return it != steps_.end() && it->second.participants >= opts_.groups;
+}
+
+FaultRecord* ReplicaController::open_fault() {
+  for (auto& f : faults_) {
+    if (f.open()) return &f;
+  }
+  return nullptr;
+}
+
+bool ReplicaController::is_victim_at(const std::string& id, int64_t from, int64_t to) const {
+  for (const auto& f : faults_) {
+    if (f.victims.count(id) && f.injected > from && f.injected <= to) return true;
+    if (f.victims.count(id) && f.open() && f.injected <= from) return true;
+  }
+  return false;
+}
+
+// Survivor stalls: time between two steps of progress (commit, heal, finish) of the same group
+// incarnation and rank, unless the group was itself hit by a fault in between.
+void ReplicaController::note_progress(const StepReport& r) {
+  std::string key =
+      r.replica_id + "/" + std::to_string(r.incarnation) + "/" + std::to_string(r.rank);
+  if (auto it = last_progress_at_.find(key); it != last_progress_at_.end()) {
+    if (!is_victim_at(r.replica_id, it->second, r.t_ns)) {
+      double gap = static_cast<double>(r.t_ns - it->second) / 1e9;
+      if (gap > stats_.max_survivor_stall_s) {
+        stats_.max_survivor_stall_s = gap;
+        stats_.max_stall_where = r.replica_id + " before step " + std::to_string(r.step);
+      }
+    }
+  }
+  last_progress_at_[key] = r.t_ns;
+}
+
+void ReplicaController::flush_steps(int64_t before) {
+  for (auto it = steps_.upper_bound(flushed_upto_); it != steps_.end() && it->first < before;
+       ++it) {
+    if (metrics_.is_open()) {
+      metrics_ << it->second.to_json(it->first, t0_, opts_.run_name, opts_.metric_name).dump()
+               << "\n"
+               << std::flush;
+    }
+    on_step(it->first, it->second);
+    flushed_upto_ = it->first;
+  }
+}
+
+void ReplicaController::report(StepReport r) {
+  int64_t gi = group_of(r.replica_id, groups_.size());
+  if (gi < 0 || r.incarnation != groups_[static_cast<size_t>(gi)].incarnation || finished_)
+    return;  // from a replaced group, or late
+  auto& g = groups_[static_cast<size_t>(gi)];
+  if (!r.error.empty()) {
+    // A failed step during a recovery is expected; show each group's first error per quorum.
+    if (auto* f = open_fault(); f && !f->detected) f->detected = r.t_ns;
+    if (errors_seen_.insert(r.replica_id + "/" + std::to_string(r.quorum_id)).second) {
+      event(r.replica_id + " step " + std::to_string(r.step + 1) + " not committed (quorum " +
+            std::to_string(r.quorum_id) + "): " + r.error);
+    }
+  }
+  if (r.quorum_id > last_qid_ && r.rank == 0) {
+    for (auto& f : faults_) {
+      if (f.open() && !f.new_quorum && r.quorum_id > f.quorum_id) {
+        f.new_quorum = r.t_ns;
+        if (!f.detected) f.detected = r.t_ns;
+      }
+    }
+    if (last_qid_ != 0) {
+      event("quorum " + std::to_string(r.quorum_id) + ": " + std::to_string(r.participants) +
+            " participant(s), " + std::to_string(r.healing) + " healing");
+    }
+    last_qid_ = r.quorum_id;
+  }
+  if (r.healed) {
+    heal_bytes_ += static_cast<double>(r.heal_bytes);
+    heal_secs_ += r.heal_ms / 1e3;
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.2f", r.heal_ms);
+    event(r.replica_id + " healed from " + r.donor + " at step " + std::to_string(r.step) + " (" +
+          std::to_string(r.heal_bytes >> 10) + " KiB in " + ms + " ms)");
+    for (auto& f : faults_) {
+      if (f.open() && f.victims.count(r.replica_id) && !f.healed) f.healed = r.t_ns;
+    }
+  }
+  if (r.final || r.healed) note_progress(r);
+  if (r.final) {
+    finals_[r.replica_id] = {r.hash, r.metric};
+    stats_.state_bytes = r.state_bytes;
+    if (static_cast<int64_t>(finals_.size()) >= opts_.groups) finish(true);
+    return;
+  }
+  if (!r.committed) return;
+
+  // Bitwise equality: every rank that committed step s holds the same state.
+  auto& s = steps_[r.step];
+  if (s.reports == 0) {
+    s.hash = r.hash;
+    s.participants = r.participants;
+    s.healing = r.healing;
+    s.quorum_id = r.quorum_id;
+    s.t_ns = r.t_ns;
+  } else if (s.hash != r.hash) {
+    ++stats_.hash_mismatches;
+    event("MISMATCH: " + r.replica_id + " committed step " + std::to_string(r.step) +
+          " with a different state");
+  }
+  ++s.reports;
+  if (r.loss >= 0) s.loss_sum += r.loss, ++s.loss_n;
+  if (r.metric >= 0) s.metric = r.metric;
+  if (!first_commit_ns_) first_commit_ns_ = r.t_ns;
+  last_commit_ns_ = std::max(last_commit_ns_, r.t_ns);
+  note_progress(r);
+
+  for (auto& f : faults_) {
+    if (!f.open()) continue;
+    if (!f.victims.count(r.replica_id) && !f.survivors_resumed && r.quorum_id > f.quorum_id)
+      f.survivors_resumed = r.t_ns;
+    if (f.pending_rejoin.count(r.replica_id) && r.t_ns > f.injected && r.quorum_id > f.quorum_id) {
+      f.pending_rejoin.erase(r.replica_id);
+      if (!f.open()) {
+        f.rejoined = r.t_ns;
+        stats_.recovery_s.push_back(static_cast<double>(f.rejoined - f.injected) / 1e9);
+        char s3[32];
+        std::snprintf(s3, sizeof s3, "%.3f", stats_.recovery_s.back());
+        event(std::string("recovered from ") + fault_name(f.kind) + " in " + s3 + " s");
+        if (metrics_.is_open()) metrics_ << f.to_json(t0_).dump() << "\n" << std::flush;
+        on_fault(f);
+      }
+    }
+  }
+  g.failures_in_a_row = 0;
+  if (r.step > max_committed_) {
+    max_committed_ = r.step;
+    flush_steps(max_committed_ - 1);
+    on_commit(r.step, s);
+  }
+}
+
+void ReplicaController::inject(FaultKind kind, int64_t group, std::chrono::milliseconds freeze) {
+  if (group < 0 || group >= opts_.groups)
+    throw UsageError("inject: no replica group " + std::to_string(group));
+  auto& g = groups_[static_cast<size_t>(group)];
+  if (!g.procs || !g.up) throw UsageError("inject: " + replica_id(group) + " is not running");
+  FaultRecord f;
+  f.kind = kind;
+  f.step = max_committed_;
+  f.quorum_id = last_qid_;
+  f.injected = now_ns();
+  std::string id = replica_id(group);
+  f.victims.insert(id);
+  f.pending_rejoin.insert(id);
+  int pid = g.procs->pid(0);
+  switch (kind) {
+    case FaultKind::sigkill:
+      ::kill(pid, SIGKILL);
+      f.note = "SIGKILL to " + id + " (pid " + std::to_string(pid) + ")";
+      break;
+    case FaultKind::sigstop:
+      ::kill(pid, SIGSTOP);
+      f.note = "SIGSTOP to " + id + " for " + std::to_string(freeze.count()) + " ms, then SIGCONT";
+      helpers_.emplace_back([pid, freeze] {
+        std::this_thread::sleep_for(freeze);  // the fault itself: a frozen process
+        ::kill(pid, SIGCONT);
+      });
+      break;
+    case FaultKind::allreduce_throw:
+      g.agents->at(0).send(&FaultAgent::arm, std::string(kFaultAllreduceEnter));
+      f.note = "exception inside the allreduce on " + id;
+      break;
+    case FaultKind::kill_donor_mid_heal:
+      // The replacement heals; its heal.after_first_chunk point kills the donor.
+      ::kill(pid, SIGKILL);
+      g.arm_kill_donor = true;
+      f.note = "SIGKILL to " + id + ", then its donor is killed in the middle of the heal";
+      break;
+    case FaultKind::outside:
+      throw UsageError("inject: 'outside' faults are the ones the job did not inject");
+  }
+  stats_.faults_injected += 1;
+  event("FAULT " + std::string(fault_name(kind)) + ": " + f.note);
+  faults_.push_back(std::move(f));
+}
+
+bool ReplicaController::kill_donor(std::string healer, std::string donor) {
+  int64_t di = group_of(donor, groups_.size());
+  if (di < 0) return false;
+  auto& g = groups_[static_cast<size_t>(di)];
+  FaultRecord* rec = nullptr;
+  for (auto& f : faults_) {
+    if (f.open() && f.kind == FaultKind::kill_donor_mid_heal && !f.donor_killed) rec = &f;
+  }
+  if (!rec || !g.procs || !g.up) return false;  // killed once already, or not running now
+  ::kill(g.procs->pid(0), SIGKILL);
+  rec->donor_killed = true;
+  rec->victims.insert(donor);
+  rec->pending_rejoin.insert(donor);
+  stats_.faults_injected += 1;
+  event("FAULT kill_donor_mid_heal: SIGKILL to donor " + donor + " while " + healer +
+        " reads its state");
+  return true;
+}
+
+bool ReplicaController::supervise(const mesh::MeshFailure& failure) {
+  // Mesh names are "replica<r>-<incarnation>".
+  auto dash = failure.mesh.rfind('-');
+  if (dash == std::string::npos) return false;  // not ours: fail fast
+  int64_t r = group_of(failure.mesh.substr(0, dash), groups_.size());
+  if (r < 0) return false;
+  int64_t inc = -1;
+  try {
+    inc = std::stoll(failure.mesh.substr(dash + 1));
+  } catch (const std::exception&) {
+    return false;
+  }
+  auto& g = groups_[static_cast<size_t>(r)];
+  if (inc != g.incarnation || g.failed) return true;  // an old incarnation, or already handled
+  g.failed = true;
+  g.up = false;
+  std::string id = replica_id(r);
+  int64_t t = now_ns();
+  bool victim = false;
+  for (auto& f : faults_) {
+    if (f.open() && f.victims.count(id)) {
+      victim = true;
+      if (!f.detected) f.detected = t;
+    }
+  }
+  if (!victim) {
+    // Not injected by the job (a kill from outside, the OOM killer): still a fault, with a
+    // timeline of its own.
+    FaultRecord f;
+    f.kind = FaultKind::outside;
+    f.step = max_committed_;
+    f.quorum_id = last_qid_;
+    f.injected = f.detected = t;
+    f.victims.insert(id);
+    f.pending_rejoin.insert(id);
+    f.note = failure.cause;
+    faults_.push_back(std::move(f));
+    stats_.faults_outside += 1;
+  }
+  event("supervise: " + failure.to_string() + (victim ? "" : "  (a fault the job did not inject)"));
+  lighthouse_.send(&Lighthouse::evict, id, failure.cause);
+  self<ReplicaController>().send(&ReplicaController::respawn, r);
+  return true;  // handled: the other groups keep training
+}
+
+void ReplicaController::undeliverable(const DeliveryFailure& f) {
+  // A message to a dead group (a start or an arm): the group's MeshFailure follows.
+  event(std::string("undeliverable: ") + f.what());
+}
+
+void ReplicaController::respawn(int64_t r) {
+  if (r < 0 || r >= opts_.groups)
+    throw UsageError("respawn: no replica group " + std::to_string(r));
+  auto& g = groups_[static_cast<size_t>(r)];
+  if (finished_) return;
+  if (!g.failed) ++stats_.survivor_restarts;  // restarted without having failed
+  g.failures_in_a_row += 1;
+  if (g.procs && g.procs->size() > 1) {
+    // The group's other ranks may still be alive, blocked on the dead rank: stop them off this
+    // actor (stop() waits up to mesh.stop_timeout), so reports and failures keep flowing.
+    helpers_.emplace_back([old = *g.procs] { old.stop(); });
+  }
+  if (g.failures_in_a_row >= 3) {
+    event(replica_id(r) + " failed " + std::to_string(g.failures_in_a_row) +
+          " times without a commit: respawning on fresh procs again");
+  }
+  (void)spawn_group(r, true);
+}
+
+void ReplicaController::finish(bool complete) {
+  finished_ = true;
+  stats_.steps = opts_.steps;
+  stats_.wall_s = static_cast<double>(now_ns() - started_) / 1e9;
+  std::set<uint64_t> hashes;
+  for (auto& [id, hv] : finals_) hashes.insert(hv.first);
+  if (auto it = finals_.find(replica_id(0)); it != finals_.end()) {
+    stats_.metric = it->second.second;
+  } else if (!finals_.empty()) {
+    stats_.metric = finals_.begin()->second.second;
+  }
+  stats_.replicas_bitwise_equal = complete && hashes.size() == 1 && stats_.hash_mismatches == 0;
+  double span = static_cast<double>(last_commit_ns_ - first_commit_ns_) / 1e9;
+  if (span > 0) {
+    stats_.committed_samples_per_s =
+        static_cast<double>(max_committed_ * opts_.samples_per_step) / span;
+  }
+  if (heal_secs_ > 0) stats_.heal_gbps = heal_bytes_ / heal_secs_ / 1e9;
+  std::vector<double> gaps;
+  int64_t prev = 0;
+  for (auto& [step, s] : steps_) {
+    if (prev) gaps.push_back(static_cast<double>(s.t_ns - prev) / 1e6);
+    prev = s.t_ns;
+  }
+  stats_.step_ms_p50 = percentile(gaps, 0.5);
+  stats_.step_ms_p95 = percentile(gaps, 0.95);
+  auto all = nlohmann::json::array();
+  for (auto& f : faults_) all.push_back(f.to_json(t0_));
+  stats_.faults_json = all.dump();
+  if (auto it = steps_.find(opts_.steps); it != steps_.end()) it->second.metric = stats_.metric;
+  flush_steps(std::numeric_limits<int64_t>::max());
+  for (auto& f : faults_) {
+    if (!f.open()) continue;
+    if (metrics_.is_open()) metrics_ << f.to_json(t0_).dump() << "\n" << std::flush;
+    on_fault(f);
+  }
+  if (done_) {
+    done_->set_value(stats_);
+    done_.reset();
+  }
+}
+
+}  // namespace monarch::ft

@@ -1,0 +1,250 @@
+#include "monarch/ft/torch/replica_client.hpp"
+
+#include <algorithm>
+#include <thread>
+
+#include "monarch/config/config.hpp"
+#include "monarch/rdma/rdma.hpp"
+
+namespace monarch::ft {
+namespace {
+using Clock = std::chrono::steady_clock;
+}
+
+struct ReplicaClient::Impl {
+  ActorRef<Manager> manager;
+  FlatState& state;
+  ReplicaClientOptions o;
+  rdma::RdmaBuffer exposed;
+  AllreduceGroup group;
+  int64_t qid = -1;  // the quorum the gloo group is configured for (-1: none / aborted)
+  bool commit_failed = false;
+  StepPlan plan;
+  int64_t step0 = -1;  // the step start_quorum() planned
+  bool committed = false;
+  std::string error;
+
+  Impl(ActorRef<Manager> m, FlatState& s, ReplicaClientOptions opts)
+      : manager(std::move(m)),
+        state(s),
+        o(std::move(opts)),
+        exposed(s.bytes(), o.replica_id + ".r" + std::to_string(o.rank) + ".state") {}
+
+  std::string where() const {
+    return o.replica_id + " rank " + std::to_string(o.rank) + " step " +
+           std::to_string(state.step() + 1) + " (quorum " + std::to_string(plan.quorum_id) + ")";
+  }
+  void fail(const std::string& why) {
+    error = why;
+    commit_failed = true;
+    group.abort();  // peers blocked on this group fail now, not at their timeout
+    qid = -1;
+  }
+  QuorumResult ask() {
+    return manager
+        .call(&Manager::quorum, o.rank, state.step(), commit_failed,
+              std::optional<rdma::RdmaHandle>(exposed.handle()))
+        .get(o.step_timeout);
+  }
+  void heal(const QuorumResult& q);
+};
+
+void ReplicaClient::Impl::heal(const QuorumResult& q) {
+  auto bad = [&](const std::string& what) {
+    return std::runtime_error("heal of " + o.replica_id + " rank " + std::to_string(o.rank) +
+                              " from " + q.donor_id + " (quorum " + std::to_string(q.quorum_id) +
+                              "): " + what);
+  };
+  if (!q.donor_state) throw bad("the donor offered no state");
+  const rdma::RdmaHandle& h = *q.donor_state;
+  if (h.length != state.bytes().size()) {
+    throw bad("the donor's state is " + std::to_string(h.length) + " B, ours " +
+              std::to_string(state.bytes().size()) + " B");
+  }
+  std::vector<std::byte> buf(h.length);
+  auto t = Clock::now();
+  rdma::TransferOptions topts{o.step_timeout};
+  // The first chunk alone (fault point "heal.after_first_chunk" follows it), then the rest as one
+  // batch of parallel reads.
+  auto chunk = std::min<uint64_t>(std::max<uint64_t>(o.heal_chunk_bytes, 64), h.length);
+  h.read_into(std::span(buf).first(chunk), 0, topts).get(o.step_timeout);
+  fault_point_kill_donor(o.replica_id, q.donor_id);
+  rdma::RdmaBatch rest;
+  for (uint64_t off = chunk; off < h.length; off += 4 * chunk) {
+    uint64_t n = std::min<uint64_t>(4 * chunk, h.length - off);
+    rest.read_into(h, std::span(buf).subspan(off, n), off);
+  }
+  rest.submit(topts).get(o.step_timeout);
+  state.load_from(buf);
+  if (state.step() != q.max_step) {
+    throw bad("the state read is at step " + std::to_string(state.step()) +
+              ", the quorum's max_step is " + std::to_string(q.max_step));
+  }
+  exposed.sync();
+  plan.healed = true;
+  plan.donor = q.donor_id;
+  plan.heal_bytes = h.length;
+  plan.heal_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+ReplicaClient::ReplicaClient(ActorRef<Manager> manager, FlatState& state,
+                             ReplicaClientOptions options) {
+  if (options.replica_id.empty()) throw UsageError("ReplicaClient: empty replica id");
+  if (options.ranks < 1 || options.rank < 0 || options.rank >= options.ranks) {
+    throw UsageError("ReplicaClient " + options.replica_id + ": rank " +
+                     std::to_string(options.rank) + " is not in [0, " +
+                     std::to_string(options.ranks) + ")");
+  }
+  auto& cfg = config::global();
+  if (options.collective_timeout.count() <= 0)
+    options.collective_timeout = cfg.duration("ft.collective_timeout");
+  if (options.step_timeout.count() <= 0) options.step_timeout = cfg.duration("ft.step_timeout");
+  impl_ = std::make_unique<Impl>(std::move(manager), state, std::move(options));
+}
+
+ReplicaClient::~ReplicaClient() = default;
+
+rdma::RdmaHandle ReplicaClient::state_handle() const {
+  return impl_->exposed.handle();
+}
+
+const std::string& ReplicaClient::last_error() const noexcept {
+  return impl_->error;
+}
+
+StepPlan ReplicaClient::start_quorum() {
+  auto& m = *impl_;
+  m.plan = StepPlan{};
+  m.committed = false;
+  m.error.clear();
+  m.step0 = m.state.step();
+  bool must_vote = false;  // the group's other ranks wait for this rank's vote once it planned
+  try {
+    m.exposed.sync();  // the committed state (of the last commit or heal) is what healers read
+    QuorumResult q = m.ask();
+    m.plan.quorum_id = q.quorum_id;
+    m.plan.max_step = q.max_step;
+    m.plan.participants = q.participants;
+    m.plan.healing = q.healing;
+    if (m.o.max_steps > 0 && q.max_step >= m.o.max_steps) {
+      // The others finished and hold: catch up by healing only (they run no allreduce).
+      if (q.heal) m.heal(q);
+      m.commit_failed = false;
+      return m.plan;
+    }
+    must_vote = true;
+    if (q.quorum_id != m.qid) {
+      m.qid = -1;
+      m.group.configure(m.o.store_host, m.o.store_port, m.o.store_namespace + "/" + q.store_prefix,
+                        static_cast<int>(q.global_rank), static_cast<int>(q.global_world_size),
+                        m.o.collective_timeout);
+      m.qid = q.quorum_id;
+    } else if (!m.group.configured()) {
+      throw std::runtime_error("the allreduce group of quorum " + std::to_string(m.qid) +
+                               " is closed");
+    }
+    // Heal after joining the group (see the header).
+    if (q.heal) m.heal(q);
+    m.step0 = m.state.step();
+    // Up-to-date groups share the global batch; healers contribute zeros this step.
+    m.plan.step = true;
+    m.plan.slots = static_cast<int>(q.up_to_date_groups * m.o.ranks);
+    if (!q.heal) {
+      int64_t i = 0;
+      for (const auto& p : q.participants) {
+        if (std::find(q.healing.begin(), q.healing.end(), p) != q.healing.end()) continue;
+        if (p == m.o.replica_id) m.plan.slot = static_cast<int>(i * m.o.ranks + m.o.rank);
+        ++i;
+      }
+    }
+    m.plan.train = m.plan.slot >= 0;
+    return m.plan;
+  } catch (const std::exception& e) {
+    m.fail(std::string("start_quorum of ") + m.where() + ": " + e.what());
+    if (must_vote) {
+      try {  // vote no at once, so the group's other ranks do not wait out step_timeout
+        (void)m.manager.call(&Manager::should_commit, m.o.rank, m.step0, false)
+            .get(m.o.step_timeout);
+      } catch (const std::exception&) {
+        // the Manager is gone too: the group's MeshFailure follows
+      }
+    }
+    throw std::runtime_error(m.error);
+  }
+}
+
+void ReplicaClient::allreduce(std::span<float> data) {
+  auto& m = *impl_;
+  try {
+    if (!m.plan.step) throw UsageError("allreduce without a planned step (start_quorum)");
+    if (!m.plan.train) std::fill(data.begin(), data.end(), 0.0f);
+    if (take_fault(kFaultAllreduceEnter))
+      throw std::runtime_error("injected exception at fault point allreduce.enter");
+    m.group.allreduce_sum(data);
+    const float inv = 1.0f / static_cast<float>(std::max(1, m.plan.slots));
+    for (float& x : data) x *= inv;
+  } catch (const std::exception& e) {
+    m.fail(std::string("allreduce of ") + m.where() + ": " + e.what());
+    throw;
+  }
+}
+
+bool ReplicaClient::should_commit(bool ok) {
+  auto& m = *impl_;
+  bool commit = false;
+  try {
+    commit = m.manager.call(&Manager::should_commit, m.o.rank, m.step0, ok).get(m.o.step_timeout);
+  } catch (const std::exception& e) {
+    m.fail(std::string("should_commit of ") + m.where() + ": " + e.what());
+    throw std::runtime_error(m.error);
+  }
+  if (!commit) {
+    std::string why = m.error.empty() ? "another rank of the group voted not to commit" : m.error;
+    m.fail(why);
+  } else {
+    m.commit_failed = false;
+    m.committed = true;
+  }
+  return commit;
+}
+
+void ReplicaClient::hold() {
+  auto& m = *impl_;
+  try {
+    m.exposed.sync();
+    (void)m.ask();
+  } catch (const std::exception&) {
+    // a hold round that found no quorum (the job is ending, a group is being evicted): again
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // pacing of the hold loop
+}
+
+void ReplicaClient::report(double loss, double metric, bool final) {
+  auto& m = *impl_;
+  if (!m.o.controller) return;
+  StepReport r;
+  r.replica_id = m.o.replica_id;
+  r.incarnation = m.o.incarnation;
+  r.rank = m.o.rank;
+  r.step = m.state.step();
+  r.committed = m.committed && !final;
+  r.loss = loss;
+  r.quorum_id = m.plan.quorum_id;
+  r.participants = static_cast<int64_t>(m.plan.participants.size());
+  r.healing = static_cast<int64_t>(m.plan.healing.size());
+  r.healed = m.plan.healed && !final;
+  r.donor = m.plan.donor;
+  r.heal_ms = m.plan.heal_ms;
+  r.heal_bytes = m.plan.heal_bytes;
+  if (r.committed || final) r.hash = m.state.hash();
+  r.t_ns = Clock::now().time_since_epoch().count();
+  r.error = final ? "" : m.error;
+  r.metric = metric;
+  r.final = final;
+  if (final) r.state_bytes = m.state.bytes().size();
+  (void)m.o.controller->call(&ReplicaController::report, std::move(r));  // a lost report is only a
+                                                                         // lost metric
+  if (final) m.plan.healed = false;
+}
+
+}  // namespace monarch::ft
