@@ -1025,15 +1025,20 @@ void Trainer::loop() {
 // ---------------------------------------------------------------------------------------------
 // main
 
+// `lighthouse_addr`: a standalone lighthouse (`monarch lighthouse`) to use; empty: one in this
+// process, for this run only.
 RunResult run_job(const mesh::HostMesh& host, TrainConfig cfg, RunOptions run,
-                  const ft::StoreServer& store) {
+                  const ft::StoreServer& store, const std::string& lighthouse_addr) {
   cfg.store_host = store.host();
   cfg.store_port = store.port();
   cfg.store_namespace = run.name;
   auto& client = host.client();
-  auto lighthouse = client.spawn<ft::Lighthouse>("lighthouse." + run.name, ft::LighthouseOptions{});
-  auto controller = client.spawn<Controller>("controller." + run.name, cfg, run, host, lighthouse);
   auto spawn_timeout = monarch::config::global().duration("mesh.spawn_timeout");
+  auto lighthouse =
+      lighthouse_addr.empty()
+          ? client.spawn<ft::Lighthouse>("lighthouse." + run.name, ft::LighthouseOptions{})
+          : ft::connect_lighthouse(client, lighthouse_addr, spawn_timeout);
+  auto controller = client.spawn<Controller>("controller." + run.name, cfg, run, host, lighthouse);
   controller.call(&Controller::spawn_all).get(spawn_timeout * 2);
   // Start training once the lighthouse has heard from every group, so the first quorum has all.
   auto deadline = Clock::now() + spawn_timeout;
@@ -1050,7 +1055,8 @@ RunResult run_job(const mesh::HostMesh& host, TrainConfig cfg, RunOptions run,
   if (!done.wait_for(budget)) controller.call(&Controller::finish_now).get(spawn_timeout);
   RunResult res = done.get(spawn_timeout);
   // The lighthouse first: holders waiting for a quorum get an error at once and see the stop.
-  lighthouse.stop().get(spawn_timeout);
+  // An external one outlives the job (its holders keep forming quorums until stopped).
+  if (lighthouse_addr.empty()) lighthouse.stop().get(spawn_timeout);
   controller.call(&Controller::shutdown).get(spawn_timeout * 2);
   controller.stop().get(spawn_timeout);
   return res;
@@ -1138,7 +1144,7 @@ static int run(int argc, char** argv) {
   TrainConfig cfg;
   RunOptions run;
   bool no_faults = false;
-  std::string json_summary, out_dir = "ft_train_out";
+  std::string json_summary, out_dir = "ft_train_out", lighthouse_addr;
   CLI::App app{
       "ft_train: fault-tolerant elastic training on Fashion-MNIST (monarch-cpp's main job)"};
   app.add_option("--steps", cfg.steps, "training steps (committed)")->check(CLI::Range(1, 1000000));
@@ -1162,6 +1168,9 @@ static int run(int argc, char** argv) {
   app.add_option("--json-summary", json_summary, "write the summary JSON here");
   app.add_option("--out", out_dir, "directory for metrics JSONL and the PNG chart");
   app.add_flag("!--no-progress", run.progress, "no live progress line");
+  app.add_option("--lighthouse", lighthouse_addr,
+                 "address of a standalone lighthouse (`monarch lighthouse --listen ADDR`) to use "
+                 "instead of one in this process");
   CLI11_PARSE(app, argc, argv);
   if (cfg.global_batch < cfg.replicas * cfg.ranks) {
     std::fprintf(stderr, "ft_train: --batch %lld is smaller than replicas x ranks\n",
@@ -1200,11 +1209,11 @@ static int run(int argc, char** argv) {
         static_cast<long long>(cfg.replicas), static_cast<long long>(cfg.ranks),
         static_cast<long long>(cfg.steps), static_cast<long long>(cfg.global_batch),
         static_cast<unsigned long long>(cfg.seed));
-    fault_free = run_job(host, cfg, ff_opts, store);
+    fault_free = run_job(host, cfg, ff_opts, store, lighthouse_addr);
     if (!no_faults && run.faults > 0) {
       run.name = "faulty";
       run.metrics_path = out_dir + "/faulty.jsonl";
-      faulty = run_job(host, cfg, run, store);
+      faulty = run_job(host, cfg, run, store, lighthouse_addr);
     }
     const RunResult& main_run = faulty ? *faulty : *fault_free;
     print_table(faulty ? &*fault_free : nullptr, main_run, detection_s);
