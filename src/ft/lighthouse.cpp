@@ -263,10 +263,14 @@ void Manager::beat() {
     }
     moved = epoch_ != 0 && r.epoch != epoch_;
     epoch_ = r.epoch;
+    if (unreachable_->exchange(false))
+      spdlog::info("manager {}: the lighthouse answers again", replica_id_);
   } catch (const DeliveryFailure& e) {
     const auto& id = lh.id();
-    spdlog::warn("manager {}: heartbeat to the lighthouse failed ({}); looking it up again",
-                 replica_id_, e.what());
+    // Once per outage at warning level (a job's own lighthouse stops before its managers).
+    spdlog::log(unreachable_->exchange(true) ? spdlog::level::debug : spdlog::level::warn,
+                "manager {}: heartbeat to the lighthouse failed ({}); looking it up again",
+                replica_id_, e.what());
     try {
       auto fresh = proc().lookup_remote<Lighthouse>(id.proc, id.name).get(wait);
       std::lock_guard lock(lh_mu_);
@@ -308,34 +312,35 @@ void Manager::send_inflight() {
   }
   lighthouse()
       .call(&Lighthouse::quorum, std::move(m))
-      .on_complete(
-          [in, seq, last = last_quorum_id_, id = replica_id_](monarch::detail::State<Quorum>& s) {
-            std::lock_guard lock(in->mu);
-            if (in->done || in->seq != seq) return;  // superseded by a re-send
-            if (s.error) {
-              try {
-                std::rethrow_exception(s.error);
-              } catch (const DeliveryFailure& e) {
-                spdlog::warn("manager {}: quorum request not delivered ({}); waiting for a re-send",
-                             id, e.what());
-                return;
-              } catch (...) {
-              }
-            }
-            in->done = true;
-            if (!s.error) last->store(s.value->quorum_id);
-            for (auto& [r, a] : in->asks) {
-              if (s.error) {
-                a.reply.set_error(s.error);
-                continue;
-              }
-              try {
-                a.reply.set_value(result_for(*s.value, id, r));
-              } catch (...) {
-                a.reply.set_error(std::current_exception());
-              }
-            }
-          });
+      .on_complete([in, seq, last = last_quorum_id_, down = unreachable_,
+                    id = replica_id_](monarch::detail::State<Quorum>& s) {
+        std::lock_guard lock(in->mu);
+        if (in->done || in->seq != seq) return;  // superseded by a re-send
+        if (s.error) {
+          try {
+            std::rethrow_exception(s.error);
+          } catch (const DeliveryFailure& e) {
+            spdlog::log(down->exchange(true) ? spdlog::level::debug : spdlog::level::warn,
+                        "manager {}: quorum request not delivered ({}); waiting for a re-send", id,
+                        e.what());
+            return;
+          } catch (...) {
+          }
+        }
+        in->done = true;
+        if (!s.error) last->store(s.value->quorum_id);
+        for (auto& [r, a] : in->asks) {
+          if (s.error) {
+            a.reply.set_error(s.error);
+            continue;
+          }
+          try {
+            a.reply.set_value(result_for(*s.value, id, r));
+          } catch (...) {
+            a.reply.set_error(std::current_exception());
+          }
+        }
+      });
 }
 
 void Manager::check_rank(int64_t rank, const char* what) const {

@@ -289,6 +289,7 @@ class Manager : public Actor {
   std::chrono::milliseconds heartbeat_interval_;
   uint64_t epoch_ = 0;  // heartbeat thread only: the lighthouse incarnation last heard
   std::shared_ptr<std::atomic<int64_t>> last_quorum_id_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<bool>> unreachable_ = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<Inflight> inflight_;
   std::map<int64_t, QuorumAsk> asks_;
   std::map<int64_t, Vote> votes_;
