@@ -7,6 +7,7 @@
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR http      /status fields, refused kills, bad paths;
                                                         a kill with the secret kills the group and
                                                         the job heals it
+  lighthouse_test.py MONARCH FT_TRAIN WORKDIR flags     bad flags are refused with a clear message
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR chromium  the page in headless Chromium shows the
                                                         members change when a group is killed
 
@@ -260,6 +261,24 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
     print("PASS")
 
 
+def test_flags(monarch, workdir):
+    cases = [
+        (["--listen", "garbage"], "bad channel address 'garbage'"),
+        (["--listen", "tcp://127.0.0.1:0", "--http", "nope"], "--http 'nope'"),
+        (["--listen", "tcp://127.0.0.1:0", "--http", "127.0.0.1:99999"], "bad port"),
+        (["--listen", "tcp://127.0.0.1:0", "--secret-file", os.path.join(workdir, "absent")],
+         "cannot read --secret-file"),
+        ([], "--listen is required"),
+    ]
+    for args, want in cases:
+        r = subprocess.run([monarch, "lighthouse"] + args, capture_output=True, text=True,
+                           timeout=20)
+        if r.returncode == 0 or want not in r.stderr + r.stdout:
+            fail("monarch lighthouse %s: exit %d, output %r; expected a failure saying %r" %
+                 (" ".join(args), r.returncode, r.stderr + r.stdout, want))
+    print("PASS")
+
+
 def dump_dom(url):
     args = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             "--user-data-dir=" + os.path.join(WORKDIR, "chromium"),
@@ -275,7 +294,7 @@ def dump_dom(url):
 
 def main():
     global WORKDIR
-    if len(sys.argv) != 5 or sys.argv[4] not in ("freeze", "http", "chromium"):
+    if len(sys.argv) != 5 or sys.argv[4] not in ("freeze", "http", "chromium", "flags"):
         print(__doc__)
         return 2
     monarch, ft_train, WORKDIR, mode = sys.argv[1:]
@@ -284,7 +303,9 @@ def main():
     with open(secret_file, "w") as f:
         f.write(SECRET + "\n")
     os.environ["MONARCH_SECRET"] = SECRET  # ft_train and its workers dial the TCP lighthouse
-    if mode == "freeze":
+    if mode == "flags":
+        test_flags(monarch, WORKDIR)
+    elif mode == "freeze":
         test_freeze(monarch, ft_train, WORKDIR, secret_file)
     else:
         test_http(monarch, ft_train, WORKDIR, secret_file, chromium=(mode == "chromium"))
