@@ -2,24 +2,52 @@
 //
 //   monarch agent --listen tcp://0.0.0.0:26600   host agent: spawns and reaps procs for clients
 //                                                 that attach_to_workers() to it
+//   monarch lighthouse --listen tcp://0.0.0.0:29500 [--http 127.0.0.1:29510] [--secret-file F]
+//                                                 standalone lighthouse of fault-tolerant jobs
+//                                                 (docs/ft.md), with an HTTP status page
 //   monarch worker                                a plain worker proc (SpawnOptions::program), for
 //                                                 programs that need no actors of their own
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "lighthouse_server.hpp"
 #include "monarch/mesh/process.hpp"
 #include "monarch/run_main.hpp"
 
 static int run(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv);  // started by an agent: become a worker, never return
 
-  CLI::App app{"monarch: host agent and worker procs of monarch-cpp"};
+  CLI::App app{"monarch: host agent, lighthouse and worker procs of monarch-cpp"};
   app.require_subcommand(1);
   std::string listen;
   auto* agent = app.add_subcommand("agent", "run a host agent until SIGTERM or SIGINT");
   agent
       ->add_option("--listen", listen, "channel address, e.g. tcp://0.0.0.0:26600 or unix://@agent")
       ->required();
+  monarch::tools::LighthouseFlags lf;
+  int64_t join_ms = 0, heartbeat_ms = 0, recovery_ms = -1;
+  auto* lighthouse = app.add_subcommand(
+      "lighthouse", "run a standalone fault-tolerance lighthouse until SIGTERM or SIGINT");
+  lighthouse
+      ->add_option("--listen", lf.listen,
+                   "channel address the jobs' managers reach, e.g. tcp://0.0.0.0:29500")
+      ->required();
+  lighthouse->add_option("--http", lf.http,
+                         "HOST:PORT of the status page and JSON API (default 127.0.0.1, any port)");
+  lighthouse->add_option("--secret-file", lf.secret_file,
+                         "file holding the job secret (TCP channels, POST /replica/ID/kill); "
+                         "default $MONARCH_SECRET, $MONARCH_SECRET_FILE");
+  lighthouse->add_option("--min-replicas", lf.min_replicas, "default ft.min_replicas")
+      ->check(CLI::NonNegativeNumber);
+  lighthouse->add_option("--join-timeout-ms", join_ms, "default ft.quorum_join_timeout")
+      ->check(CLI::NonNegativeNumber);
+  lighthouse->add_option("--heartbeat-timeout-ms", heartbeat_ms, "default ft.heartbeat_timeout")
+      ->check(CLI::NonNegativeNumber);
+  lighthouse
+      ->add_option("--recovery-wait-ms", recovery_ms,
+                   "after a start or a freeze, wait this long before leaving a group out "
+                   "of a quorum (default: the heartbeat timeout; 0: off)")
+      ->check(CLI::NonNegativeNumber);
   auto* worker =
       app.add_subcommand("worker", "run as a worker proc (only when started by an agent)");
   CLI11_PARSE(app, argc, argv);
@@ -28,6 +56,17 @@ static int run(int argc, char** argv) {
     std::fprintf(stderr,
                  "monarch worker: not started by a host agent (MONARCH_WORKER_OWNER is not set)\n");
     return 2;
+  }
+  if (*lighthouse) {
+    lf.join_timeout = std::chrono::milliseconds(join_ms);
+    lf.heartbeat_timeout = std::chrono::milliseconds(heartbeat_ms);
+    lf.recovery_wait = std::chrono::milliseconds(recovery_ms);
+    try {
+      return monarch::tools::run_lighthouse(lf);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "monarch lighthouse: %s\n", e.what());
+      return 1;
+    }
   }
   try {
     return monarch::mesh::run_agent(listen, [](const std::string& addr) {

@@ -288,7 +288,7 @@ static int run(int argc, char** argv) {
   RunOptions run;
   run.live = ::isatty(STDOUT_FILENO) == 1;
   bool no_faults = false;
-  std::string json_summary, out_dir = "ft_train_out";
+  std::string json_summary, out_dir = "ft_train_out", lighthouse_addr;
   CLI::App app{"ft_train: fault-tolerant elastic training (monarch-cpp's main job)"};
   app.add_option("--model", cfg.model, "mlp (Fashion-MNIST) or llama-tiny");
   app.add_option("--steps", cfg.steps, "training steps (committed)")->check(CLI::Range(1, 1000000));
@@ -310,6 +310,9 @@ static int run(int argc, char** argv) {
   app.add_option("--progress-every", run.progress_every,
                  "when stdout is not a terminal: a plain progress line every N steps")
       ->check(CLI::Range(1, 1000000));
+  app.add_option(
+      "--lighthouse", lighthouse_addr,
+      "a standalone lighthouse (`monarch lighthouse --listen ADDR`) instead of one here");
   CLI11_PARSE(app, argc, argv);
   if (cfg.global_batch < cfg.replicas * cfg.ranks) {
     std::fprintf(stderr, "ft_train: --batch %lld is smaller than replicas x ranks\n",
@@ -333,9 +336,13 @@ static int run(int argc, char** argv) {
     std::filesystem::create_directories(out_dir);
     ft::StoreServer store;
     std::vector<mesh::HostMesh> hosts{mesh::this_host()};
-    auto one_run = [&](RunOptions o) {
+    auto one_run = [&](RunOptions o) {  // an external lighthouse outlives the job: not ours
+      auto& client = hosts[0].client();
+      if (!lighthouse_addr.empty())
+        return run_job(hosts, ft::connect_lighthouse(client, lighthouse_addr, 30s), false, cfg, o,
+                       store);
       auto lighthouse =
-          hosts[0].client().spawn<ft::Lighthouse>("lighthouse." + o.name, ft::LighthouseOptions{});
+          client.spawn<ft::Lighthouse>("lighthouse." + o.name, ft::LighthouseOptions{});
       return run_job(hosts, lighthouse, true, cfg, o, store);
     };
     std::printf(

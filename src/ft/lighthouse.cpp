@@ -1,7 +1,14 @@
 #include "monarch/ft/lighthouse.hpp"
 
 #include <fmt/format.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <random>
+
+#include "monarch/actor/errors.hpp"
+#include "monarch/actor/proc.hpp"
 #include "monarch/config/config.hpp"
 
 namespace monarch::ft {
@@ -15,7 +22,20 @@ QuorumRules rules_from(const LighthouseOptions& o) {
       o.join_timeout.count() > 0 ? o.join_timeout : cfg.duration("ft.quorum_join_timeout");
   r.heartbeat_timeout =
       o.heartbeat_timeout.count() > 0 ? o.heartbeat_timeout : cfg.duration("ft.heartbeat_timeout");
+  r.recovery_wait = o.recovery_wait;
   return r;
+}
+
+uint64_t random_epoch() {
+  std::random_device rd;
+  uint64_t e = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return e == 0 ? 1 : e;
+}
+
+int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -41,7 +61,8 @@ void detail::Periodic::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-Lighthouse::Lighthouse(LighthouseOptions options) : state_(rules_from(options)) {}
+Lighthouse::Lighthouse(LighthouseOptions options)
+    : state_(rules_from(options)), epoch_(random_epoch()) {}
 
 void Lighthouse::init() {
   auto period = std::max(std::chrono::milliseconds(10), state_.rules().join_timeout / 5);
@@ -56,8 +77,15 @@ void Lighthouse::cleanup(const std::optional<ActorSupervisionEvent>&) {
   waiting_.clear();
 }
 
-void Lighthouse::heartbeat(std::string replica_id) {
+HeartbeatReply Lighthouse::heartbeat(std::string replica_id) {
   state_.heartbeat(replica_id, Clock::now());
+  HeartbeatReply r{.epoch = epoch_, .kill = false};
+  if (auto it = kill_.find(replica_id); it != kill_.end()) {
+    r.kill = true;
+    kill_.erase(it);
+    spdlog::warn("lighthouse: told {} to kill itself (kill_replica)", replica_id);
+  }
+  return r;
 }
 
 Future<Quorum> Lighthouse::quorum(QuorumMember member) {
@@ -70,6 +98,7 @@ Future<Quorum> Lighthouse::quorum(QuorumMember member) {
   Promise<Quorum> p;
   auto f = p.get_future();
   waiting_.emplace(id, std::move(p));
+  last_step_[id] = member.step;
   state_.request(std::move(member), Clock::now());
   try_form();
   return f;
@@ -97,10 +126,54 @@ void Lighthouse::tick() {
   try_form();
 }
 
+LighthouseStatus Lighthouse::status() const {
+  LighthouseStatus s;
+  auto now = Clock::now();
+  s.epoch = epoch_;
+  s.heartbeat_timeout_ms = state_.rules().heartbeat_timeout.count();
+  const auto& prev = state_.previous();
+  if (prev) {
+    s.quorum_id = prev->quorum_id;
+    s.max_step = prev->max_step;
+    for (const auto& p : prev->participants) s.members.push_back(p.replica_id);
+  }
+  for (const auto& [id, m] : state_.pending_members()) s.pending.push_back(id);
+  for (const auto& [id, t] : state_.heartbeats()) {
+    ReplicaStatus r;
+    r.replica_id = id;
+    if (auto it = last_step_.find(id); it != last_step_.end()) r.step = it->second;
+    r.heartbeat_age_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - t).count();
+    r.healthy = now - t <= state_.rules().heartbeat_timeout;
+    r.pending = state_.pending_members().count(id) > 0;
+    r.in_quorum = std::find(s.members.begin(), s.members.end(), id) != s.members.end();
+    s.replicas.push_back(std::move(r));
+  }
+  s.changes.assign(changes_.begin(), changes_.end());
+  if (state_.pending() > 0) {
+    QuorumState probe = state_;  // poll() consumes requests: ask a copy why none formed
+    std::string why;
+    if (!probe.poll(now, &why)) s.waiting_for = why;
+  }
+  return s;
+}
+
+bool Lighthouse::kill_replica(std::string replica_id) {
+  if (state_.heartbeats().count(replica_id) == 0) return false;
+  kill_[replica_id] = true;
+  return true;
+}
+
 void Lighthouse::try_form() {
   if (state_.pending() == 0) return;
   auto q = state_.poll(Clock::now());
   if (!q) return;
+  if (changes_.empty() || changes_.back().quorum_id != q->quorum_id) {
+    QuorumChange c{.quorum_id = q->quorum_id, .unix_ms = unix_ms_now(), .max_step = q->max_step};
+    for (const auto& p : q->participants) c.participants.push_back(p.replica_id);
+    c.reason = q->reason;
+    changes_.push_back(std::move(c));
+    while (changes_.size() > kMaxChanges) changes_.pop_front();
+  }
   for (const auto& m : q->participants) {
     auto it = waiting_.find(m.replica_id);
     if (it == waiting_.end()) continue;
@@ -158,13 +231,116 @@ Manager::Manager(ActorRef<Lighthouse> lighthouse, std::string replica_id, int64_
 }
 
 void Manager::init() {
-  heartbeat_.start(heartbeat_interval_, [lh = lighthouse_, id = replica_id_] {
-    (void)lh.call(&Lighthouse::heartbeat, id);
-  });
+  heartbeat_.start(heartbeat_interval_, [this] { beat(); });
 }
 
 void Manager::cleanup(const std::optional<ActorSupervisionEvent>&) {
   heartbeat_.stop();
+}
+
+ActorRef<Lighthouse> Manager::lighthouse() const {
+  std::lock_guard lock(lh_mu_);
+  return lighthouse_;
+}
+
+// The heartbeat thread. A frozen lighthouse leaves the reply pending (the next beats queue behind
+// it, which is what a thawed lighthouse should see); a restarted one answers with a new epoch, or
+// (a new actor uid) fails the beat with DeliveryFailure: then look it up again by address and the
+// actor's name, and re-send the pending quorum request.
+void Manager::beat() {
+  auto lh = lighthouse();
+  auto f = lh.call(&Lighthouse::heartbeat, replica_id_);
+  auto wait = std::max(heartbeat_interval_ * 5, std::chrono::milliseconds(500));
+  if (!f.wait_for(wait)) return;
+  bool moved = false;
+  try {
+    HeartbeatReply r = f.get(wait);
+    if (r.kill) {
+      spdlog::warn("manager {}: the lighthouse asked this group to die: SIGKILL to pid {}",
+                   replica_id_, ::getpid());
+      std::fflush(nullptr);
+      ::kill(::getpid(), SIGKILL);
+    }
+    moved = epoch_ != 0 && r.epoch != epoch_;
+    epoch_ = r.epoch;
+    if (unreachable_->exchange(false))
+      spdlog::info("manager {}: the lighthouse answers again", replica_id_);
+  } catch (const DeliveryFailure& e) {
+    const auto& id = lh.id();
+    // Once per outage at warning level (a job's own lighthouse stops before its managers).
+    spdlog::log(unreachable_->exchange(true) ? spdlog::level::debug : spdlog::level::warn,
+                "manager {}: heartbeat to the lighthouse failed ({}); looking it up again",
+                replica_id_, e.what());
+    try {
+      auto fresh = proc().lookup_remote<Lighthouse>(id.proc, id.name).get(wait);
+      std::lock_guard lock(lh_mu_);
+      moved = !(fresh.id() == lighthouse_.id());
+      lighthouse_ = std::move(fresh);
+    } catch (const std::exception& e2) {
+      spdlog::debug("manager {}: lighthouse {} not found yet: {}", replica_id_, id.proc, e2.what());
+    }
+  } catch (const std::exception& e) {
+    spdlog::debug("manager {}: heartbeat: {}", replica_id_, e.what());
+  }
+  if (moved) {
+    spdlog::warn("manager {}: the lighthouse restarted; re-sending the pending quorum request",
+                 replica_id_);
+    self<Manager>().send(&Manager::resend);
+  }
+}
+
+void Manager::undeliverable(const DeliveryFailure& failure) {
+  spdlog::warn("manager {}: {}", replica_id_, failure.what());
+}
+
+void Manager::resend() {
+  if (inflight_) send_inflight();
+}
+
+// Sends the group's request (again): only the latest send may answer the ranks. A DeliveryFailure
+// leaves them waiting (the heartbeat thread re-sends once the lighthouse is back, or the ranks'
+// own deadline fails their wait and they ask again); a QuorumError reaches them.
+void Manager::send_inflight() {
+  auto in = inflight_;
+  uint64_t seq;
+  QuorumMember m;
+  {
+    std::lock_guard lock(in->mu);
+    if (in->done) return;
+    seq = ++in->seq;
+    m = in->member;
+  }
+  lighthouse()
+      .call(&Lighthouse::quorum, std::move(m))
+      .on_complete([in, seq, last = last_quorum_id_, down = unreachable_,
+                    id = replica_id_](monarch::detail::State<Quorum>& s) {
+        std::lock_guard lock(in->mu);
+        if (in->done || in->seq != seq) return;  // superseded by a re-send
+        if (s.error) {
+          try {
+            std::rethrow_exception(s.error);
+          } catch (const DeliveryFailure& e) {
+            spdlog::log(down->exchange(true) ? spdlog::level::debug : spdlog::level::warn,
+                        "manager {}: quorum request not delivered ({}); waiting for a re-send", id,
+                        e.what());
+            return;
+          } catch (...) {
+          }
+        }
+        in->done = true;
+        if (!s.error) last->store(s.value->quorum_id);
+        for (auto& [r, a] : in->asks) {
+          if (s.error) {
+            a.reply.set_error(s.error);
+            continue;
+          }
+          try {
+            a.reply.set_value(result_for(*s.value, id, r));
+          } catch (...) {
+            a.reply.set_error(std::current_exception());
+          }
+        }
+      });
 }
 
 void Manager::check_rank(int64_t rank, const char* what) const {
@@ -204,22 +380,13 @@ Future<QuorumResult> Manager::quorum(int64_t rank, int64_t step, bool commit_fai
   if (complete_state && max_step == m.step) {  // a donor only when every rank is at the same step
     for (auto& [r, a] : asks_) m.state.push_back(*a.state);
   }
-  auto asks = std::make_shared<std::map<int64_t, QuorumAsk>>(std::move(asks_));
+  m.last_quorum_id = last_quorum_id_->load();
+  auto in = std::make_shared<Inflight>();
+  in->member = std::move(m);
+  in->asks = std::move(asks_);
   asks_.clear();
-  lighthouse_.call(&Lighthouse::quorum, std::move(m))
-      .on_complete([asks, id = replica_id_](monarch::detail::State<Quorum>& s) {
-        for (auto& [r, a] : *asks) {
-          if (s.error) {
-            a.reply.set_error(s.error);
-            continue;
-          }
-          try {
-            a.reply.set_value(result_for(*s.value, id, r));
-          } catch (...) {
-            a.reply.set_error(std::current_exception());
-          }
-        }
-      });
+  inflight_ = std::move(in);
+  send_inflight();
   return f;
 }
 
@@ -239,6 +406,23 @@ Future<bool> Manager::should_commit(int64_t rank, int64_t step, bool ok) {
   for (auto& [r, vote] : votes_) vote.reply.set_value(all_ok);
   votes_.clear();
   return f;
+}
+
+}  // namespace monarch::ft
+
+namespace monarch::ft {
+
+ActorRef<Lighthouse> connect_lighthouse(Proc& proc, const std::string& addr,
+                                        std::chrono::milliseconds timeout) {
+  if (proc.address().empty())
+    throw UsageError("connect_lighthouse(" + addr +
+                     "): this Proc does not listen (set ProcOptions::listen)");
+  try {
+    return proc.lookup_remote<Lighthouse>(addr, kLighthouseName).get(timeout);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("no lighthouse reachable at {} within {} ms: {}", addr, timeout.count(),
+                            e.what()));
+  }
 }
 
 }  // namespace monarch::ft

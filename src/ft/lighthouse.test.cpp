@@ -148,4 +148,36 @@ TEST_F(LighthouseTest, AGroupWhoseHeartbeatsStopIsLeftOutAfterTheHeartbeatTimeou
       << "a had to wait: join timeout (200 ms) or b's heartbeat timeout (600 ms)";
 }
 
+TEST_F(LighthouseTest, StatusShowsTheQuorumItsMembersAndTheirStepsAndAKillIsDeliveredByHeartbeat) {
+  auto a = manager("a"), b = manager("b");
+  auto fa = ask(a, 0, 3), fb = ask(b, 0, 3);
+  ASSERT_EQ(fa.get(5s).quorum_id, 1);
+  fb.get(5s);
+  auto s = lh.call(&Lighthouse::status).get(5s);
+  EXPECT_NE(s.epoch, 0u);
+  EXPECT_EQ(s.quorum_id, 1);
+  EXPECT_EQ(s.max_step, 3);
+  EXPECT_EQ(s.members, (std::vector<std::string>{"a", "b"}));
+  ASSERT_EQ(s.replicas.size(), 2u);
+  for (const auto& r : s.replicas) {
+    EXPECT_EQ(r.step, 3) << r.replica_id;
+    EXPECT_TRUE(r.healthy) << r.replica_id;
+    EXPECT_TRUE(r.in_quorum) << r.replica_id;
+    EXPECT_GE(r.heartbeat_age_ms, 0) << r.replica_id;
+  }
+  ASSERT_EQ(s.changes.size(), 1u);
+  EXPECT_EQ(s.changes[0].participants, (std::vector<std::string>{"a", "b"}));
+  EXPECT_GT(s.changes[0].unix_ms, 0);
+
+  EXPECT_FALSE(lh.call(&Lighthouse::kill_replica, std::string("nobody")).get(5s));
+  // The kill travels on the next heartbeat reply (a Manager would SIGKILL its process; here the
+  // test plays the heartbeat so that this process survives).
+  b.stop().get(5s);
+  EXPECT_TRUE(lh.call(&Lighthouse::kill_replica, std::string("b")).get(5s));
+  auto r1 = lh.call(&Lighthouse::heartbeat, std::string("b")).get(5s);
+  EXPECT_TRUE(r1.kill);
+  EXPECT_EQ(r1.epoch, s.epoch);
+  EXPECT_FALSE(lh.call(&Lighthouse::heartbeat, std::string("b")).get(5s).kill) << "only once";
+}
+
 }  // namespace

@@ -55,13 +55,22 @@ QuorumState::QuorumState(QuorumRules rules) : rules_(rules) {
   }
 }
 
+void QuorumState::observe(Clock::time_point now) {
+  if (rules_.recovery_wait.count() > 0 &&
+      (!last_event_ || now - *last_event_ > rules_.heartbeat_timeout)) {
+    recovering_until_ = now + rules_.recovery_wait;
+  }
+  if (!last_event_ || now > *last_event_) last_event_ = now;
+}
+
 void QuorumState::heartbeat(const std::string& replica_id, Clock::time_point now) {
+  observe(now);
   auto& t = last_heartbeat_[replica_id];
   t = std::max(t, now);
 }
 
 void QuorumState::request(QuorumMember m, Clock::time_point now) {
-  heartbeat(m.replica_id, now);
+  heartbeat(m.replica_id, now);  // observes `now`
   if (!first_pending_) first_pending_ = now;
   std::string id = m.replica_id;
   pending_[id] = std::move(m);
@@ -86,6 +95,7 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
     if (why_not) *why_not = std::move(why);
     return std::nullopt;
   };
+  observe(now);
   std::vector<std::string> live = healthy(now);
   auto is_live = [&](const std::string& id) {
     return std::binary_search(live.begin(), live.end(), id);
@@ -106,6 +116,11 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
     reason = "fast path";
   } else {
     auto n = static_cast<int64_t>(candidates.size());
+    if (recovering_until_ && now < *recovering_until_) {
+      return fail(fmt::format(
+          "recovering (Q-7): waiting {} ms to hear from every live group",
+          std::chrono::duration_cast<std::chrono::milliseconds>(*recovering_until_ - now).count()));
+    }
     if (n < rules_.min_replicas) {
       return fail(fmt::format("{} candidate(s), min_replicas is {}", n, rules_.min_replicas));
     }
@@ -137,7 +152,9 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
                    return a.replica_id == b.replica_id;
                  });
   int64_t prev_id = previous_ ? previous_->quorum_id : 0;
-  q.quorum_id = (same_members && !failed_commit) ? prev_id : prev_id + 1;
+  int64_t seen = prev_id;  // after a restart, above every id the participants were given
+  for (const auto* c : candidates) seen = std::max(seen, c->last_quorum_id);
+  q.quorum_id = (same_members && !failed_commit && seen == prev_id) ? prev_id : seen + 1;
 
   for (const auto* c : candidates) pending_.erase(c->replica_id);
   first_pending_.reset();

@@ -1,4 +1,4 @@
-// QuorumState rules Q-1..Q-6 (include/monarch/ft/quorum.hpp), driven with made-up time.
+// QuorumState rules Q-1..Q-7 (include/monarch/ft/quorum.hpp), driven with made-up time.
 #include "monarch/ft/quorum.hpp"
 
 #include <gtest/gtest.h>
@@ -155,6 +155,63 @@ TEST_F(QuorumTest, HealersGetDonorsRoundRobinAmongUpToDateGroups) {  // Q-5
 
 TEST(QuorumRulesTest, BadMinReplicasIsRejected) {
   EXPECT_THROW(QuorumState(QuorumRules{.min_replicas = 0}), monarch::UsageError);
+}
+
+TEST(QuorumRecovery, Q7AFreshLighthouseHearsFromEveryGroupBeforeLeavingAnyOut) {
+  Clock::time_point t0 = Clock::time_point{} + 1h;
+  QuorumState s{QuorumRules{.min_replicas = 1,
+                            .join_timeout = 100ms,
+                            .heartbeat_timeout = 1000ms,
+                            .recovery_wait = 1000ms}};
+  // Restarted: only a has been heard from; alone it would be "all healthy joined".
+  auto a = member("a", 7);
+  a.last_quorum_id = 41;
+  s.request(a, t0);
+  std::string why;
+  EXPECT_FALSE(s.poll(t0 + 10ms, &why).has_value());
+  EXPECT_NE(why.find("Q-7"), std::string::npos) << why;
+  auto b = member("b", 7);
+  b.last_quorum_id = 41;
+  s.request(b, t0 + 100ms);
+  EXPECT_FALSE(s.poll(t0 + 999ms).has_value()) << "still within the recovery wait";
+  auto q = s.poll(t0 + 1000ms);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(q->quorum_id, 42) << "a restarted lighthouse never reuses a quorum id (store prefix)";
+}
+
+TEST(QuorumRecovery, Q7AFrozenLighthouseWaitsAgainButTheFastPathStillApplies) {
+  Clock::time_point t0 = Clock::time_point{} + 1h;
+  QuorumState s{QuorumRules{.min_replicas = 1,
+                            .join_timeout = 100ms,
+                            .heartbeat_timeout = 1000ms,
+                            .recovery_wait = 1000ms}};
+  for (auto id : {"a", "b", "c"}) s.request(member(id, 0), t0);
+  auto q1 = s.poll(t0 + 1000ms);  // after the start's recovery wait
+  ASSERT_TRUE(q1.has_value());
+  EXPECT_EQ(q1->quorum_id, 1);
+  // Frozen for 3 s; on the thaw a's request is handled first. Without Q-7, {a} would be "all
+  // healthy joined" (b's and c's heartbeats are stale) while b and c train on at the same step.
+  auto t1 = t0 + 4s;
+  s.request(member("a", 1), t1);
+  EXPECT_FALSE(s.poll(t1).has_value());
+  s.request(member("b", 1), t1 + 1ms);
+  EXPECT_FALSE(s.poll(t1 + 1ms).has_value());
+  s.request(member("c", 1), t1 + 2ms);
+  auto q2 = s.poll(t1 + 2ms);  // Q-2: the previous quorum is intact
+  ASSERT_TRUE(q2.has_value());
+  EXPECT_EQ(q2->reason, "fast path");
+  EXPECT_EQ(q2->quorum_id, 1);
+  EXPECT_EQ(ids(*q2), (std::vector<std::string>{"a", "b", "c"}));
+}
+
+TEST(QuorumRecovery, WithoutARecoveryWaitTheOldRulesHold) {
+  Clock::time_point t0 = Clock::time_point{} + 1h;
+  QuorumState s{QuorumRules{.min_replicas = 1, .join_timeout = 100ms}};
+  s.request(member("a", 0), t0);
+  auto q = s.poll(t0);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->quorum_id, 1);
 }
 
 }  // namespace

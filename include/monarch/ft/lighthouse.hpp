@@ -12,7 +12,8 @@
 //   ... heal if q.heal, reconfigure the allreduce if q.quorum_id changed, allreduce ...
 //   bool commit = manager.call(&ft::Manager::should_commit, rank, step, ok).get(timeout);
 //
-// Lighthouse: one per job, in the controller's process. Replica groups heartbeat it (the
+// Lighthouse: one per job, in the controller's process or standalone (`monarch lighthouse`, found
+// with connect_lighthouse). Replica groups heartbeat it (the
 // Manager's heartbeat thread, every ft.heartbeat_interval) and ask it for a quorum each step; the
 // rules are QuorumState's (quorum.hpp, Q-1..Q-6). The controller evicts a group it knows is dead
 // (its MeshFailure), so survivors need not wait for its heartbeat to go stale.
@@ -21,11 +22,19 @@
 // QuorumMember, asks the lighthouse, and gives each rank its QuorumResult: whether to heal and from
 // whom, its rank and world size in the allreduce, and the store prefix of this quorum's group.
 // should_commit gathers one vote per rank and answers true only if every rank voted ok.
+//
+// The Manager survives its lighthouse: it is never failed by a DeliveryFailure of a heartbeat or
+// quorum call. A frozen lighthouse simply answers late (its heartbeats queue; the ranks' quorum
+// waits are bounded by their own deadline and retried). A lighthouse restarted on the same address
+// is a new incarnation (LighthouseStatus::epoch, returned by every heartbeat): the Manager then
+// looks it up again by address and name and re-sends its pending quorum request there.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -65,9 +74,71 @@ struct LighthouseOptions {
   int64_t min_replicas = 0;                        ///< 0: ft.min_replicas
   std::chrono::milliseconds join_timeout{0};       ///< 0: ft.quorum_join_timeout
   std::chrono::milliseconds heartbeat_timeout{0};  ///< 0: ft.heartbeat_timeout
+  /// Q-7 (quorum.hpp): after a start or a freeze, wait this long before leaving any group out of
+  /// a quorum. 0: off (a lighthouse in the job's own process neither restarts nor freezes alone);
+  /// `monarch lighthouse` uses the heartbeat timeout.
+  std::chrono::milliseconds recovery_wait{0};
   template <class A>
   void serialize(A& ar) {
-    ar(min_replicas, join_timeout, heartbeat_timeout);
+    ar(min_replicas, join_timeout, heartbeat_timeout, recovery_wait);
+  }
+};
+
+/// The name a standalone lighthouse (`monarch lighthouse`) registers its Lighthouse actor under.
+inline constexpr const char* kLighthouseName = "lighthouse";
+
+/// What a heartbeat learns from the lighthouse.
+struct HeartbeatReply {
+  uint64_t epoch = 0;  ///< the lighthouse's incarnation (random per Lighthouse actor)
+  bool kill = false;   ///< kill_replica() asked for this group: its Manager SIGKILLs its process
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, kill);
+  }
+};
+
+/// One group as the lighthouse sees it (LighthouseStatus).
+struct ReplicaStatus {
+  std::string replica_id;
+  int64_t step = -1;             ///< step of its last quorum request (-1: none yet)
+  int64_t heartbeat_age_ms = 0;  ///< since its last heartbeat or request
+  bool healthy = false;          ///< heartbeat within heartbeat_timeout (Q-1)
+  bool pending = false;          ///< waiting for a quorum now
+  bool in_quorum = false;        ///< a participant of the last quorum
+  template <class A>
+  void serialize(A& ar) {
+    ar(replica_id, step, heartbeat_age_ms, healthy, pending, in_quorum);
+  }
+};
+
+/// A change of quorum id (LighthouseStatus::changes).
+struct QuorumChange {
+  int64_t quorum_id = 0;
+  int64_t unix_ms = 0;  ///< wall-clock time it formed, ms since the Unix epoch
+  int64_t max_step = 0;
+  std::vector<std::string> participants{};
+  std::string reason{};
+  template <class A>
+  void serialize(A& ar) {
+    ar(quorum_id, unix_ms, max_step, participants, reason);
+  }
+};
+
+/// Lighthouse::status: a snapshot for the HTTP page and tools.
+struct LighthouseStatus {
+  uint64_t epoch = 0;
+  int64_t quorum_id = 0;  ///< the last quorum's (0: none yet)
+  int64_t max_step = 0;
+  std::vector<std::string> members{};     ///< the last quorum's participants
+  std::vector<ReplicaStatus> replicas{};  ///< every group heard from, sorted by id
+  std::vector<std::string> pending{};     ///< groups waiting for a quorum
+  std::vector<QuorumChange> changes{};    ///< the most recent quorum id changes, oldest first
+  std::string waiting_for{};              ///< why no quorum formed yet ("" when none pending)
+  int64_t heartbeat_timeout_ms = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, quorum_id, max_step, members, replicas, pending, changes, waiting_for,
+       heartbeat_timeout_ms);
   }
 };
 
@@ -85,8 +156,9 @@ class Lighthouse : public Actor {
   void init() override;
   void cleanup(const std::optional<ActorSupervisionEvent>& error) override;
 
-  /// A group is alive. Fire-and-forget (send) from the group's heartbeat thread.
-  void heartbeat(std::string replica_id);
+  /// A group is alive. Called (or sent) from the group's heartbeat thread; the reply carries the
+  /// lighthouse's epoch and whether the group was asked to die (kill_replica).
+  HeartbeatReply heartbeat(std::string replica_id);
   /// Joins the next quorum; completes when one forms (Q-1..Q-5). A newer request from the same
   /// group fails the older one with QuorumError. The caller bounds the wait (ft.step_timeout).
   Future<Quorum> quorum(QuorumMember member);
@@ -101,16 +173,37 @@ class Lighthouse : public Actor {
   std::vector<std::string> healthy() const;
   /// Re-evaluates the rules; the lighthouse's own ticker calls it every join_timeout / 5.
   void tick();
+  /// A snapshot of the lighthouse's view (the HTTP /status page reads it through this call).
+  LighthouseStatus status() const;
+  /// Chaos drills: the next heartbeat reply to `replica_id` tells its Manager to SIGKILL its own
+  /// process (so the job's supervision sees a real failure). False when the lighthouse never heard
+  /// from that group.
+  bool kill_replica(std::string replica_id);
 
-  MONARCH_ENDPOINTS(Lighthouse, heartbeat, quorum, evict, last_quorum, healthy, pending, tick)
+  MONARCH_ENDPOINTS(Lighthouse, heartbeat, quorum, evict, last_quorum, healthy, pending, tick,
+                    status, kill_replica)
+
+  /// How many quorum changes status() keeps.
+  static constexpr size_t kMaxChanges = 32;
 
  private:
   void try_form();
 
   QuorumState state_;
+  uint64_t epoch_;
   std::map<std::string, Promise<Quorum>> waiting_;
+  std::map<std::string, int64_t> last_step_;
+  std::deque<QuorumChange> changes_;
+  std::map<std::string, bool> kill_;  // replica id -> a kill is waiting for its next heartbeat
   detail::Periodic ticker_;
 };
+
+/// Looks up the standalone lighthouse serving `addr` (e.g. "tcp://10.0.0.5:29500", the address
+/// `monarch lighthouse` prints) from `proc`, which must listen (ProcOptions::listen) and share the
+/// job secret for TCP. Blocks up to `timeout`. Throws Error naming `addr` when it cannot be
+/// reached or has no lighthouse. Any thread outside an actor handler.
+ActorRef<Lighthouse> connect_lighthouse(Proc& proc, const std::string& addr,
+                                        std::chrono::milliseconds timeout);
 
 /// What one rank of a replica group learns from Manager::quorum.
 struct QuorumResult {
@@ -156,7 +249,13 @@ class Manager : public Actor {
   /// One vote per rank for step `step`; completes with true only if every rank voted ok.
   Future<bool> should_commit(int64_t rank, int64_t step, bool ok);
 
-  MONARCH_ENDPOINTS(Manager, quorum, should_commit)
+  /// Internal (the heartbeat thread): the lighthouse restarted or was re-resolved; re-send the
+  /// pending quorum request to it.
+  void resend();
+  /// A DeliveryFailure of a send is logged, never fatal (the lighthouse may be down for a while).
+  void undeliverable(const DeliveryFailure& failure) override;
+
+  MONARCH_ENDPOINTS(Manager, quorum, should_commit, resend)
 
  private:
   struct QuorumAsk {
@@ -165,6 +264,17 @@ class Manager : public Actor {
     std::optional<rdma::RdmaHandle> state;
     Promise<QuorumResult> reply;
   };
+  /// The group's request in flight to the lighthouse: answered once, by the latest send.
+  struct Inflight {
+    std::mutex mu;
+    uint64_t seq = 0;
+    bool done = false;
+    QuorumMember member;
+    std::map<int64_t, QuorumAsk> asks;
+  };
+  void send_inflight();
+  void beat();
+  ActorRef<Lighthouse> lighthouse() const;
   struct Vote {
     int64_t step;
     bool ok;
@@ -172,10 +282,15 @@ class Manager : public Actor {
   };
   void check_rank(int64_t rank, const char* what) const;
 
+  mutable std::mutex lh_mu_;  // lighthouse_ (re-resolved by the heartbeat thread)
   ActorRef<Lighthouse> lighthouse_;
   std::string replica_id_;
   int64_t world_size_;
   std::chrono::milliseconds heartbeat_interval_;
+  uint64_t epoch_ = 0;  // heartbeat thread only: the lighthouse incarnation last heard
+  std::shared_ptr<std::atomic<int64_t>> last_quorum_id_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<bool>> unreachable_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<Inflight> inflight_;
   std::map<int64_t, QuorumAsk> asks_;
   std::map<int64_t, Vote> votes_;
   detail::Periodic heartbeat_;

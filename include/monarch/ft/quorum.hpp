@@ -23,6 +23,13 @@
 //      donor round-robin (by healer order, offset by quorum_id) among participants at max_step.
 //  Q-6 An evicted group (declared dead by supervision) is not healthy until it heartbeats again,
 //      and its pending request is dropped.
+//  Q-7 A lighthouse that may not have heard from every live group yet (it just started, e.g.
+//      restarted on the same address, or it resumes after more than heartbeat_timeout without any
+//      event: it was frozen) forms no quorum by Q-3 for QuorumRules::recovery_wait (0: off), so
+//      that a quorum of the first few groups heard from cannot leave the others out while they
+//      train on at the same step (split brain). Q-2 still applies. Quorum ids stay increasing
+//      across a restart: a quorum's id is above the largest `last_quorum_id` its participants
+//      report, so a fresh lighthouse never reuses an id (and a store prefix).
 #pragma once
 
 #include <cereal/types/chrono.hpp>
@@ -51,11 +58,12 @@ struct QuorumMember {
   /// Where each rank's committed state can be read (index = local rank); empty when the group has
   /// nothing to offer (e.g. it is healing).
   std::vector<rdma::RdmaHandle> state{};
-  std::string address{};  ///< free-form: where the group can be reached (for reports)
+  std::string address{};       ///< free-form: where the group can be reached (for reports)
+  int64_t last_quorum_id = 0;  ///< the last quorum id this group was given (0: none) (Q-7)
 
   template <class A>
   void serialize(A& ar) {
-    ar(replica_id, step, world_size, commit_failed, state, address);
+    ar(replica_id, step, world_size, commit_failed, state, address, last_quorum_id);
   }
 };
 
@@ -86,6 +94,7 @@ struct QuorumRules {
   int64_t min_replicas = 1;
   std::chrono::milliseconds join_timeout{500};
   std::chrono::milliseconds heartbeat_timeout{1000};
+  std::chrono::milliseconds recovery_wait{0};  ///< Q-7; 0: off
 };
 
 /// The lighthouse's bookkeeping. Not thread-safe (the Lighthouse actor owns it).
@@ -105,6 +114,12 @@ class QuorumState {
   std::optional<Quorum> poll(Clock::time_point now, std::string* why_not = nullptr);
 
   const std::optional<Quorum>& previous() const { return previous_; }
+  /// Last heartbeat (or request) of every group heard from, by replica id.
+  const std::map<std::string, Clock::time_point>& heartbeats() const { return last_heartbeat_; }
+  /// Requests waiting for a quorum, by replica id.
+  const std::map<std::string, QuorumMember>& pending_members() const { return pending_; }
+  /// Until when Q-7 holds back Q-3 quorums (nullopt: not now).
+  std::optional<Clock::time_point> recovering_until() const { return recovering_until_; }
   /// Groups with a fresh heartbeat at `now`, sorted.
   std::vector<std::string> healthy(Clock::time_point now) const;
   size_t pending() const { return pending_.size(); }
@@ -116,6 +131,9 @@ class QuorumState {
   std::map<std::string, QuorumMember> pending_;
   std::optional<Clock::time_point> first_pending_;
   std::optional<Quorum> previous_;
+  void observe(Clock::time_point now);  // a start or a gap begins a recovery wait
+  std::optional<Clock::time_point> last_event_;
+  std::optional<Clock::time_point> recovering_until_;
 };
 
 }  // namespace monarch::ft

@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Tests of the standalone lighthouse (`monarch lighthouse`) under a real ft_train job.
+
+  lighthouse_test.py MONARCH FT_TRAIN WORKDIR freeze    SIGSTOP the lighthouse past the heartbeat
+                                                        timeout, SIGCONT; then SIGKILL it and
+                                                        restart it on the same address
+  lighthouse_test.py MONARCH FT_TRAIN WORKDIR http      /status fields, refused kills, bad paths;
+                                                        a kill with the secret kills the group and
+                                                        the job heals it
+  lighthouse_test.py MONARCH FT_TRAIN WORKDIR flags     bad flags are refused with a clear message
+  lighthouse_test.py MONARCH FT_TRAIN WORKDIR chromium  the page in headless Chromium shows the
+                                                        members change when a group is killed
+
+Real processes on loopback (TCP, with a job secret). Every wait has a deadline; the end states are
+asserted from ft_train's summary and metrics: replicas bitwise equal, and one participant count
+per quorum id (no two quorums under one id).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SECRET = "lighthouse-test-secret"
+REPLICAS = 3
+
+
+def fail(msg):
+    print("FAIL: " + msg, flush=True)
+    sys.exit(1)
+
+
+def wait_for(what, pred, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)  # polling an external process's state, with a deadline
+    fail("timed out after %.0f s waiting for %s" % (timeout, what))
+
+
+class Lighthouse:
+    def __init__(self, monarch, listen, http="127.0.0.1:0", secret_file=None):
+        args = [monarch, "lighthouse", "--listen", listen, "--http", http]
+        args += os.environ.get("LIGHTHOUSE_TEST_ARGS", "").split()  # e.g. to try --recovery-wait-ms 0
+        if secret_file:
+            args += ["--secret-file", secret_file]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        self.addr = self.url = None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (self.addr is None or self.url is None):
+            line = self.proc.stdout.readline()
+            if not line:
+                fail("monarch lighthouse exited (%s) before serving" % self.proc.poll())
+            if line.startswith("LISTENING "):
+                self.addr = line.split()[1]
+            elif line.startswith("HTTP "):
+                self.url = line.split()[1].rstrip("/")
+        if self.url is None:
+            fail("monarch lighthouse printed no LISTENING/HTTP line")
+
+    def request(self, method, path, token=None):
+        req = urllib.request.Request(self.url + path, method=method)
+        if token is not None:
+            req.add_header("Authorization", "Bearer " + token)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def status(self):
+        code, body = self.request("GET", "/status")
+        if code != 200:
+            return None
+        return json.loads(body)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_job(ft_train, workdir, lighthouse_addr, steps):
+    out = os.path.join(workdir, "out")
+    summary = os.path.join(workdir, "summary.json")
+    args = [ft_train, "--lighthouse", lighthouse_addr, "--no-faults", "--steps", str(steps),
+            "--replicas", str(REPLICAS), "--no-progress", "--out", out, "--json-summary", summary]
+    log = open(os.path.join(workdir, "ft_train.log"), "w")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), out, summary
+
+
+def finish_job(job, summary, workdir, timeout=120, allow_restarts=False):
+    try:
+        rc = job.wait(timeout)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        fail("ft_train did not finish in %d s (log: %s/ft_train.log)" % (timeout, workdir))
+    if not os.path.exists(summary):
+        fail("ft_train exited %d without a summary (log: %s/ft_train.log)" % (rc, workdir))
+    s = json.load(open(summary))
+    print("ft_train exit %d; summary: replicas_bitwise_equal=%s survivor_restarts=%s" %
+          (rc, s.get("replicas_bitwise_equal"), s.get("survivor_restarts")))
+    if s.get("replicas_bitwise_equal") is not True:
+        fail("replicas not bitwise equal at the end")
+    if rc != 0 and not allow_restarts:
+        fail("ft_train exited %d (log: %s/ft_train.log)" % (rc, workdir))
+    return s
+
+
+def check_one_quorum_per_id(out):
+    seen = {}
+    with open(os.path.join(out, "fault_free.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if "quorum_id" not in r or "participants" not in r:
+                continue
+            q = r["quorum_id"]
+            if seen.setdefault(q, r["participants"]) != r["participants"]:
+                fail("quorum %d seen with %d and %d participants (split brain)" %
+                     (q, seen[q], r["participants"]))
+    print("quorum ids -> participants: %s" % dict(sorted(seen.items())))
+    return seen
+
+
+def max_step(lh):
+    s = lh.status()
+    return s["max_step"] if s else 0
+
+
+def test_freeze(monarch, ft_train, workdir, secret_file):
+    lh = Lighthouse(monarch, "tcp://127.0.0.1:0", secret_file=secret_file)
+    job, out, summary = start_job(ft_train, workdir, lh.addr, 1500)
+    try:
+        wait_for("the first quorum of %d groups" % REPLICAS,
+                 lambda: (lh.status() or {}).get("members") and
+                 len(lh.status()["members"]) == REPLICAS and max_step(lh) >= 50, 60)
+        hb_timeout = lh.status()["heartbeat_timeout_ms"] / 1000.0
+        before = max_step(lh)
+        lh.proc.send_signal(signal.SIGSTOP)
+        time.sleep(hb_timeout + 1.5)  # the fault itself: frozen for longer than the timeout
+        lh.proc.send_signal(signal.SIGCONT)
+        after = wait_for("training to resume after SIGCONT",
+                         lambda: max_step(lh) > before + 20 and max_step(lh), 30)
+        st = lh.status()
+        if len(st["members"]) != REPLICAS:
+            wait_for("every group back in one quorum",
+                     lambda: len((lh.status() or {"members": []})["members"]) == REPLICAS, 20)
+        print("freeze: step %d before, %d after; members %s" % (before, after, st["members"]))
+        epoch = st["epoch"]
+
+        # Restart on the same address: SIGKILL, then a new process on the printed address.
+        addr = lh.addr
+        lh.proc.kill()
+        lh.proc.wait()
+        lh = Lighthouse(monarch, addr, secret_file=secret_file)
+        if lh.addr != addr:
+            fail("restarted lighthouse listens on %s, not %s" % (lh.addr, addr))
+        resumed = wait_for("the managers to re-join the restarted lighthouse",
+                           lambda: (lh.status() or {}).get("max_step", 0) > after and
+                           len(lh.status()["members"]) == REPLICAS and lh.status(), 40)
+        if resumed["epoch"] == epoch:
+            fail("the restarted lighthouse has the old epoch")
+        print("restart: quorum %d, step %d, members %s" %
+              (resumed["quorum_id"], resumed["max_step"], resumed["members"]))
+        finish_job(job, summary, workdir)
+        seen = check_one_quorum_per_id(out)
+        # No group failed: a quorum without one means the lighthouse, just thawed or restarted,
+        # left out a live group it had not heard from yet (Q-7), which then trained on alone.
+        partial = {q: n for q, n in seen.items() if n != REPLICAS}
+        if partial:
+            fail("quorums without every live group (Q-7): %s" % partial)
+        if resumed["quorum_id"] <= min(seen):
+            fail("the restarted lighthouse reused a quorum id")
+    finally:
+        if job.poll() is None:
+            job.kill()
+        lh.stop()
+    print("PASS")
+
+
+def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
+    lh = Lighthouse(monarch, "tcp://127.0.0.1:0", secret_file=secret_file)
+    job, out, summary = start_job(ft_train, workdir, lh.addr, 1500)
+    try:
+        st = wait_for("the first quorum of %d groups" % REPLICAS,
+                      lambda: (lh.status() or {}).get("members") and
+                      len(lh.status()["members"]) == REPLICAS and lh.status(), 60)
+        for key in ("quorum_id", "members", "replicas", "recent_changes", "pending", "max_step"):
+            if key not in st:
+                fail("/status lacks '%s': %s" % (key, st))
+        for r in st["replicas"]:
+            for key in ("replica_id", "step", "heartbeat_age_ms", "healthy"):
+                if key not in r:
+                    fail("/status replica lacks '%s': %s" % (key, r))
+        if not st["recent_changes"] or "participants" not in st["recent_changes"][-1]:
+            fail("/status has no recent quorum change: %s" % st)
+        victim = "replica1"
+        page = None
+        if chromium:
+            page = dump_dom(lh.url + "/")
+            if "replica0 replica1 replica2" not in page:
+                fail("the page does not show the members: %s" % page[:2000])
+        else:
+            checks = [
+                ("POST", "/replica/%s/kill" % victim, None, 401),
+                ("POST", "/replica/%s/kill" % victim, "wrong", 403),
+                ("POST", "/replica/nobody/kill", SECRET, 404),
+                ("GET", "/replica/%s/kill" % victim, SECRET, 405),
+                ("GET", "/no/such/path", None, 404),
+                ("DELETE", "/status", None, 405),
+            ]
+            for method, path, token, want in checks:
+                code, body = lh.request(method, path, token)
+                if code != want or "error" not in json.loads(body):
+                    fail("%s %s -> %d %s, expected %d with an error body" %
+                         (method, path, code, body, want))
+            if lh.status()["members"] != st["members"]:
+                fail("a refused kill changed the quorum")
+        incarnations = lh.status()["quorum_id"]
+        code, body = lh.request("POST", "/replica/%s/kill" % victim, SECRET)
+        if code != 200:
+            fail("kill with the secret -> %d %s" % (code, body))
+        without = wait_for("a quorum without %s" % victim,
+                           lambda: victim not in (lh.status() or {"members": [victim]})["members"]
+                           and lh.status(), 30)
+        print("after the kill: quorum %d members %s" % (without["quorum_id"], without["members"]))
+        if chromium:
+            page2 = dump_dom(lh.url + "/")
+            shown = page2.split('id="members">', 1)[-1].split("<", 1)[0]
+            # The page polls; the group may be healed back by the time Chromium reads it. Then
+            # the change must still show in its table of recent quorum changes.
+            survivors = " ".join(m for m in st["members"] if m != victim)
+            in_table = "<td>%s</td>" % survivors in page2
+            if not shown or (victim in shown and not in_table):
+                fail("the page shows neither members without %s nor that change: '%s'\n%s" %
+                     (victim, shown, page2[:3000]))
+            print("page members before: '%s', after the kill: '%s'; change '%s' in its table: %s" %
+                  (" ".join(st["members"]), shown, survivors, in_table))
+        healed = wait_for("%s healed back into the quorum" % victim,
+                          lambda: victim in (lh.status() or {"members": []})["members"] and
+                          lh.status(), 60)
+        print("healed: quorum %d (was %d) members %s" %
+              (healed["quorum_id"], incarnations, healed["members"]))
+        # A kill from outside the job counts as a survivor restart in today's ft_train (issue 18,
+        # "Faults it did not inject"), which exits 1: check the end state, not the exit code.
+        finish_job(job, summary, workdir, allow_restarts=True)
+        check_one_quorum_per_id(out)
+    finally:
+        if job.poll() is None:
+            job.kill()
+        lh.stop()
+    print("PASS")
+
+
+def test_flags(monarch, workdir):
+    cases = [
+        (["--listen", "garbage"], "bad channel address 'garbage'"),
+        (["--listen", "tcp://127.0.0.1:0", "--http", "nope"], "--http 'nope'"),
+        (["--listen", "tcp://127.0.0.1:0", "--http", "127.0.0.1:99999"], "bad port"),
+        (["--listen", "tcp://127.0.0.1:0", "--secret-file", os.path.join(workdir, "absent")],
+         "cannot read --secret-file"),
+        ([], "--listen is required"),
+    ]
+    for args, want in cases:
+        r = subprocess.run([monarch, "lighthouse"] + args, capture_output=True, text=True,
+                           timeout=20)
+        if r.returncode == 0 or want not in r.stderr + r.stdout:
+            fail("monarch lighthouse %s: exit %d, output %r; expected a failure saying %r" %
+                 (" ".join(args), r.returncode, r.stderr + r.stdout, want))
+    print("PASS")
+
+
+def dump_dom(url):
+    args = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--user-data-dir=" + os.path.join(WORKDIR, "chromium"),
+            "--virtual-time-budget=3000", "--dump-dom", url]
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        fail("chromium did not finish in 60 s")
+    if r.returncode != 0 or "<html" not in r.stdout:
+        fail("chromium exited %d: %s" % (r.returncode, r.stderr[-2000:]))
+    return r.stdout
+
+
+def main():
+    global WORKDIR
+    if len(sys.argv) != 5 or sys.argv[4] not in ("freeze", "http", "chromium", "flags"):
+        print(__doc__)
+        return 2
+    monarch, ft_train, WORKDIR, mode = sys.argv[1:]
+    os.makedirs(WORKDIR, exist_ok=True)
+    secret_file = os.path.join(WORKDIR, "secret")
+    with open(secret_file, "w") as f:
+        f.write(SECRET + "\n")
+    os.environ["MONARCH_SECRET"] = SECRET  # ft_train and its workers dial the TCP lighthouse
+    if mode == "flags":
+        test_flags(monarch, WORKDIR)
+    elif mode == "freeze":
+        test_freeze(monarch, ft_train, WORKDIR, secret_file)
+    else:
+        test_http(monarch, ft_train, WORKDIR, secret_file, chromium=(mode == "chromium"))
+    return 0
+
+
+WORKDIR = None
+if __name__ == "__main__":
+    sys.exit(main())

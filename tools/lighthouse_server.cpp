@@ -1,0 +1,272 @@
+// `monarch lighthouse`: a standalone ft::Lighthouse (docs/ft.md, "The standalone lighthouse").
+//
+// Threads: the Lighthouse actor runs on the Proc's workers; the HTTP server runs on its own
+// threads (cpp-httplib's pool) and reads the lighthouse only through actor calls
+// (Lighthouse::status, Lighthouse::kill_replica) bounded by a deadline, so a slow page never
+// blocks the actor and a frozen actor never hangs a request forever. The main thread waits for
+// SIGTERM or SIGINT.
+#include "lighthouse_server.hpp"
+
+#include <httplib.h>
+#include <openssl/crypto.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "monarch/actor/proc.hpp"
+#include "monarch/ft/lighthouse.hpp"
+
+namespace monarch::tools {
+namespace {
+
+using json = nlohmann::json;
+
+std::string read_secret_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read --secret-file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  if (s.empty()) throw std::runtime_error("--secret-file '" + path + "' is empty");
+  return s;
+}
+
+// The job secret as the channel layer finds it: the flag's file, $MONARCH_SECRET,
+// $MONARCH_SECRET_FILE. Empty: none (then the kill endpoint is refused).
+std::string job_secret(const std::string& secret_file) {
+  if (!secret_file.empty()) return read_secret_file(secret_file);
+  if (const char* s = std::getenv("MONARCH_SECRET"); s != nullptr && *s != '\0') return s;
+  if (const char* f = std::getenv("MONARCH_SECRET_FILE"); f != nullptr && *f != '\0')
+    return read_secret_file(f);
+  return {};
+}
+
+json to_json(const ft::LighthouseStatus& s) {
+  json replicas = json::array();
+  for (const auto& r : s.replicas) {
+    replicas.push_back({{"replica_id", r.replica_id},
+                        {"step", r.step},
+                        {"heartbeat_age_ms", r.heartbeat_age_ms},
+                        {"healthy", r.healthy},
+                        {"pending", r.pending},
+                        {"in_quorum", r.in_quorum}});
+  }
+  json changes = json::array();
+  for (const auto& c : s.changes) {
+    changes.push_back({{"quorum_id", c.quorum_id},
+                       {"unix_ms", c.unix_ms},
+                       {"max_step", c.max_step},
+                       {"participants", c.participants},
+                       {"reason", c.reason}});
+  }
+  return {{"epoch", std::to_string(s.epoch)},
+          {"quorum_id", s.quorum_id},
+          {"max_step", s.max_step},
+          {"members", s.members},
+          {"replicas", replicas},
+          {"pending", s.pending},
+          {"waiting_for", s.waiting_for},
+          {"heartbeat_timeout_ms", s.heartbeat_timeout_ms},
+          {"recent_changes", changes}};
+}
+
+void reply_error(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  res.set_content(json{{"error", message}}.dump() + "\n", "application/json");
+}
+
+// The status page: polls /status twice a second; no external resources.
+constexpr const char* kPage = R"HTML(<!doctype html>
+<html><head><meta charset="utf-8"><title>monarch lighthouse</title>
+<style>
+body { font-family: sans-serif; margin: 1.5em; }
+table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 2px 8px; }
+.bad { color: #b00; }
+</style></head>
+<body>
+<h1>monarch lighthouse</h1>
+<p>quorum <b id="quorum_id">?</b>, max step <b id="max_step">?</b>,
+members: <span id="members"></span></p>
+<p id="waiting"></p>
+<h2>replica groups</h2>
+<table><thead><tr><th>replica</th><th>step</th><th>heartbeat age (ms)</th><th>healthy</th>
+<th>in quorum</th><th>pending</th></tr></thead><tbody id="replicas"></tbody></table>
+<h2>recent quorum changes</h2>
+<table><thead><tr><th>quorum id</th><th>time</th><th>max step</th><th>participants</th>
+<th>reason</th></tr></thead><tbody id="changes"></tbody></table>
+<p id="error" class="bad"></p>
+<script>
+function cell(row, text) { const td = document.createElement('td'); td.textContent = text; row.appendChild(td); }
+function render(s) {
+  document.getElementById('quorum_id').textContent = s.quorum_id;
+  document.getElementById('max_step').textContent = s.max_step;
+  document.getElementById('members').textContent = s.members.join(' ');
+  document.getElementById('waiting').textContent = s.waiting_for ? 'waiting: ' + s.waiting_for : '';
+  const rb = document.getElementById('replicas'); rb.replaceChildren();
+  for (const r of s.replicas) {
+    const tr = document.createElement('tr');
+    if (!r.healthy) tr.className = 'bad';
+    cell(tr, r.replica_id); cell(tr, r.step); cell(tr, r.heartbeat_age_ms);
+    cell(tr, r.healthy ? 'yes' : 'no'); cell(tr, r.in_quorum ? 'yes' : 'no'); cell(tr, r.pending ? 'yes' : 'no');
+    rb.appendChild(tr);
+  }
+  const cb = document.getElementById('changes'); cb.replaceChildren();
+  for (const c of s.recent_changes.slice().reverse()) {
+    const tr = document.createElement('tr');
+    cell(tr, c.quorum_id); cell(tr, new Date(c.unix_ms).toISOString()); cell(tr, c.max_step);
+    cell(tr, c.participants.join(' ')); cell(tr, c.reason);
+    cb.appendChild(tr);
+  }
+  document.getElementById('error').textContent = '';
+}
+function poll() {
+  fetch('/status').then(r => r.json()).then(render)
+    .catch(e => { document.getElementById('error').textContent = 'cannot read /status: ' + e; })
+    .finally(() => setTimeout(poll, 500));
+}
+poll();
+</script>
+</body></html>
+)HTML";
+
+}  // namespace
+
+int run_lighthouse(const LighthouseFlags& flags) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts: all inherit it
+
+  std::string secret = job_secret(flags.secret_file);
+  std::string http_host = "127.0.0.1";
+  int http_port = 0;
+  if (!flags.http.empty()) {
+    auto colon = flags.http.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw std::runtime_error("--http '" + flags.http + "': expected HOST:PORT");
+    http_host = flags.http.substr(0, colon);
+    try {
+      size_t used = 0;
+      http_port = std::stoi(flags.http.substr(colon + 1), &used);
+      if (used != flags.http.size() - colon - 1 || http_port < 0 || http_port > 65535)
+        throw std::out_of_range("port");
+    } catch (const std::exception&) {
+      throw std::runtime_error("--http '" + flags.http + "': bad port");
+    }
+  }
+
+  ProcOptions o;
+  o.listen = flags.listen;
+  if (!flags.secret_file.empty()) o.channel.secret = secret;
+  Proc proc(o);
+  proc.set_fault_hook([](const ActorSupervisionEvent& ev) {
+    std::fprintf(stderr, "monarch lighthouse: %s\n", ev.to_string().c_str());
+  });
+  ft::LighthouseOptions lo;
+  lo.min_replicas = flags.min_replicas;
+  lo.join_timeout = flags.join_timeout;
+  lo.heartbeat_timeout = flags.heartbeat_timeout;
+  lo.recovery_wait = flags.recovery_wait.count() >= 0
+                         ? flags.recovery_wait
+                         : (flags.heartbeat_timeout.count() > 0
+                                ? flags.heartbeat_timeout
+                                : config::global().duration("ft.heartbeat_timeout"));
+  auto lh = proc.spawn<ft::Lighthouse>(ft::kLighthouseName, lo);
+  proc.register_name(ft::kLighthouseName, lh);
+
+  const auto deadline = std::chrono::milliseconds(2000);
+  httplib::Server http;
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(kPage, "text/html; charset=utf-8");
+  });
+  http.Get("/status", [&](const httplib::Request&, httplib::Response& res) {
+    try {
+      auto s = lh.call(&ft::Lighthouse::status).get(deadline);
+      res.set_content(to_json(s).dump() + "\n", "application/json");
+    } catch (const std::exception& e) {
+      reply_error(res, 503, std::string("the lighthouse did not answer: ") + e.what());
+    }
+  });
+  // POST /replica/ID/kill is answered before routing: routing would first read a body, and
+  // cpp-httplib refuses (400) a POST that has no Content-Length, as `curl -X POST` sends it.
+  auto kill = [&](const std::string& id, const httplib::Request& req, httplib::Response& res) {
+    if (secret.empty()) {
+      return reply_error(res, 403, "this lighthouse has no job secret: the kill endpoint is off");
+    }
+    auto auth = req.get_header_value("Authorization");
+    const std::string bearer = "Bearer ";
+    if (auth.rfind(bearer, 0) != 0) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      return reply_error(res, 401, "the kill endpoint needs 'Authorization: Bearer <job secret>'");
+    }
+    std::string given = auth.substr(bearer.size());
+    if (given.size() != secret.size() ||
+        CRYPTO_memcmp(given.data(), secret.data(), secret.size()) != 0) {
+      return reply_error(res, 403, "wrong job secret");
+    }
+    try {
+      if (!lh.call(&ft::Lighthouse::kill_replica, id).get(deadline))
+        return reply_error(res, 404, "unknown replica group '" + id + "'");
+    } catch (const std::exception& e) {
+      return reply_error(res, 503, std::string("the lighthouse did not answer: ") + e.what());
+    }
+    std::fprintf(stderr, "monarch lighthouse: kill of %s requested over HTTP\n", id.c_str());
+    res.set_content(json{{"killing", id}}.dump() + "\n", "application/json");
+  };
+  http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    const std::string prefix = "/replica/", suffix = "/kill";
+    if (req.method != "POST" || req.path.rfind(prefix, 0) != 0 ||
+        req.path.size() <= prefix.size() + suffix.size() ||
+        req.path.compare(req.path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    std::string id =
+        req.path.substr(prefix.size(), req.path.size() - prefix.size() - suffix.size());
+    if (id.find('/') != std::string::npos) return httplib::Server::HandlerResponse::Unhandled;
+    kill(id, req, res);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if ((res.status == 404 || res.status == 405) && res.body.empty()) {  // no route matched
+      bool known = req.path == "/" || req.path == "/status" ||
+                   (req.path.rfind("/replica/", 0) == 0 && req.path.size() > 14 &&
+                    req.path.compare(req.path.size() - 5, 5, "/kill") == 0);
+      if (known) {
+        res.status = 405;
+        res.set_header("Allow", req.path.rfind("/replica/", 0) == 0 ? "POST" : "GET");
+        res.set_content(
+            json{{"error", "method " + req.method + " not allowed on " + req.path}}.dump() + "\n",
+            "application/json");
+      } else {
+        res.set_content(json{{"error", "no such path: " + req.path}}.dump() + "\n",
+                        "application/json");
+      }
+    }
+  });
+  int bound = http_port == 0 ? http.bind_to_any_port(http_host) : http_port;
+  if (http_port != 0 && !http.bind_to_port(http_host, http_port)) bound = -1;
+  if (bound <= 0)
+    throw std::runtime_error("cannot bind the HTTP server to " + http_host + ":" +
+                             std::to_string(http_port));
+  std::thread http_thread([&] { http.listen_after_bind(); });
+
+  std::printf("LISTENING %s\n", proc.address().c_str());
+  std::printf("HTTP http://%s:%d/\n", http_host.c_str(), bound);
+  std::fflush(stdout);
+  int sig = 0;
+  ::sigwait(&set, &sig);
+  std::fprintf(stderr, "monarch lighthouse: signal %d, stopping\n", sig);
+  http.stop();
+  http_thread.join();
+  (void)lh.stop().get(deadline);
+  return 0;
+}
+
+}  // namespace monarch::tools
