@@ -235,6 +235,23 @@ double LlamaTiny::evaluate(bool full) {
   return std::exp(nll / static_cast<double>(targets));
 }
 
+std::vector<double> LlamaTiny::next_byte_nll(std::span<const std::uint8_t> text) {
+  auto& s = *impl_;
+  if (text.size() < 2 || text.size() > static_cast<std::size_t>(s.cfg.seq_len) + 1) {
+    throw std::invalid_argument("llama-tiny next_byte_nll: " + std::to_string(text.size()) +
+                                " bytes, need 2.." + std::to_string(s.cfg.seq_len + 1));
+  }
+  torch::NoGradGuard no_grad;
+  const std::vector<std::uint8_t> stream(text.begin(), text.end());
+  const int T = static_cast<int>(text.size()) - 1;
+  auto [x, y] = gather(stream, {0}, T);
+  auto nll = torch::nn::functional::cross_entropy(
+      s.model.forward(x).view({-1, kByteVocab}), y.view({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  auto values = nll.to(torch::kFloat64).contiguous();
+  return {values.data_ptr<double>(), values.data_ptr<double>() + values.numel()};
+}
+
 const LlamaConfig& LlamaTiny::config() const noexcept {
   return impl_->cfg;
 }

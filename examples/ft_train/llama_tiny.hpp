@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "text_data.hpp"
 #include "workload.hpp"
@@ -69,6 +71,11 @@ class LlamaTiny final : public Workload {
   std::int64_t train_windows() const noexcept;
   std::int64_t heldout_windows() const noexcept;
   std::int64_t quick_eval_windows() const noexcept;
+  /// The model's NLL (nats) of each byte of `text` after the first given the bytes before it:
+  /// text.size() - 1 values, position i scoring text[i + 1]. Causal: a value depends only on the
+  /// bytes up to its target. Throws std::invalid_argument unless 2 <= text.size() <=
+  /// config().seq_len + 1. No gradients; does not change state().
+  std::vector<double> next_byte_nll(std::span<const std::uint8_t> text);
   /// The byte-unigram baseline on the held-out targets (text_data.hpp unigram_perplexity).
   double unigram_perplexity() const;
 

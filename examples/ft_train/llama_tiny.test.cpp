@@ -268,12 +268,32 @@ TEST_F(Llama, TimesForwardBackwardOfAShare) {
   }
   auto start = Clock::now();
   m->evaluate(false);
-  const double quick = ms_since(start);
-  start = Clock::now();
-  m->evaluate(true);
-  std::printf("evaluate: quick (%lld windows) %.0f ms, full (%lld windows) %.0f ms\n",
-              static_cast<long long>(m->quick_eval_windows()), quick,
-              static_cast<long long>(m->heldout_windows()), ms_since(start));
+  std::printf("evaluate: quick (%lld windows) %.0f ms; the full split has %lld windows\n",
+              static_cast<long long>(m->quick_eval_windows()), ms_since(start),
+              static_cast<long long>(m->heldout_windows()));
+}
+
+// Changing byte k changes no NLL of a byte before k + 1 (the mask hides the future), and does
+// change later ones (attention sees the past).
+TEST_F(Llama, AttentionIsCausal) {
+  auto m = make(2);
+  std::string text = "The quick brown fox jumps over the lazy dog, again and again.";
+  std::span<const std::uint8_t> bytes(reinterpret_cast<const std::uint8_t*>(text.data()),
+                                      text.size());
+  const auto base = m->next_byte_nll(bytes);
+  ASSERT_EQ(base.size(), text.size() - 1);
+  const std::size_t k = 20;
+  text[k] = '#';
+  const auto changed = m->next_byte_nll(bytes);
+  for (std::size_t i = 0; i + 1 < k; ++i) EXPECT_EQ(changed[i], base[i]) << "position " << i;
+  EXPECT_NE(changed[k - 1], base[k - 1]);  // the target itself changed
+  std::size_t later = 0;
+  for (std::size_t i = k; i < base.size(); ++i) later += changed[i] != base[i];
+  EXPECT_GT(later, (base.size() - k) / 2);
+  const std::vector<std::uint8_t> one{'a'},
+      too_long(static_cast<std::size_t>(m->config().seq_len) + 2, 'a');
+  EXPECT_THROW(m->next_byte_nll(one), std::invalid_argument);
+  EXPECT_THROW(m->next_byte_nll(too_long), std::invalid_argument);
 }
 
 // Single process, the whole batch on one rank: the loss falls on real text and the held-out
@@ -286,7 +306,7 @@ TEST_F(Llama, LearnsRealTextInAFewDozenAdamSteps) {
   monarch::ft::AdamOptions adam;
   adam.lr = 3e-3;
   const int steps = 60;
-  const std::int64_t batch = 32;
+  const std::int64_t batch = 16;
   double first = 0, last = 0;
   auto start = Clock::now();
   for (int step = 0; step < steps; ++step) {
@@ -309,6 +329,13 @@ TEST_F(Llama, LearnsRealTextInAFewDozenAdamSteps) {
   EXPECT_LT(after, before / 5);
   EXPECT_LT(after, unigram);
   EXPECT_EQ(st.step(), steps);
+  start = Clock::now();
+  const double full = m->evaluate(true);
+  std::printf("full held-out perplexity %.2f (%lld windows, %.0f ms)\n", full,
+              static_cast<long long>(m->heldout_windows()), ms_since(start));
+  EXPECT_TRUE(std::isfinite(full));
+  EXPECT_LT(full, unigram);
+  EXPECT_NEAR(full, after, 0.2 * after);  // the quick subset is a fair sample of the split
 }
 
 }  // namespace
