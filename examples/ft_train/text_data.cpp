@@ -54,7 +54,7 @@ TextCorpus load_fortunes(const std::string& dir) {
   std::vector<fs::path> files;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const auto name = entry.path().filename().string();
-    if (!entry.is_regular_file() || entry.is_symlink()) continue;  // *.u8 links, subdirectories
+    if (entry.is_symlink() || !entry.is_regular_file()) continue;  // *.u8 links, subdirectories
     if (ends_with(name, ".dat") || ends_with(name, ".u8")) continue;
     files.push_back(entry.path());
   }
