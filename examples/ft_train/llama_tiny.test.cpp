@@ -91,6 +91,8 @@ TEST_F(TempDir, MissingOrEmptyDataNamesThePackage) {
   EXPECT_NE(load_error().find(hint), std::string::npos);
   write("only", "one\n%\ntwo\n");  // too few fortunes to hold one out
   EXPECT_NE(load_error().find("too few"), std::string::npos);
+  write("images.gz", std::string("\x1f\x8b\x08\0binary", 10));  // not text
+  EXPECT_NE(load_error().find("images.gz is not a fortunes text file"), std::string::npos);
   try {
     ex::load_fortunes((dir_ / "absent").string());
     FAIL() << "no error for a missing directory";

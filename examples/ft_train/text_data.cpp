@@ -81,6 +81,9 @@ TextCorpus load_fortunes(const std::string& dir) {
   };
   for (const auto& path : files) {
     const std::string text = read_file(path);
+    if (text.find('\0') != std::string::npos) {  // kEndOfText must mark fortune ends only
+      throw DatasetError(path.string() + " is not a fortunes text file (it holds a NUL byte)");
+    }
     std::string fortune;
     std::size_t begin = 0;
     while (begin < text.size()) {

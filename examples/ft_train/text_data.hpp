@@ -38,8 +38,9 @@ struct TextCorpus {
 /// the packages' *.u8 links, nor subdirectories), skipping the *.dat index files and *.u8 names.
 /// A fortune is the run of lines between lines holding only "%" (a trailing '\r' is ignored);
 /// fortunes that are empty or only whitespace are skipped and not counted. Throws DatasetError
-/// when `dir` is missing, holds no text file or no fortune (the message says
-/// `apt-get install fortunes fortunes-min`), or a file cannot be read (the message names it).
+/// when `dir` is missing, holds no text file or too few fortunes to hold one out (the message
+/// says `apt-get install fortunes fortunes-min`), or a file cannot be read or holds a NUL byte
+/// (not text, e.g. a --data meant for another model; the message names the file).
 /// Takes ~10 ms for the 2.5 MB of the two packages (43 files, 15217 fortunes).
 TextCorpus load_fortunes(const std::string& dir = kFortunesDir);
 
