@@ -3,6 +3,12 @@
 // RMSNorm, SwiGLU MLP; final RMSNorm; output head) trained as a byte-level language model on
 // Debian's fortunes (text_data.hpp). Every parameter lives in one FlatState. Torch-free header
 // (pimpl), so the job need not include libtorch.
+//
+// Measured single-process (one thread, defaults, seed 1, Adam lr 1e-3, batches of 36 sequences):
+// full held-out perplexity 8.09 after 300 steps and 6.65 after 600, against 27.1 for the byte
+// unigram; lr 6e-4 / 2e-3 / 3e-3 gave 8.18 / 9.51 / 10.1 after 300 steps. A global batch that 1,
+// 2, 3 and 4 divide (36) keeps the shares equal whichever groups are up to date, so the job's
+// 1/slots scaling gives exactly the whole batch's mean gradient.
 #pragma once
 
 #include <cstdint>

@@ -306,7 +306,7 @@ TEST_F(Llama, LearnsRealTextInAFewDozenAdamSteps) {
   const double unigram = m->unigram_perplexity();
   const double before = m->evaluate(false);
   monarch::ft::AdamOptions adam;
-  adam.lr = 3e-3;
+  adam.lr = 1e-3;  // the best of 6e-4, 1e-3, 2e-3, 3e-3, 6e-3 and 1e-2 over 300 steps of 36
   const int steps = 60;
   const std::int64_t batch = 16;
   double first = 0, last = 0;
