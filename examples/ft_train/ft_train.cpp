@@ -26,6 +26,7 @@
 #include "monarch/mesh/process.hpp"
 #include "monarch/run_main.hpp"
 #include "plot.hpp"
+#include "summary.hpp"
 #include "workload.hpp"
 
 using namespace std::chrono_literals;
@@ -39,13 +40,13 @@ using json = nlohmann::json;
 namespace {
 
 struct TrainConfig {
-  int64_t steps = 2000, replicas = 4, ranks = 1;
+  int64_t steps = 0, replicas = 4, ranks = 1;  // steps, batch, eval_samples 0: the model's default
   uint64_t seed = 1;
-  int64_t global_batch = 256;
+  int64_t global_batch = 0;
   double lr = 1e-3;
   std::string model = "mlp", data_dir;
   int64_t eval_every = 50;  // quick metric every this many steps (replica rank 0)
-  int64_t eval_samples = 2000;
+  int64_t eval_samples = 0;
   ft::ReplicaClientOptions client;  // the store, the group's replica id; each trainer sets its rank
   template <class A>
   void serialize(A& ar) {
@@ -232,53 +233,6 @@ RunResult run_job(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> li
   return res;
 }
 
-// The summary keys of one run (check_summary.py, bench/ft_bench.py and docs/ft.md read them).
-json run_json(const ft::RunStats& s, const std::string& metric, double detect_s) {
-  bool acc = metric == "accuracy";
-  return {{"faults_injected", s.faults_injected},
-          {"faults_outside", s.faults_outside},
-          {"faults_total", s.faults_injected + s.faults_outside},
-          {"survivor_restarts", s.survivor_restarts},
-          {"replicas_bitwise_equal", s.replicas_bitwise_equal},
-          {"hash_mismatches", s.hash_mismatches},
-          {"metric", metric},
-          {"metric_value", s.metric},
-          {"test_accuracy", acc ? json(s.metric) : json(nullptr)},
-          {"max_survivor_stall_s", s.max_survivor_stall_s},
-          {"max_survivor_stall_at", s.max_stall_where},
-          {"detection_timeout_s", detect_s},
-          {"recovery_p50_s", ft::percentile(s.recovery_s, 0.5)},
-          {"recovery_p95_s", ft::percentile(s.recovery_s, 0.95)},
-          {"recoveries", s.recovery_s.size()},
-          {"respawns", s.respawns},
-          {"committed_samples_per_s", s.committed_samples_per_s},
-          {"heal_gbps", s.heal_gbps},
-          {"state_bytes", s.state_bytes},
-          {"memcpy_gbps", ft::memcpy_gbps(s.state_bytes)},
-          {"step_ms_p50", s.step_ms_p50},
-          {"step_ms_p95", s.step_ms_p95},
-          {"steps", s.steps},
-          {"wall_s", s.wall_s},
-          {"error", s.error},
-          {"faults", json::parse(s.faults_json.empty() ? "[]" : s.faults_json)}};
-}
-
-void print_table(const json* ff, const json& r, const std::string& ff_name,
-                 const std::string& name) {
-  std::printf("\n== ft_train summary ==\n  %-28s %14s %14s\n", "", ff_name.c_str(), name.c_str());
-  auto cell = [](const json& v) {
-    char b[32];
-    if (!v.is_number_float()) return v.dump();
-    std::snprintf(b, sizeof b, "%.3f", v.get<double>());
-    return std::string(b);
-  };
-  for (const char* k :
-       {"metric_value", "replicas_bitwise_equal", "faults_injected", "faults_outside",
-        "survivor_restarts", "max_survivor_stall_s", "recovery_p50_s", "recovery_p95_s",
-        "committed_samples_per_s", "step_ms_p50", "wall_s"})
-    std::printf("  %-28s %14s %14s\n", k, ff ? cell((*ff)[k]).c_str() : "-", cell(r[k]).c_str());
-}
-
 }  // namespace
 
 static int run(int argc, char** argv) {
@@ -314,6 +268,11 @@ static int run(int argc, char** argv) {
       "--lighthouse", lighthouse_addr,
       "a standalone lighthouse (`monarch lighthouse --listen ADDR`) instead of one here");
   CLI11_PARSE(app, argc, argv);
+  auto defaults = ex::workload_defaults(cfg.model);  // UsageError on an unknown model
+  for (auto [v, d] : {std::pair{&cfg.steps, defaults.steps},
+                      {&cfg.global_batch, defaults.batch},
+                      {&cfg.eval_samples, defaults.eval_samples}})
+    *v = *v ? *v : d;
   if (cfg.global_batch < cfg.replicas * cfg.ranks) {
     std::fprintf(stderr, "ft_train: --batch %lld is smaller than replicas x ranks\n",
                  static_cast<long long>(cfg.global_batch));
@@ -362,9 +321,9 @@ static int run(int argc, char** argv) {
       faulty = one_run(run);
     }
     const RunResult& main_run = faulty ? *faulty : fault_free;
-    json summary = run_json(main_run.s, metric, detect_s),
-         ffj = run_json(fault_free.s, metric, detect_s);
-    print_table(faulty ? &ffj : nullptr, summary, faulty ? fault_free.name : "", main_run.name);
+    json summary = ex::run_json(main_run.s, metric, detect_s),
+         ffj = ex::run_json(fault_free.s, metric, detect_s);
+    ex::print_table(faulty ? &ffj : nullptr, summary, faulty ? fault_free.name : "", main_run.name);
     std::printf("  metric: %s; detection timeout %.2f s; stall bound %.2f s\n", metric.c_str(),
                 detect_s, detect_s + 0.5);
     for (const char* k :

@@ -1,10 +1,11 @@
-// make_workload: "mlp" (Fashion-MNIST, model.hpp); "llama-tiny" comes with llama_tiny.hpp.
+// make_workload: "mlp" (Fashion-MNIST, model.hpp) and "llama-tiny" (fortunes, llama_tiny.hpp).
 #include "workload.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
 #include "fashion_mnist.hpp"
+#include "llama_tiny.hpp"
 #include "model.hpp"
 #include "monarch/error.hpp"
 
@@ -47,7 +48,14 @@ class MlpWorkload final : public Workload {
 
 std::unique_ptr<Workload> make_workload(const WorkloadOptions& options) {
   if (options.model == "mlp") return std::make_unique<MlpWorkload>(options);
+  if (options.model == "llama-tiny") return make_llama_tiny(options);
   throw UsageError("unknown model '" + options.model + "'; expected mlp or llama-tiny");
+}
+
+WorkloadDefaults workload_defaults(const std::string& model) {
+  if (model == "mlp") return {2000, 256, 2000};
+  if (model == "llama-tiny") return {500, 36, 64};
+  throw UsageError("unknown model '" + model + "'; expected mlp or llama-tiny");
 }
 
 }  // namespace monarch::ft::example

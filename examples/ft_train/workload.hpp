@@ -40,8 +40,19 @@ struct WorkloadOptions {
   std::string model = "mlp";  ///< "mlp" or "llama-tiny"
   std::uint64_t seed = 1;     ///< model init (same seed: bitwise-equal replicas) and data order
   std::string data_dir{};     ///< empty: the model's Debian default
-  std::int64_t eval_samples = 2000;  ///< size of the quick evaluation subset
+  std::int64_t eval_samples = 2000;  ///< size of the quick evaluation subset (images, windows)
 };
+
+/// What the job uses for a model when its flags do not say (ft_train --steps/--batch).
+struct WorkloadDefaults {
+  std::int64_t steps = 0;         ///< committed training steps
+  std::int64_t batch = 0;         ///< global batch, samples (images; sequences of 65 bytes)
+  std::int64_t eval_samples = 0;  ///< quick evaluation subset
+};
+/// mlp: 2000 steps of 256 images, 2000 test images per quick evaluation. llama-tiny: 500 steps of
+/// 36 sequences (36 divides evenly among 1-4 up-to-date groups), 64 held-out windows. Throws
+/// UsageError on an unknown model.
+WorkloadDefaults workload_defaults(const std::string& model);
 
 /// Builds the workload (loads its data: may take ~1 s). Throws UsageError on an unknown model,
 /// DatasetError (fashion_mnist.hpp) when the data is missing, naming the package to install.
