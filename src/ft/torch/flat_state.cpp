@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "monarch/rdma/rdma.hpp"
+
 namespace monarch::ft {
 
 namespace {
@@ -32,6 +34,7 @@ void write_slot(std::byte* base, std::size_t slot, std::int64_t v) {
 }  // namespace
 
 struct FlatState::Impl {
+  std::shared_ptr<rdma::RdmaBuffer> shm;  // shared_memory: holds buffer's memory
   torch::Tensor buffer;  // float32 [total]: header + params + exp_avg + exp_avg_sq + padding
   torch::Tensor params;  // views of buffer, [P] each
   torch::Tensor exp_avg;
@@ -39,7 +42,8 @@ struct FlatState::Impl {
   torch::Tensor grads;  // float32 [P], separate
 };
 
-FlatState::FlatState(::torch::nn::Module& module) : impl_(std::make_unique<Impl>()) {
+FlatState::FlatState(::torch::nn::Module& module, FlatStateOptions options)
+    : impl_(std::make_unique<Impl>()) {
   auto parameters = module.parameters(/*recurse=*/true);
   if (parameters.empty()) throw UsageError("FlatState: the module has no parameters");
   std::size_t count = 0;
@@ -54,7 +58,18 @@ FlatState::FlatState(::torch::nn::Module& module) : impl_(std::make_unique<Impl>
   std::size_t total = kHeaderFloats + 3 * count;
   total = (total + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   auto& s = *impl_;
-  s.buffer = torch::zeros({static_cast<int64_t>(total)}, torch::kFloat32);
+  if (options.shared_memory) {
+    // allocate()d memory is zeroed and page-aligned. The tensor's storage keeps the RdmaBuffer
+    // alive, so views bound into the module outlive this FlatState safely (as with torch::zeros).
+    s.shm = std::make_shared<rdma::RdmaBuffer>(
+        rdma::RdmaBuffer::allocate(total * sizeof(float), options.rdma_name));
+    rdma_buffer_ = s.shm.get();
+    s.buffer = torch::from_blob(
+        s.shm->memory().data(), {static_cast<int64_t>(total)},
+        [keep = s.shm](void*) mutable { keep.reset(); }, torch::kFloat32);
+  } else {
+    s.buffer = torch::zeros({static_cast<int64_t>(total)}, torch::kFloat32);
+  }
   auto n = static_cast<int64_t>(count);
   s.params = s.buffer.narrow(0, kHeaderFloats, n);
   s.exp_avg = s.buffer.narrow(0, kHeaderFloats + n, n);
