@@ -14,6 +14,14 @@
 //       (reads) / source (writes) buffer as the transfers, the other side page-aligned like
 //       the shm data, every page warm for both; each value is the best of 3 interleaved rounds. The
 //       ratio to memcpy is printed on stderr and by scripts/bench-report.py.
+//   ft_heal_read   a same-host heal of a FlatState-sized committed state (2.4 MB: the ft_train
+//       MLP's; 24 MiB: a llama-tiny-sized one), as ft_train's healer can do it with
+//       FlatStateOptions::shared_memory on both sides: one shm read of the donor's allocate()d
+//       buffer straight into the healer's own allocate()d state. Peers: "memcpy" (same size, into
+//       the same destination, page-aligned warm source) and "staged_cma" (the heal before: the
+//       donor's plain memory read by cma into a fresh staging vector, 256 KiB first then a batch
+//       of 1 MiB reads, then copied into the state as FlatState::load_from does). Best of 3
+//       interleaved rounds, in the `local` group.
 //
 // BENCH_RDMA_ONLY=ucx|channel|local runs one group of rows with its peers.
 //
@@ -109,6 +117,43 @@ std::optional<rdma::RdmaHandle> start_owner(std::unique_ptr<testing::Subprocess>
   return rdma::testing::from_hex(l->substr(7));
 }
 
+/// ft_heal_read rows (see the file comment): `shm` and `cma` are kMax-byte owners (allocate()d and
+/// plain), `src` a warm page-aligned kMax-byte buffer for the memcpy peer.
+int heal_rows(const rdma::RdmaHandle& shm, const rdma::RdmaHandle& cma, std::span<std::byte> src) {
+  constexpr size_t kChunk = 256 << 10;  // ft_train's --heal-chunk-bytes default
+  for (size_t size : {size_t{2400000}, size_t{24} << 20}) {
+    // The healer's own state: allocate()d like the donor's (FlatStateOptions::shared_memory).
+    rdma::RdmaBuffer state = rdma::RdmaBuffer::allocate(size, "bench-healer-state");
+    std::span<std::byte> dst = state.memory();
+    rdma::testing::fill(dst, 4);
+    auto staged = [&] {
+      std::vector<std::byte> buf(size);
+      cma.read_into(std::span(buf).first(kChunk)).get();
+      rdma::RdmaBatch rest;
+      for (size_t off = kChunk; off < size; off += 4 * kChunk) {
+        rest.read_into(cma, std::span(buf).subspan(off, std::min(4 * kChunk, size - off)), off);
+      }
+      rest.submit().get();
+      std::memcpy(dst.data(), buf.data(), size);
+    };
+    double direct = 0, copy = 0, before = 0;
+    for (int round = 0; round < 3; ++round) {
+      copy = std::max(copy, measure(size, [&] { std::memcpy(dst.data(), src.data(), size); }));
+      direct = std::max(direct, measure(size, [&] { shm.read_into(dst).get(); }));
+      before = std::max(before, measure(size, staged));
+    }
+    bench::report("ft_heal_read", "monarch", "bandwidth", direct, "GB/s", "higher", params(size));
+    bench::report("ft_heal_read", "memcpy", "bandwidth", copy, "GB/s", "higher", params(size));
+    bench::report("ft_heal_read", "staged_cma", "bandwidth", before, "GB/s", "higher",
+                  params(size));
+    std::fprintf(stderr,
+                 "bench_rdma: ft_heal_read    %9zu B  shm direct %7.2f GB/s  memcpy %7.2f GB/s  "
+                 "ratio %.2f  (before: staged cma %.2f GB/s, ratio %.2f)\n",
+                 size, direct, copy, direct / copy, before, before / copy);
+  }
+  return 0;
+}
+
 /// The same-host routes against memcpy, size by size (see the file comment).
 int role_local_client() {
   std::unique_ptr<testing::Subprocess> shm_owner, cma_owner;
@@ -155,7 +200,7 @@ int role_local_client() {
                    r.bench, size, r.value, r.memcpy, r.value / r.memcpy);
     }
   }
-  return 0;
+  return heal_rows(*shm, *cma, other);
 }
 
 int role_client(const std::string& backend) {
