@@ -24,6 +24,9 @@
 //       donor's plain memory read by cma into a fresh staging vector, 256 KiB first then a batch
 //       of 1 MiB reads, then copied into the state as FlatState::load_from does). Best of 3
 //       interleaved rounds, in the `local` group.
+//   ft_heal_read_cold   the same two heals as a restarted replica does them: each sample a fresh
+//       process (route setup, mapping and the first touch of every page included), medians of 5
+//       alternating samples of each; peer "memcpy" as above.
 //
 // BENCH_RDMA_ONLY=ucx|channel|local runs one group of rows with its peers.
 //
@@ -36,6 +39,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -119,6 +123,48 @@ std::optional<rdma::RdmaHandle> start_owner(std::unique_ptr<testing::Subprocess>
   return rdma::testing::from_hex(l->substr(7));
 }
 
+/// `--cold-heal HEX SIZE shm|staged`: one heal as a freshly restarted replica does it (nothing
+/// mapped or connected yet): its state made and touched first (like FlatState's constructor),
+/// then the timed read: "shm" straight into allocate()d state, "staged" the heal before (cma into
+/// a fresh vector, 256 KiB then 1 MiB pieces, copied into plain state). Prints "GBPS <value>".
+int role_cold_heal(const std::string& hex, size_t size, const std::string& how) {
+  constexpr size_t kChunk = 256 << 10;
+  rdma::RdmaHandle h = rdma::testing::from_hex(hex);
+  std::optional<rdma::RdmaBuffer> shm_state;
+  std::vector<std::byte> plain_state;
+  std::span<std::byte> dst;
+  if (how == "shm") {
+    shm_state.emplace(rdma::RdmaBuffer::allocate(size, "bench-cold-state"));
+    dst = shm_state->memory();
+  } else {
+    plain_state.resize(size);
+    dst = plain_state;
+  }
+  rdma::testing::fill(dst, 6);
+  auto t0 = Clock::now();
+  if (how == "shm") {
+    h.read_into(dst.first(kChunk)).get();
+    rdma::RdmaBatch rest;
+    for (size_t off = kChunk; off < size; off += 4 * kChunk) {
+      rest.read_into(h, dst.subspan(off, std::min(4 * kChunk, size - off)), off);
+    }
+    rest.submit().get();
+  } else {
+    std::vector<std::byte> buf(size);
+    h.read_into(std::span(buf).first(kChunk)).get();
+    rdma::RdmaBatch rest;
+    for (size_t off = kChunk; off < size; off += 4 * kChunk) {
+      rest.read_into(h, std::span(buf).subspan(off, std::min(4 * kChunk, size - off)), off);
+    }
+    rest.submit().get();
+    std::memcpy(dst.data(), buf.data(), size);
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("GBPS %.4f ROUTE %s\n", static_cast<double>(size) / secs / 1e9,
+              rdma::route_for(h).c_str());
+  return 0;
+}
+
 /// ft_heal_read rows (see the file comment): `shm` and `cma` are kMax-byte owners (allocate()d and
 /// plain), `src` a warm page-aligned kMax-byte buffer for the memcpy peer.
 int heal_rows(const rdma::RdmaHandle& shm, const rdma::RdmaHandle& cma, std::span<std::byte> src) {
@@ -144,6 +190,40 @@ int heal_rows(const rdma::RdmaHandle& shm, const rdma::RdmaHandle& cma, std::spa
       direct = std::max(direct, measure(size, [&] { shm.read_into(dst).get(); }));
       before = std::max(before, measure(size, staged));
     }
+    // Cold: each sample a fresh process (a restarted replica heals once), 5 alternating samples
+    // of each way, medians.
+    std::vector<double> cold_shm, cold_staged;
+    for (int i = 0; i < 5; ++i) {
+      for (bool use_shm : {true, false}) {
+        testing::Subprocess p(self_path(),
+                              {"--cold-heal", rdma::testing::to_hex(use_shm ? shm : cma),
+                               std::to_string(size), use_shm ? "shm" : "staged"});
+        auto l = p.line(std::chrono::seconds(30));
+        while (l && !l->starts_with("GBPS ")) l = p.line(std::chrono::seconds(30));
+        if (l) (use_shm ? cold_shm : cold_staged).push_back(std::stod(l->substr(5)));
+      }
+    }
+    auto median = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    auto spread = [](const std::vector<double>& v) {
+      if (v.empty()) return std::string("-");
+      auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+      return std::to_string(*lo).substr(0, 5) + ".." + std::to_string(*hi).substr(0, 5);
+    };
+    bench::report("ft_heal_read_cold", "monarch", "bandwidth", median(cold_shm), "GB/s", "higher",
+                  params(size));
+    bench::report("ft_heal_read_cold", "staged_cma", "bandwidth", median(cold_staged), "GB/s",
+                  "higher", params(size));
+    bench::report("ft_heal_read_cold", "memcpy", "bandwidth", copy, "GB/s", "higher", params(size));
+    std::fprintf(stderr,
+                 "bench_rdma: ft_heal_read_cold %9zu B  shm %.2f GB/s (%s)  staged cma %.2f GB/s "
+                 "(%s)  memcpy %.2f: ratios %.2f / %.2f (medians of 5 fresh processes)\n",
+                 size, median(cold_shm), spread(cold_shm).c_str(), median(cold_staged),
+                 spread(cold_staged).c_str(), copy, median(cold_shm) / copy,
+                 median(cold_staged) / copy);
     bench::report("ft_heal_read", "monarch", "bandwidth", direct, "GB/s", "higher", params(size));
     bench::report("ft_heal_read", "memcpy", "bandwidth", copy, "GB/s", "higher", params(size));
     bench::report("ft_heal_read", "staged_cma", "bandwidth", before, "GB/s", "higher",
@@ -401,6 +481,8 @@ int main(int argc, char** argv) {
     return role_owner(std::stoull(argv[2]), argc == 4 && std::string(argv[3]) == "alloc");
   }
   if (role == "--client" && argc == 3) return role_client(argv[2]);
+  if (role == "--cold-heal" && argc == 5)
+    return role_cold_heal(argv[2], std::stoull(argv[3]), argv[4]);
   // BENCH_RDMA_ONLY=ucx|channel|local runs one backend's rows and their peers.
   const char* only_env = std::getenv("BENCH_RDMA_ONLY");
   std::string only = only_env != nullptr ? only_env : "";
