@@ -6,7 +6,9 @@
 //     peers in the same run: "memcpy" (same sizes, this process); for ucx "ucx_perftest"
 //       (ucp_get / ucp_put over the transport our ucx route uses) and "ucx_perftest_shm" (UCX's
 //       default choice, shared memory on UCX-allocated buffers); for channel "raw_socket" (one
-//       unix stream socket between two processes, blocking read/write of the same sizes).
+//       unix stream socket between two processes, blocking read/write of the same sizes),
+//       measured in the channel client interleaved with the transfers, size by size, each side
+//       the best of 3 rounds.
 //   rdma_read_shm / rdma_write_shm / rdma_read_cma   the same-host routes (docs/data-plane.md):
 //       shm on an RdmaBuffer::allocate()d owner buffer, cma (reads) on a plain vector; writes to a
 //       plain vector take the backend's route (rows above). Peer "memcpy" is measured in the same
@@ -14,6 +16,17 @@
 //       (reads) / source (writes) buffer as the transfers, the other side page-aligned like
 //       the shm data, every page warm for both; each value is the best of 3 interleaved rounds. The
 //       ratio to memcpy is printed on stderr and by scripts/bench-report.py.
+//   ft_heal_read   a same-host heal of a FlatState-sized committed state (2.4 MB: the ft_train
+//       MLP's; 24 MiB: a llama-tiny-sized one), as ft_train's healer can do it with
+//       FlatStateOptions::shared_memory on both sides: one shm read of the donor's allocate()d
+//       buffer straight into the healer's own allocate()d state. Peers: "memcpy" (same size, into
+//       the same destination, page-aligned warm source) and "staged_cma" (the heal before: the
+//       donor's plain memory read by cma into a fresh staging vector, 256 KiB first then a batch
+//       of 1 MiB reads, then copied into the state as FlatState::load_from does). Best of 3
+//       interleaved rounds, in the `local` group.
+//   ft_heal_read_cold   the same two heals as a restarted replica does them: each sample a fresh
+//       process (route setup, mapping and the first touch of every page included), medians of 5
+//       alternating samples of each; peer "memcpy" as above.
 //
 // BENCH_RDMA_ONLY=ucx|channel|local runs one group of rows with its peers.
 //
@@ -26,6 +39,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -109,6 +123,119 @@ std::optional<rdma::RdmaHandle> start_owner(std::unique_ptr<testing::Subprocess>
   return rdma::testing::from_hex(l->substr(7));
 }
 
+/// `--cold-heal HEX SIZE shm|staged`: one heal as a freshly restarted replica does it (nothing
+/// mapped or connected yet): its state made and touched first (like FlatState's constructor),
+/// then the timed read: "shm" straight into allocate()d state, "staged" the heal before (cma into
+/// a fresh vector, 256 KiB then 1 MiB pieces, copied into plain state). Prints "GBPS <value>".
+int role_cold_heal(const std::string& hex, size_t size, const std::string& how) {
+  constexpr size_t kChunk = 256 << 10;
+  rdma::RdmaHandle h = rdma::testing::from_hex(hex);
+  std::optional<rdma::RdmaBuffer> shm_state;
+  std::vector<std::byte> plain_state;
+  std::span<std::byte> dst;
+  if (how == "shm") {
+    shm_state.emplace(rdma::RdmaBuffer::allocate(size, "bench-cold-state"));
+    dst = shm_state->memory();
+  } else {
+    plain_state.resize(size);
+    dst = plain_state;
+  }
+  rdma::testing::fill(dst, 6);
+  auto t0 = Clock::now();
+  if (how == "shm") {
+    h.read_into(dst.first(kChunk)).get();
+    rdma::RdmaBatch rest;
+    for (size_t off = kChunk; off < size; off += 4 * kChunk) {
+      rest.read_into(h, dst.subspan(off, std::min(4 * kChunk, size - off)), off);
+    }
+    rest.submit().get();
+  } else {
+    std::vector<std::byte> buf(size);
+    h.read_into(std::span(buf).first(kChunk)).get();
+    rdma::RdmaBatch rest;
+    for (size_t off = kChunk; off < size; off += 4 * kChunk) {
+      rest.read_into(h, std::span(buf).subspan(off, std::min(4 * kChunk, size - off)), off);
+    }
+    rest.submit().get();
+    std::memcpy(dst.data(), buf.data(), size);
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("GBPS %.4f ROUTE %s\n", static_cast<double>(size) / secs / 1e9,
+              rdma::route_for(h).c_str());
+  return 0;
+}
+
+/// ft_heal_read rows (see the file comment): `shm` and `cma` are kMax-byte owners (allocate()d and
+/// plain), `src` a warm page-aligned kMax-byte buffer for the memcpy peer.
+int heal_rows(const rdma::RdmaHandle& shm, const rdma::RdmaHandle& cma, std::span<std::byte> src) {
+  constexpr size_t kChunk = 256 << 10;  // ft_train's --heal-chunk-bytes default
+  for (size_t size : {size_t{2400000}, size_t{24} << 20}) {
+    // The healer's own state: allocate()d like the donor's (FlatStateOptions::shared_memory).
+    rdma::RdmaBuffer state = rdma::RdmaBuffer::allocate(size, "bench-healer-state");
+    std::span<std::byte> dst = state.memory();
+    rdma::testing::fill(dst, 4);
+    auto staged = [&] {
+      std::vector<std::byte> buf(size);
+      cma.read_into(std::span(buf).first(kChunk)).get();
+      rdma::RdmaBatch rest;
+      for (size_t off = kChunk; off < size; off += 4 * kChunk) {
+        rest.read_into(cma, std::span(buf).subspan(off, std::min(4 * kChunk, size - off)), off);
+      }
+      rest.submit().get();
+      std::memcpy(dst.data(), buf.data(), size);
+    };
+    double direct = 0, copy = 0, before = 0;
+    for (int round = 0; round < 3; ++round) {
+      copy = std::max(copy, measure(size, [&] { std::memcpy(dst.data(), src.data(), size); }));
+      direct = std::max(direct, measure(size, [&] { shm.read_into(dst).get(); }));
+      before = std::max(before, measure(size, staged));
+    }
+    // Cold: each sample a fresh process (a restarted replica heals once), 5 alternating samples
+    // of each way, medians.
+    std::vector<double> cold_shm, cold_staged;
+    for (int i = 0; i < 5; ++i) {
+      for (bool use_shm : {true, false}) {
+        testing::Subprocess p(self_path(),
+                              {"--cold-heal", rdma::testing::to_hex(use_shm ? shm : cma),
+                               std::to_string(size), use_shm ? "shm" : "staged"});
+        auto l = p.line(std::chrono::seconds(30));
+        while (l && !l->starts_with("GBPS ")) l = p.line(std::chrono::seconds(30));
+        if (l) (use_shm ? cold_shm : cold_staged).push_back(std::stod(l->substr(5)));
+      }
+    }
+    auto median = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    auto spread = [](const std::vector<double>& v) {
+      if (v.empty()) return std::string("-");
+      auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+      return std::to_string(*lo).substr(0, 5) + ".." + std::to_string(*hi).substr(0, 5);
+    };
+    bench::report("ft_heal_read_cold", "monarch", "bandwidth", median(cold_shm), "GB/s", "higher",
+                  params(size));
+    bench::report("ft_heal_read_cold", "staged_cma", "bandwidth", median(cold_staged), "GB/s",
+                  "higher", params(size));
+    bench::report("ft_heal_read_cold", "memcpy", "bandwidth", copy, "GB/s", "higher", params(size));
+    std::fprintf(stderr,
+                 "bench_rdma: ft_heal_read_cold %9zu B  shm %.2f GB/s (%s)  staged cma %.2f GB/s "
+                 "(%s)  memcpy %.2f: ratios %.2f / %.2f (medians of 5 fresh processes)\n",
+                 size, median(cold_shm), spread(cold_shm).c_str(), median(cold_staged),
+                 spread(cold_staged).c_str(), copy, median(cold_shm) / copy,
+                 median(cold_staged) / copy);
+    bench::report("ft_heal_read", "monarch", "bandwidth", direct, "GB/s", "higher", params(size));
+    bench::report("ft_heal_read", "memcpy", "bandwidth", copy, "GB/s", "higher", params(size));
+    bench::report("ft_heal_read", "staged_cma", "bandwidth", before, "GB/s", "higher",
+                  params(size));
+    std::fprintf(stderr,
+                 "bench_rdma: ft_heal_read    %9zu B  shm direct %7.2f GB/s  memcpy %7.2f GB/s  "
+                 "ratio %.2f  (before: staged cma %.2f GB/s, ratio %.2f)\n",
+                 size, direct, copy, direct / copy, before, before / copy);
+  }
+  return 0;
+}
+
 /// The same-host routes against memcpy, size by size (see the file comment).
 int role_local_client() {
   std::unique_ptr<testing::Subprocess> shm_owner, cma_owner;
@@ -155,7 +282,51 @@ int role_local_client() {
                    r.bench, size, r.value, r.memcpy, r.value / r.memcpy);
     }
   }
-  return 0;
+  return heal_rows(*shm, *cma, other);
+}
+
+/// One unix stream socket between two processes; the forked child writes `size`-byte messages
+/// from `src`, we read them into `dst`. GB/s, or 0 if the socket or fork fails. The child only
+/// calls write() and _exit(), so forking a process with data-plane threads is safe.
+double raw_socket_gbs(size_t size, std::span<const std::byte> src, std::span<std::byte> dst) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return 0;
+  size_t iters = std::max<size_t>(4, std::min<size_t>(2000, (1ull << 30) / size));
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(sv[0]);
+    for (size_t i = 0; i < iters + 1; ++i) {
+      size_t done = 0;
+      while (done < size) {
+        ssize_t n = ::write(sv[1], src.data() + done, size - done);
+        if (n <= 0) ::_exit(1);
+        done += static_cast<size_t>(n);
+      }
+    }
+    ::_exit(0);
+  }
+  ::close(sv[1]);
+  if (pid < 0) {
+    ::close(sv[0]);
+    return 0;
+  }
+  auto read_one = [&] {
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = ::read(sv[0], dst.data() + done, size - done);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  };
+  read_one();  // warm-up
+  auto t0 = Clock::now();
+  size_t got = 0;
+  for (size_t i = 0; i < iters && read_one(); ++i) got += size;
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(sv[0]);
+  ::waitpid(pid, nullptr, 0);
+  return static_cast<double>(got) / secs / 1e9;
 }
 
 int role_client(const std::string& backend) {
@@ -170,14 +341,33 @@ int role_client(const std::string& backend) {
   if (active != backend) {
     std::fprintf(stderr, "bench_rdma: asked for %s, running %s\n", backend.c_str(), active.c_str());
   }
+  // channel: the raw socket peer is measured here too, interleaved with the transfers size by
+  // size, best of 3 rounds each, so that a busy moment of the (shared) machine hits both sides
+  // alike (measured minutes apart, their ratio swung 0.2x-1.9x in one run under load).
+  const bool with_socket = backend == "channel";
+  std::vector<std::byte> sock_src(with_socket ? kMax : 0);
+  if (with_socket) rdma::testing::fill(sock_src, 5);
   for (size_t size : kSizes) {
     std::span<std::byte> dst(local.data(), size);
-    double r = measure(size, [&] { h.read_into(dst).get(); });
+    double r = 0, w = 0, sock = 0;
+    for (int round = 0; round < (with_socket ? 3 : 1); ++round) {
+      r = std::max(r, measure(size, [&] { h.read_into(dst).get(); }));
+      w = std::max(w, measure(size, [&] { h.write_from(dst).get(); }));
+      if (with_socket) sock = std::max(sock, raw_socket_gbs(size, sock_src, dst));
+    }
     bench::report("rdma_read_" + backend, "monarch", "bandwidth", r, "GB/s", "higher",
                   params(size));
-    double w = measure(size, [&] { h.write_from(dst).get(); });
     bench::report("rdma_write_" + backend, "monarch", "bandwidth", w, "GB/s", "higher",
                   params(size));
+    if (!with_socket) continue;
+    for (const char* dir : {"read", "write"}) {
+      bench::report(std::string("rdma_") + dir + "_channel", "raw_socket", "bandwidth", sock,
+                    "GB/s", "higher", params(size));
+    }
+    std::fprintf(stderr,
+                 "bench_rdma: channel %9zu B  read %6.2f  write %6.2f  raw socket %6.2f GB/s  "
+                 "ratios %.2f %.2f\n",
+                 size, r, w, sock, r / sock, w / sock);
   }
   std::fprintf(stderr, "bench_rdma: %s transport: %s\n", active.c_str(),
                rdma::active_transport().c_str());
@@ -195,52 +385,6 @@ void memcpy_peer() {
         bench::report(std::string("rdma_") + dir + "_" + be, "memcpy", "bandwidth", g, "GB/s",
                       "higher", params(size));
       }
-    }
-  }
-}
-
-/// One unix stream socket between two processes; the child writes, we read. GB/s per size.
-void raw_socket_peer() {
-  for (size_t size : kSizes) {
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return;
-    size_t iters = std::max<size_t>(4, std::min<size_t>(2000, (1ull << 30) / size));
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(sv[0]);
-      std::vector<std::byte> src(size);
-      for (size_t i = 0; i < iters + 1; ++i) {
-        size_t done = 0;
-        while (done < size) {
-          ssize_t n = ::write(sv[1], src.data() + done, size - done);
-          if (n <= 0) ::_exit(1);
-          done += static_cast<size_t>(n);
-        }
-      }
-      ::_exit(0);
-    }
-    ::close(sv[1]);
-    std::vector<std::byte> dst(size);
-    auto read_one = [&] {
-      size_t done = 0;
-      while (done < size) {
-        ssize_t n = ::read(sv[0], dst.data() + done, size - done);
-        if (n <= 0) return false;
-        done += static_cast<size_t>(n);
-      }
-      return true;
-    };
-    read_one();  // warm-up
-    auto t0 = Clock::now();
-    size_t got = 0;
-    for (size_t i = 0; i < iters && read_one(); ++i) got += size;
-    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    ::close(sv[0]);
-    ::waitpid(pid, nullptr, 0);
-    double g = static_cast<double>(got) / secs / 1e9;
-    for (const char* dir : {"read", "write"}) {
-      bench::report(std::string("rdma_") + dir + "_channel", "raw_socket", "bandwidth", g, "GB/s",
-                    "higher", params(size));
     }
   }
 }
@@ -337,6 +481,8 @@ int main(int argc, char** argv) {
     return role_owner(std::stoull(argv[2]), argc == 4 && std::string(argv[3]) == "alloc");
   }
   if (role == "--client" && argc == 3) return role_client(argv[2]);
+  if (role == "--cold-heal" && argc == 5)
+    return role_cold_heal(argv[2], std::stoull(argv[3]), argv[4]);
   // BENCH_RDMA_ONLY=ucx|channel|local runs one backend's rows and their peers.
   const char* only_env = std::getenv("BENCH_RDMA_ONLY");
   std::string only = only_env != nullptr ? only_env : "";
@@ -355,6 +501,5 @@ int main(int argc, char** argv) {
   if (want("channel")) run_client("channel");
   if (want("local")) run_client("local");
   if (want("ucx") || want("channel")) memcpy_peer();
-  if (want("channel")) raw_socket_peer();
   return 0;
 }

@@ -374,9 +374,15 @@ std::shared_ptr<LocalRoutes::Mapping> LocalRoutes::mapping(const RdmaHandle& h) 
   struct stat st {};
   bool ok = (got == want || got == want + " (deleted)") && ::fstat(fd, &st) == 0 &&
             static_cast<size_t>(st.st_size) >= kPage;
-  void* p = ok ? ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE,
-                        MAP_SHARED, fd, 0)
-               : MAP_FAILED;
+  // Segments up to 64 MiB are mapped populated: a restarted replica's heal reads the donor's
+  // whole state once, on a fresh mapping, and faulting it in page by page cost ~2 us per 4 KiB
+  // page under load (1.1 ms of a 1.3 ms heal of 2.4 MB in ft_train). Larger segments fault on
+  // demand, so that a small read of a huge buffer stays cheap.
+  constexpr off_t kPopulateMax = off_t{64} << 20;
+  const int flags = MAP_SHARED | (st.st_size <= kPopulateMax ? MAP_POPULATE : 0);
+  void* p =
+      ok ? ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, flags, fd, 0)
+         : MAP_FAILED;
   ::close(fd);
   if (p == MAP_FAILED) return nullptr;
   m->base = p;

@@ -1,5 +1,6 @@
 // FlatState: parameters and gradients alias the flat buffers, load_from/bytes round trip, hash
-// equality, header checks, and the flat Adam update against torch::optim::Adam.
+// equality, header checks, the flat Adam update against torch::optim::Adam, and the
+// shared-memory option (a real process reads the state by the shm route).
 #include "monarch/ft/torch/flat_state.hpp"
 
 #include <gtest/gtest.h>
@@ -8,7 +9,13 @@
 #include <cstring>
 #include <vector>
 
+#include "monarch/rdma/rdma.hpp"
+#include "rdma/testing/pattern.hpp"
+#include "testing/subprocess.hpp"
+
 using monarch::ft::FlatState;
+using monarch::ft::FlatStateOptions;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -157,6 +164,60 @@ TEST(FlatState, AdamMatchesTorchOptimAdam) {
     EXPECT_TRUE(torch::equal(flat_params[i], ref_params[i]))
         << "parameter " << i << " differs from torch::optim::Adam";
   }
+}
+
+// FlatStateOptions::shared_memory: bytes() is the memory of an allocate()d RdmaBuffer, training
+// on it is bitwise what training on heap memory gives, another process reads it by the shm route
+// (a heal at memcpy speed), a healer can read a donor straight into its own bytes(), and the
+// module's parameters stay valid after the FlatState is gone.
+TEST(FlatState, SharedMemoryStateIsServedByTheShmRoute) {
+  Net shm_net(6), heap_net(6), healer_net(7);
+  FlatState state(shm_net, FlatStateOptions{.shared_memory = true, .rdma_name = "test.state"});
+  FlatState heap(heap_net);
+  EXPECT_EQ(heap.rdma_buffer(), nullptr);
+  ASSERT_NE(state.rdma_buffer(), nullptr);
+  EXPECT_EQ(state.rdma_buffer()->memory().data(), state.bytes().data());
+  EXPECT_EQ(state.rdma_buffer()->memory().size(), state.bytes().size());
+  EXPECT_EQ(state.bytes().size(), heap.bytes().size());
+  for (auto& p : shm_net.parameters()) EXPECT_TRUE(inside(p.data_ptr(), state.bytes()));
+
+  monarch::ft::AdamOptions opts{.lr = 0.01};
+  for (int i = 0; i < 3; ++i) {
+    for (auto [s, net] : {std::pair{&state, &shm_net}, std::pair{&heap, &heap_net}}) {
+      s->zero_grads();
+      net->forward(input() * (i + 1)).pow(2).sum().backward();
+      s->adam_step(opts);
+    }
+  }
+  EXPECT_EQ(state.hash(), heap.hash()) << "same training on shared memory and on heap memory";
+
+  // Another process on this host reads it by the shm route (a donor serving a healer).
+  state.rdma_buffer()->sync();
+  monarch::testing::Subprocess reader(
+      MONARCH_RDMA_PEER,
+      {"read-route", monarch::rdma::testing::to_hex(state.rdma_buffer()->handle()), "0",
+       std::to_string(state.bytes().size())});
+  auto line = reader.line(30s);
+  while (line && !line->starts_with("SUM ")) line = reader.line(30s);  // skip log lines
+  ASSERT_TRUE(line) << "rdma_peer read-route printed no SUM line";
+  EXPECT_EQ(*line, "SUM " + std::to_string(monarch::rdma::testing::checksum(state.bytes())) +
+                       " ROUTE shm");
+
+  // A healer reads the donor straight into its own shared-memory bytes(), no staging copy.
+  FlatState healer(healer_net, FlatStateOptions{.shared_memory = true});
+  ASSERT_NE(healer.hash(), state.hash());
+  state.rdma_buffer()->handle().read_into(healer.bytes()).get(30s);
+  healer.rdma_buffer()->sync();
+  healer.check_header();
+  EXPECT_EQ(healer.hash(), state.hash());
+  EXPECT_EQ(healer.step(), 3);
+  EXPECT_TRUE(torch::equal(healer_net.forward(input()), shm_net.forward(input())));
+
+  // The parameters' storage keeps the shared memory alive after the FlatState is gone.
+  Net kept_net(8);
+  auto expected = kept_net.forward(input()).detach().clone();
+  { FlatState gone(kept_net, FlatStateOptions{.shared_memory = true}); }
+  EXPECT_TRUE(torch::equal(kept_net.forward(input()), expected));
 }
 
 TEST(FlatState, RejectsNonFloatParameters) {
