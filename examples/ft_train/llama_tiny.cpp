@@ -159,7 +159,7 @@ struct LlamaTiny::Impl {
         corpus(std::move(text)),
         gen(at::make_generator<at::CPUGeneratorImpl>(o.seed)),
         model(cfg, gen),
-        state(model),
+        state(model, FlatStateOptions{.shared_memory = true, .rdma_name = "llama-tiny.state"}),
         train(TextWindows(static_cast<std::int64_t>(corpus->train.size()), cfg.seq_len)),
         heldout(static_cast<std::int64_t>(corpus->heldout.size()), cfg.seq_len),
         sampler(train, o.seed) {

@@ -59,7 +59,9 @@ std::pair<torch::Tensor, torch::Tensor> gather(const Dataset& data,
 
 struct Model::Impl {
   Impl(std::uint64_t seed, int hidden)
-      : gen(at::make_generator<at::CPUGeneratorImpl>(seed)), mlp(hidden, gen), state(mlp) {}
+      : gen(at::make_generator<at::CPUGeneratorImpl>(seed)),
+        mlp(hidden, gen),
+        state(mlp, FlatStateOptions{.shared_memory = true, .rdma_name = "mlp.state"}) {}
   torch::Generator gen;
   MlpImpl mlp;
   FlatState state;

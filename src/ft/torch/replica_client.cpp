@@ -15,7 +15,8 @@ struct ReplicaClient::Impl {
   ActorRef<Manager> manager;
   FlatState& state;
   ReplicaClientOptions o;
-  rdma::RdmaBuffer exposed;
+  std::optional<rdma::RdmaBuffer> own;  // the exposure of a heap FlatState (cma route)
+  rdma::RdmaBuffer& exposed;            // what healers read: the state's own shm buffer, else `own`
   AllreduceGroup group;
   int64_t qid = -1;  // the quorum the gloo group is configured for (-1: none / aborted)
   bool commit_failed = false;
@@ -28,7 +29,9 @@ struct ReplicaClient::Impl {
       : manager(std::move(m)),
         state(s),
         o(std::move(opts)),
-        exposed(s.bytes(), o.replica_id + ".r" + std::to_string(o.rank) + ".state") {}
+        exposed(s.rdma_buffer() ? *s.rdma_buffer()
+                                : own.emplace(s.bytes(), o.replica_id + ".r" +
+                                                             std::to_string(o.rank) + ".state")) {}
 
   std::string where() const {
     return o.replica_id + " rank " + std::to_string(o.rank) + " step " +
@@ -61,21 +64,30 @@ void ReplicaClient::Impl::heal(const QuorumResult& q) {
     throw bad("the donor's state is " + std::to_string(h.length) + " B, ours " +
               std::to_string(state.bytes().size()) + " B");
   }
-  std::vector<std::byte> buf(h.length);
+  // Straight into our own state (no staging copy; with FlatStateOptions::shared_memory on both
+  // sides, the shm route: one memcpy from a mapping of the donor). A heal that fails part-way
+  // leaves a mixed state: it is marked step -1, so that it heals again before it trains or
+  // donates.
+  std::span<std::byte> buf = state.bytes();
   auto t = Clock::now();
   rdma::TransferOptions topts{o.step_timeout};
   // The first chunk alone (fault point "heal.after_first_chunk" follows it), then the rest as one
   // batch of parallel reads.
   auto chunk = std::min<uint64_t>(std::max<uint64_t>(o.heal_chunk_bytes, 64), h.length);
-  h.read_into(std::span(buf).first(chunk), 0, topts).get(o.step_timeout);
-  fault_point_kill_donor(o.replica_id, q.donor_id);
-  rdma::RdmaBatch rest;
-  for (uint64_t off = chunk; off < h.length; off += 4 * chunk) {
-    uint64_t n = std::min<uint64_t>(4 * chunk, h.length - off);
-    rest.read_into(h, std::span(buf).subspan(off, n), off);
+  try {
+    h.read_into(buf.first(chunk), 0, topts).get(o.step_timeout);
+    fault_point_kill_donor(o.replica_id, q.donor_id);
+    rdma::RdmaBatch rest;
+    for (uint64_t off = chunk; off < h.length; off += 4 * chunk) {
+      uint64_t n = std::min<uint64_t>(4 * chunk, h.length - off);
+      rest.read_into(h, buf.subspan(off, n), off);
+    }
+    rest.submit(topts).get(o.step_timeout);
+    state.check_header();
+  } catch (...) {
+    state.set_step(-1);
+    throw;
   }
-  rest.submit(topts).get(o.step_timeout);
-  state.load_from(buf);
   if (state.step() != q.max_step) {
     throw bad("the state read is at step " + std::to_string(state.step()) +
               ", the quorum's max_step is " + std::to_string(q.max_step));
