@@ -2,6 +2,9 @@
 """Checks an ft_train --json-summary against the job's acceptance rules (issue 8).
 
 Usage: check_summary.py SUMMARY.json [--min-faults N] [--min-accuracy A] [--max-accuracy-gap G]
+                        [--max-perplexity P] [--max-perplexity-gap R]
+The accuracy rules apply to the MLP (metric "accuracy"), the perplexity rules to llama-tiny
+(metric "perplexity": at most P, and within the relative gap R of the fault-free run).
 Exits 1 naming every rule that failed."""
 import argparse
 import json
@@ -14,6 +17,8 @@ def main():
     ap.add_argument("--min-faults", type=int, default=6)
     ap.add_argument("--min-accuracy", type=float, default=0.85)
     ap.add_argument("--max-accuracy-gap", type=float, default=0.01)
+    ap.add_argument("--max-perplexity", type=float, default=20.0)
+    ap.add_argument("--max-perplexity-gap", type=float, default=0.02)
     ap.add_argument("--stall-slack", type=float, default=0.5,
                     help="allowed survivor stall beyond the detection timeout, s (sanitizer builds: more)")
     a = ap.parse_args()
@@ -28,10 +33,16 @@ def main():
     rule(s["faults_injected"] >= a.min_faults, f"faults_injected {s['faults_injected']} >= {a.min_faults}")
     rule(s["survivor_restarts"] == 0, f"survivor_restarts {s['survivor_restarts']} == 0")
     rule(s["replicas_bitwise_equal"] is True, f"replicas_bitwise_equal {s['replicas_bitwise_equal']}")
-    rule(s["test_accuracy"] >= a.min_accuracy, f"test_accuracy {s['test_accuracy']:.4f} >= {a.min_accuracy}")
-    ff = s.get("test_accuracy_fault_free")
-    rule(ff is not None and abs(s["test_accuracy"] - ff) <= a.max_accuracy_gap,
-         f"|test_accuracy - fault_free {ff}| <= {a.max_accuracy_gap}")
+    if s.get("metric", "accuracy") == "perplexity":
+        p, ff = s["metric_value"], s.get("metric_value_fault_free")
+        rule(0 < p <= a.max_perplexity, f"perplexity {p:.4f} <= {a.max_perplexity}")
+        rule(ff is not None and ff > 0 and abs(p - ff) / ff <= a.max_perplexity_gap,
+             f"|perplexity - fault_free {ff}| / fault_free <= {a.max_perplexity_gap}")
+    else:
+        rule(s["test_accuracy"] >= a.min_accuracy, f"test_accuracy {s['test_accuracy']:.4f} >= {a.min_accuracy}")
+        ff = s.get("test_accuracy_fault_free")
+        rule(ff is not None and abs(s["test_accuracy"] - ff) <= a.max_accuracy_gap,
+             f"|test_accuracy - fault_free {ff}| <= {a.max_accuracy_gap}")
     bound = s["detection_timeout_s"] + a.stall_slack
     rule(s["max_survivor_stall_s"] <= bound,
          f"max_survivor_stall_s {s['max_survivor_stall_s']:.3f} <= detection timeout + {a.stall_slack} = {bound:.2f}"

@@ -112,7 +112,9 @@ struct Trainer : monarch::Actor {
         }
         client.report(loss, metric);
       }
-      if (!stop_) client.report(-1, work_->evaluate(true), /*final=*/true);
+      // Replicas end bitwise equal: replica0 alone evaluates the whole held-out split.
+      bool judge = cfg_.client.replica_id == "replica0" && cfg_.client.rank == 0;
+      if (!stop_) client.report(-1, judge ? work_->evaluate(true) : -1, /*final=*/true);
       while (!stop_) client.hold();  // laggards heal from this group until the job stops it
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ft_train: %s rank %lld: fatal: %s\n", cfg_.client.replica_id.c_str(),
@@ -334,7 +336,7 @@ static int run(int argc, char** argv) {
     if (faulty) {
       try {
         ex::plot_loss_accuracy(out_dir + "/fault_free.jsonl", out_dir + "/faulty.jsonl",
-                               out_dir + "/ft_train.png");
+                               out_dir + "/ft_train.png", "ft_train --model " + cfg.model, metric);
         std::printf("  chart: %s/ft_train.png; metrics: %s/{fault_free,faulty}.jsonl\n",
                     out_dir.c_str(), out_dir.c_str());
       } catch (const std::exception& e) {

@@ -13,11 +13,11 @@ namespace monarch::ft::example {
 namespace {
 
 struct Series {
-  std::vector<std::pair<long, double>> loss, accuracy;
+  std::vector<std::pair<long, double>> loss, metric;
   std::vector<std::pair<long, std::string>> faults;
 };
 
-Series read_jsonl(const std::string& path) {
+Series read_jsonl(const std::string& path, const std::string& metric) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("plot: cannot read metrics file " + path);
   Series s;
@@ -35,8 +35,9 @@ Series read_jsonl(const std::string& path) {
     long step = j["step"].get<long>();
     if (j.contains("loss") && j["loss"].is_number())
       s.loss.emplace_back(step, j["loss"].get<double>());
-    if (j.contains("accuracy") && j["accuracy"].is_number()) {
-      s.accuracy.emplace_back(step, 100.0 * j["accuracy"].get<double>());
+    if (j.contains(metric) && j[metric].is_number()) {
+      double v = j[metric].get<double>();
+      s.metric.emplace_back(step, metric == "accuracy" ? 100.0 * v : v);
     }
     if (j.contains("fault") && j["fault"].is_string())
       s.faults.emplace_back(step, j["fault"].get<std::string>());
@@ -44,16 +45,16 @@ Series read_jsonl(const std::string& path) {
   return s;
 }
 
-// Two gnuplot data blocks (index 0: loss, index 1: accuracy), separated by two blank lines.
+// Two gnuplot data blocks (index 0: loss, index 1: the metric), separated by two blank lines.
 void write_dat(const std::string& path, const Series& s) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("plot: cannot write " + path);
   out << "# step loss\n";
   for (auto& [step, v] : s.loss) out << step << " " << v << "\n";
   if (s.loss.empty()) out << "NaN NaN\n";
-  out << "\n\n# step accuracy_percent\n";
-  for (auto& [step, v] : s.accuracy) out << step << " " << v << "\n";
-  if (s.accuracy.empty()) out << "NaN NaN\n";
+  out << "\n\n# step metric\n";
+  for (auto& [step, v] : s.metric) out << step << " " << v << "\n";
+  if (s.metric.empty()) out << "NaN NaN\n";
 }
 
 std::string quoted(const std::string& s) {
@@ -71,9 +72,10 @@ std::string shell_quoted(const std::string& s) {
 }  // namespace
 
 void plot_loss_accuracy(const std::string& fault_free_jsonl, const std::string& faulty_jsonl,
-                        const std::string& png_path, const std::string& title) {
-  const Series clean = read_jsonl(fault_free_jsonl);
-  const Series faulty = read_jsonl(faulty_jsonl);
+                        const std::string& png_path, const std::string& title,
+                        const std::string& metric) {
+  const Series clean = read_jsonl(fault_free_jsonl, metric);
+  const Series faulty = read_jsonl(faulty_jsonl, metric);
   const std::string clean_dat = png_path + ".fault_free.dat";
   const std::string faulty_dat = png_path + ".faulty.dat";
   const std::string script = png_path + ".gnuplot";
@@ -95,7 +97,9 @@ void plot_loss_accuracy(const std::string& fault_free_jsonl, const std::string& 
     << " index 0 using 1:2 with lines linewidth 2 title 'fault-free', " << quoted(faulty_dat)
     << " index 0 using 1:2 with lines linewidth 2 dashtype 2 title 'with faults ("
     << faulty.faults.size() << ")'\n"
-    << "set ylabel 'test accuracy (%)'\nset key bottom right\n"
+    << (metric == "accuracy"
+            ? "set ylabel 'test accuracy (%)'\nset key bottom right\n"
+            : "set ylabel " + quoted("held-out " + metric) + "\nset key top right\n")
     << "plot " << quoted(clean_dat)
     << " index 1 using 1:2 with linespoints linewidth 2 title 'fault-free', " << quoted(faulty_dat)
     << " index 1 using 1:2 with linespoints linewidth 2 dashtype 2 title 'with faults'\n"

@@ -1,5 +1,5 @@
-// The ft_train chart: loss and test accuracy against step, fault-free and faulty runs on one PNG
-// (gnuplot). Torch-free.
+// The ft_train chart: loss and the model's metric (test accuracy, perplexity) against step,
+// fault-free and faulty runs on one PNG (gnuplot). Torch-free.
 #pragma once
 
 #include <string>
@@ -7,12 +7,13 @@
 namespace monarch::ft::example {
 
 /// Reads two JSONL metrics files and renders `png_path` (1000x800, two panels: loss on top,
-/// accuracy below; fault-free solid, faulty dashed) with gnuplot.
+/// `metric` below; fault-free solid, faulty dashed) with gnuplot.
 ///
 /// Metrics lines (one JSON object per line; other lines and fields are ignored):
 ///   {"step": <int>, "loss": <number>}            -> a loss point (loss: mean training loss of
 ///                                                   the committed step)
-///   {"step": <int>, "accuracy": <number 0..1>}   -> an accuracy point (drawn in percent)
+///   {"step": <int>, "<metric>": <number>}        -> a metric point ("accuracy", 0..1, is drawn in
+///                                                   percent; others, e.g. "perplexity", as is)
 ///   both fields may share one line.
 ///   {"step": <int>, "fault": "<kind>"}           -> in the faulty file: a dashed vertical line at
 ///                                                   that step labelled with the kind
@@ -21,6 +22,7 @@ namespace monarch::ft::example {
 /// Throws std::runtime_error if a file cannot be read, a line is not JSON, or gnuplot fails
 /// (the message says `apt-get install gnuplot-nox` when gnuplot is missing).
 void plot_loss_accuracy(const std::string& fault_free_jsonl, const std::string& faulty_jsonl,
-                        const std::string& png_path, const std::string& title = "ft_train");
+                        const std::string& png_path, const std::string& title = "ft_train",
+                        const std::string& metric = "accuracy");
 
 }  // namespace monarch::ft::example

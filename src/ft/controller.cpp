@@ -382,7 +382,7 @@ void ReplicaController::report(StepReport r) {
       if (f.open() && f.victims.count(r.replica_id) && !f.healed) f.healed = r.t_ns;
     }
   }
-  if (r.final || r.healed) note_progress(r);
+  if (r.healed) note_progress(r);  // not final: its full evaluation is no stall
   if (r.final) {
     finals_[r.replica_id] = {r.hash, r.metric};
     stats_.state_bytes = r.state_bytes;
