@@ -4,10 +4,13 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -64,10 +67,70 @@ std::string sibling_monarch() {
   return fs::exists(cli, ec) ? cli.string() : "";
 }
 
+// SIGTERM / SIGINT while SLURM jobs run (docs/ft.md): the jobs would outlive ft_train until their
+// --slurm-time. The handler only writes the signal to a pipe; a thread of ours runs scancel on
+// the jobs' ids, then ft_train dies of the signal as it would have.
+int g_signal_pipe[2] = {-1, -1};
+std::mutex g_jobs_mu;
+std::vector<std::string> g_jobs;  // SLURM job ids started and not yet stopped
+
+void on_terminate(int sig) {
+  unsigned char c = static_cast<unsigned char>(sig);
+  ssize_t n = ::write(g_signal_pipe[1], &c, 1);
+  (void)n;
+}
+
+void cancel_on_signal(const std::string& job_id) {
+  std::lock_guard lock(g_jobs_mu);
+  if (!job_id.empty()) g_jobs.push_back(job_id);
+}
+
+void cancelled(const std::string& job_id) {
+  std::lock_guard lock(g_jobs_mu);
+  std::erase(g_jobs, job_id);
+}
+
+// Once per process: installs the handlers and starts the thread that cancels on a signal. A job
+// still being submitted when the signal comes (sbatch has not answered) is not cancelled.
+void watch_signals() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (::pipe(g_signal_pipe) != 0)
+      throw monarch::Error("ft_train: pipe() for the SIGTERM handler failed");
+    std::thread([] {
+      unsigned char c = 0;
+      ssize_t n = 0;
+      while ((n = ::read(g_signal_pipe[0], &c, 1)) != 1) {
+        if (n < 0 && errno != EINTR) return;  // no pipe: the default dispositions are gone too
+      }
+      std::vector<std::string> ids;
+      {
+        std::lock_guard lock(g_jobs_mu);
+        ids = g_jobs;
+      }
+      std::string cmd = "timeout 30 scancel";  // a dead slurmctld must not keep us alive
+      for (const auto& id : ids) cmd += " " + id;
+      std::fprintf(stderr, "ft_train: signal %d: %s\n", c,
+                   ids.empty() ? "no SLURM job to cancel" : cmd.c_str());
+      if (!ids.empty() && std::system(cmd.c_str()) != 0)
+        std::fprintf(stderr, "ft_train: '%s' failed; the jobs end at their --slurm-time\n",
+                     cmd.c_str());
+      std::signal(c, SIG_DFL);
+      ::raise(c);
+    }).detach();
+    struct sigaction sa {};
+    sa.sa_handler = on_terminate;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGINT, &sa, nullptr);
+  });
+}
+
 }  // namespace
 
 void add_launcher_flags(CLI::App& app, LauncherOptions& o) {
-  app.add_option("--launcher", o.launcher, "where the replica groups run: local or slurm")
+  app.add_option("--launcher", o.launcher,
+                 "where the replica groups run: local, slurm or kubernetes")
       ->check(CLI::IsMember({"local", "slurm", "kubernetes"}))
       ->capture_default_str();
   const char* sl = "SLURM (--launcher slurm)";
@@ -159,11 +222,9 @@ struct Launcher::Impl {
   LauncherOptions opt;
   mutable std::mutex mu;
   bool started = false;
-  std::vector<mesh::HostMesh> hosts;           // start_hosts' answer
-  std::map<int64_t, mesh::HostMesh> fresh;     // group -> the host that replaced its own
-  std::map<int64_t, std::string> lost;         // group -> why its current host is lost
-  std::vector<std::string> addrs;              // agent address of each of `hosts`
-  std::map<int64_t, std::string> fresh_addrs;  // agent address of each of `fresh`
+  std::vector<mesh::HostMesh> hosts;        // start_hosts' answer
+  std::map<int64_t, mesh::HostMesh> fresh;  // group -> the host that replaced its own
+  std::map<int64_t, std::string> lost;      // group -> why its current host is lost
   std::unique_ptr<launch::SlurmJob> main_job;
   std::vector<std::unique_ptr<launch::KubernetesJob>> k8s_jobs;  // one per group, then fresh ones
   std::vector<std::unique_ptr<launch::SlurmJob>> fresh_jobs;
@@ -208,8 +269,7 @@ struct Launcher::Impl {
 
   // Submits a job and returns its agents as single-host meshes (attached with host_options).
   std::vector<mesh::HostMesh> start_job(std::unique_ptr<launch::SlurmJob>& slot,
-                                        launch::SlurmOptions o,
-                                        std::vector<std::string>& addrs_out) {
+                                        launch::SlurmOptions o) {
     auto job = std::make_unique<launch::SlurmJob>(std::move(o));
     job->on_failure([](const MeshFailure& f) {
       // The whole job ended (scancel, time limit, node failure): its hosts are gone. Their groups
@@ -220,7 +280,6 @@ struct Launcher::Impl {
     auto meshes = job->start();
     std::vector<mesh::HostMesh> out;
     const auto& agents = job->agents(0);
-    addrs_out = agents;
     if (agents.size() == 1) {
       out.push_back(meshes.at(0));
     } else {
@@ -271,19 +330,21 @@ std::vector<mesh::HostMesh> Launcher::start_hosts(int64_t replicas) {
   if (im.opt.launcher == "kubernetes") {
     for (int64_t r = 0; r < replicas; ++r) {
       im.hosts.push_back(im.start_k8s(r, im.opt.k8s_name + "-g" + std::to_string(r)));
-      im.addrs.push_back("");
     }
     return im.hosts;
   }
   auto nodes = static_cast<size_t>(im.opt.nodes > 0 ? im.opt.nodes : replicas);
+  watch_signals();
   im.hosts = im.start_job(
       im.main_job,
-      im.slurm_options(im.opt.job_name, nodes, static_cast<size_t>(im.opt.tasks_per_node)),
-      im.addrs);
+      im.slurm_options(im.opt.job_name, nodes, static_cast<size_t>(im.opt.tasks_per_node)));
+  cancel_on_signal(im.main_job->job_id());
+  std::printf("ft_train: SLURM job %s: %zu host(s), group r on host r %% %zu\n",
+              im.main_job->job_id().c_str(), im.hosts.size(), im.hosts.size());
   return im.hosts;
 }
 
-mesh::HostMesh Launcher::host_for(int64_t group) {
+const mesh::HostMesh& Launcher::host_for(int64_t group) {
   auto& im = *impl_;
   std::lock_guard lock(im.mu);
   if (!im.started) throw UsageError("Launcher::host_for: start_hosts was not called");
@@ -296,7 +357,6 @@ mesh::HostMesh Launcher::host_for(int64_t group) {
                  "ft_train: group %lld lost its host (%s): starting a fresh one (SLURM job "
                  "'%s')\n",
                  static_cast<long long>(group), why.c_str(), name.c_str());
-    std::vector<std::string> addr;
     std::vector<mesh::HostMesh> meshes;
     std::exception_ptr failed;
     try {
@@ -307,9 +367,9 @@ mesh::HostMesh Launcher::host_for(int64_t group) {
           if (im.opt.launcher == "kubernetes") {
             meshes = {im.start_k8s(group, im.opt.k8s_name + "-g" + std::to_string(group) + "-" +
                                               std::to_string(im.k8s_jobs.size() + 1))};
-            addr = {""};
           } else {
-            meshes = im.start_job(job, im.slurm_options(name, 1, 1), addr);
+            meshes = im.start_job(job, im.slurm_options(name, 1, 1));
+            cancel_on_signal(job->job_id());
           }
         } catch (...) {
           failed = std::current_exception();
@@ -323,7 +383,6 @@ mesh::HostMesh Launcher::host_for(int64_t group) {
     }
     if (job) im.fresh_jobs.push_back(std::move(job));
     im.fresh.insert_or_assign(group, meshes.at(0));
-    im.fresh_addrs.insert_or_assign(group, addr.at(0));
     im.lost.erase(l);
   }
   if (auto f = im.fresh.find(group); f != im.fresh.end()) return f->second;
@@ -335,25 +394,6 @@ bool Launcher::host_lost(int64_t group, const std::string& why) {
   std::lock_guard lock(im.mu);
   if (im.opt.launcher == "local") return false;
   im.lost.insert_or_assign(group, why);
-  return true;
-}
-
-bool Launcher::group_failed(int64_t group, const std::string& cause) {
-  auto& im = *impl_;
-  std::lock_guard lock(im.mu);
-  if (im.opt.launcher == "local" || !im.started || im.lost.count(group)) return false;
-  std::string addr = im.fresh_addrs.count(group)
-                         ? im.fresh_addrs.at(group)
-                         : im.addrs.at(static_cast<size_t>(group) % im.addrs.size());
-  // The mesh names the agent when it was the cause (src/mesh/proc_failure.cpp): "host agent ADDR
-  // lost (...)" or "host agent ADDR restarted; ...". A restarted agent is alive but its
-  // incarnation changed; spawning there again would work, yet a fresh host is the safe choice.
-  const std::string who = "host agent " + addr + " ";
-  auto at = cause.find(who);
-  if (at == std::string::npos) return false;
-  auto rest = cause.substr(at + who.size());
-  if (rest.rfind("lost", 0) != 0 && rest.rfind("restarted", 0) != 0) return false;
-  im.lost.insert_or_assign(group, cause);
   return true;
 }
 
@@ -388,6 +428,7 @@ void Launcher::stop() {
     if (!job) return;
     try {
       job->stop();
+      cancelled(job->job_id());
       job.reset();
     } catch (const std::exception& e) {
       errors += std::string(errors.empty() ? "" : "; ") + e.what();

@@ -18,8 +18,9 @@
 // returns one single-host HostMesh per agent, in task order, and group r is placed on host
 // r % hosts (round-robin). Default nodes: one per replica group.
 //
-// A lost host (its agent killed, its node gone, the job ended): spawning on it fails. The caller
-// says so with host_lost(r, why); the next host_for(r) then submits a fresh one-task SLURM job
+// A lost host (its agent killed, its node gone, the job ended): group r's procs fail with a cause
+// naming the agent, or spawning on it fails. The caller (ReplicaController::replace_host) says so
+// with host_lost(r, why); the next host_for(r) then submits a fresh one-task SLURM job
 // (same partition, time, account) and returns its host, which group r keeps from then on. The
 // fresh jobs live until stop(). Locally there is one host and it is never replaced.
 //
@@ -104,20 +105,19 @@ class Launcher {
   Launcher& operator=(const Launcher&) = delete;
 
   /// Once: the hosts the replica groups go on (see the header comment). `replicas` >= 1 sizes
-  /// the default SLURM job. Never empty.
+  /// the default SLURM job. Never empty. SLURM: prints "ft_train: SLURM job ID: N host(s), ..."
+  /// and, from then on, SIGTERM and SIGINT scancel every job of this launcher before ft_train
+  /// dies of the signal (a job whose sbatch has not answered yet is not cancelled).
   std::vector<mesh::HostMesh> start_hosts(int64_t replicas);
-  /// The host group r spawns on now: hosts[r % n], or the fresh host that replaced it.
-  mesh::HostMesh host_for(int64_t group);
-  /// Group r could not spawn on host_for(r) (`why`: the spawn error). Locally: rethrows nothing,
-  /// returns false (there is no other host). SLURM: marks that host lost, so that the next
-  /// host_for(r) starts a fresh one; returns true.
+  /// The host group r spawns on now: hosts[r % n], or the fresh host that replaced it. The
+  /// reference is the launcher's; it stays valid until stop() (a later host_for(r) that
+  /// replaces the host rewrites it in place).
+  const mesh::HostMesh& host_for(int64_t group);
+  /// Group r's host is gone (`why`: a failure naming its agent, or the spawn error there;
+  /// ReplicaController::replace_host). Locally: returns false (there is no other host). SLURM
+  /// and Kubernetes: marks that host lost, so that the next host_for(r) starts a fresh one;
+  /// returns true.
   bool host_lost(int64_t group, const std::string& why);
-  /// Group r failed with MeshFailure cause `cause` (call it from the failure handler, before the
-  /// respawn). When the cause says the group's host agent was lost or restarted (the mesh's
-  /// wording: "host agent ADDR lost ..."), marks that host lost as host_lost does, so that the
-  /// respawn goes straight to a fresh host instead of waiting out a spawn on a dead agent (the
-  /// channel's delivery timeout). Returns whether it did; always false locally.
-  bool group_failed(int64_t group, const std::string& cause);
   /// The name other hosts reach this process by (for the rendezvous store): the listen host, or
   /// this host's name; "127.0.0.1" locally.
   std::string advertise_host() const;
