@@ -2,15 +2,19 @@
 """ft_train --launcher slurm on the real local SLURM cluster (scripts/slurm-local.sh; the CTest
 fixture slurm_cluster starts it and sets SLURM_CONF), with one fault caused from outside the job.
 
-  ft_slurm_test.py FT_TRAIN WORKDIR --kill agent|worker
+  ft_slurm_test.py FT_TRAIN WORKDIR --kill agent|worker|sigterm
 
 Three replica groups on three SLURM tasks (agents) of one node train a --no-faults run. Once the
 metrics JSONL shows step --kill-at, the test SIGKILLs group 1's agent (the SLURM task: its
 worker dies with it, and the host is gone, so the group must come back on a fresh host: a new
 one-task SLURM job) or group 1's worker process (the agent lives: the group comes back on the
-same host). Then it checks the end state: ft_train finished, every replica bitwise equal, the
-fault visible in the summary (a respawn; and a fresh SLURM job for an agent kill), and nothing of
-any job left in squeue or running.
+same host). Then it checks the end state: ft_train finished with exit 0, every replica bitwise
+equal, the kill counted as a fault from outside (faults_outside) and healed before the end (group
+1 committed again: a recovery time), no survivor restarted, a fresh SLURM job for an agent kill
+only, and nothing of any job left in squeue or running.
+
+--kill sigterm sends SIGTERM to ft_train itself: it must scancel its job and die of the signal,
+leaving nothing in squeue or running.
 
 Exit 77 (CTest SKIP_RETURN_CODE) without root, SLURM or SLURM_CONF.
 """
@@ -24,10 +28,10 @@ import subprocess
 import sys
 import time
 
-# ft_train at this branch's base counts a replica killed from outside as a "survivor restart" and
-# exits 1 (issue 18, "Faults it did not inject"). On the ReplicaController version (main after
-# the ft-lib merge) set this to True: survivor_restarts 0, faults_outside >= 1, exit 0.
-OUTSIDE_KILL_IS_A_FAULT = False
+# The ReplicaController counts a replica killed from outside as a fault (faults_outside) and
+# ft_train exits 0 (issue 18, Deliver 5). Before the library (H4's ft-slurm branch) it was a
+# "survivor restart" and exit 1; False checks that old behaviour.
+OUTSIDE_KILL_IS_A_FAULT = True
 
 
 def skip(why):
@@ -90,12 +94,46 @@ def wait_until(what, deadline_s, cond, proc, log):
     fail("no %s within %d s" % (what, deadline_s), log())
 
 
+def leftovers(kill, job, text, problems):
+    """Nothing of any job of this run is left: squeue empty of our names, no process of those
+    jobs. Returns the run's job ids."""
+    ids = set([job] + re.findall(r"SLURM job (\d+) 'ft-slurm-", text))
+    end = time.monotonic() + 15
+    while True:
+        q = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout
+        left = [line for line in q.splitlines() if "ft-slurm-" + kill in line]
+        alive = processes(lambda e: e.get("SLURM_JOB_ID") in ids)
+        if (not left and not alive) or time.monotonic() > end:
+            break
+        time.sleep(0.1)  # the job leaving squeue, its steps being reaped by slurmd after scancel
+    if left:
+        problems.append("jobs still in squeue: %s" % left)
+    if alive:
+        problems.append("processes of jobs %s survived: %s" % (sorted(ids), alive))
+    return ids
+
+
+def sigterm_checks(rc, job, text):
+    problems = []
+    if rc != -signal.SIGTERM:
+        problems.append("ft_train ended with %d, want death by SIGTERM (%d)" % (rc, -signal.SIGTERM))
+    if "scancel " + job not in text:
+        problems.append("no 'scancel %s' line from ft_train" % job)
+    leftovers("sigterm", job, text, problems)
+    print(text[-2000:])
+    if problems:
+        fail("; ".join(problems))
+    print("ft_slurm (sigterm): PASS: job %s cancelled, ft_train died of SIGTERM" % job)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("ft_train")
     ap.add_argument("workdir")
-    ap.add_argument("--kill", choices=["agent", "worker"], required=True)
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--kill", choices=["agent", "worker", "sigterm"], required=True)
+    # Long enough for group 1 to rejoin: an agent kill is seen after mesh.heartbeat_timeout
+    # (ft_train raises it to 5 s), then a fresh SLURM job starts.
+    ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--kill-at", type=int, default=40)
     ap.add_argument("--progress", action="store_true", help="keep ft_train's event lines")
     a = ap.parse_args()
@@ -145,6 +183,15 @@ def main():
             return False
 
         wait_until("metrics line for step %d" % a.kill_at, 120, reached, proc, log)
+        if a.kill == "sigterm":
+            os.kill(proc.pid, signal.SIGTERM)
+            print("SIGTERM to ft_train (pid %d) at step >= %d" % (proc.pid, a.kill_at), flush=True)
+            try:
+                rc = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                fail("ft_train did not end within 60 s of SIGTERM", log())
+            sigterm_checks(rc, job, log())
+            return
         workers = processes(lambda e: e.get("SLURM_JOB_ID") == job and
                             e.get("MONARCH_WORKER_MESH") == "replica1-0")
         if len(workers) != 1:
@@ -181,6 +228,8 @@ def main():
         fail("no summary (%s); ft_train exit %d" % (e, rc), text)
 
     problems = []
+    if s.get("recoveries", 0) < 1:
+        problems.append("group 1 did not commit again before the end (no recovery time)")
     if not s.get("replicas_bitwise_equal"):
         problems.append("replicas not bitwise equal (hash_mismatches %s)" % s.get("hash_mismatches"))
     if s.get("respawns", 0) < 1:
@@ -206,19 +255,7 @@ def main():
         if rc != 1:
             problems.append("ft_train exit %d, want 1 (survivor_restarts != 0)" % rc)
 
-    # Nothing of any job of this run is left: squeue empty of our names, no process of those jobs.
-    q = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout
-    left = [line for line in q.splitlines() if "ft-slurm-" + a.kill in line]
-    if left:
-        problems.append("jobs still in squeue: %s" % left)
-    ids = set([job] + re.findall(r"SLURM job (\d+) 'ft-slurm-", text))
-    end = time.monotonic() + 15
-    alive = processes(lambda e: e.get("SLURM_JOB_ID") in ids)
-    while alive and time.monotonic() < end:
-        time.sleep(0.1)  # job steps being reaped by slurmd after scancel
-        alive = processes(lambda e: e.get("SLURM_JOB_ID") in ids)
-    if alive:
-        problems.append("processes of jobs %s survived: %s" % (sorted(ids), alive))
+    ids = leftovers(a.kill, job, text, problems)
 
     print("summary: respawns %s, survivor_restarts %s, faults_injected %s, bitwise equal %s, "
           "fresh host %s, exit %d, jobs %s" %
