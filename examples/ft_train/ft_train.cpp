@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "launcher.hpp"
 #include "model.hpp"
 #include "monarch/config/config.hpp"
 #include "monarch/ft/controller.hpp"
@@ -71,6 +72,7 @@ struct Trainer : monarch::Actor {
     if (thread_.joinable())
       throw monarch::UsageError("Trainer " + cfg_.client.replica_id + ": already started");
     cfg_.client.rank = rank;
+    cfg_.client.local_host = ex::worker_gloo_host();  // this host's address, reachable by peers
     thread_ = std::thread([this] { loop(); });
   }
   void cleanup(const std::optional<monarch::ActorSupervisionEvent>&) override {
@@ -131,6 +133,7 @@ struct Trainer : monarch::Actor {
 };
 
 struct RunOptions {
+  ex::Launcher* launcher = nullptr;  // where the groups run (--launcher); outlives the runs
   std::string name = "faulty", metrics_path, metric = "accuracy";
   int64_t faults = 6, freeze_ms = 2000;
   bool progress = true;          // events and progress at all (--no-progress: none)
@@ -172,6 +175,10 @@ struct JobController : ft::ReplicaController {
   void start_trainers(const ft::GroupInfo& g) override {
     auto& t = trainers_.at(g.group);
     for (size_t i = 0; i < t.size(); ++i) t.at(i).send(&Trainer::start, static_cast<int64_t>(i));
+  }
+  const mesh::HostMesh& host_for(int64_t r) override { return run_.launcher->host_for(r); }
+  bool replace_host(int64_t r, const std::string& why) override {
+    return run_.launcher->host_lost(r, why);
   }
   void on_event(const std::string& line) override {
     if (run_.progress) std::printf(run_.live ? "\r%-110s\n" : "%s\n", line.c_str());
@@ -245,6 +252,7 @@ static int run(int argc, char** argv) {
   run.live = ::isatty(STDOUT_FILENO) == 1;
   bool no_faults = false;
   std::string json_summary, out_dir = "ft_train_out", lighthouse_addr;
+  ex::LauncherOptions lo;
   CLI::App app{"ft_train: fault-tolerant elastic training (monarch-cpp's main job)"};
   app.add_option("--model", cfg.model, "mlp (Fashion-MNIST) or llama-tiny");
   app.add_option("--steps", cfg.steps, "training steps (committed)")->check(CLI::Range(1, 1000000));
@@ -269,6 +277,7 @@ static int run(int argc, char** argv) {
   app.add_option(
       "--lighthouse", lighthouse_addr,
       "a standalone lighthouse (`monarch lighthouse --listen ADDR`) instead of one here");
+  ex::add_launcher_flags(app, lo);  // --launcher, --slurm-*, --k8s-*
   CLI11_PARSE(app, argc, argv);
   auto defaults = ex::workload_defaults(cfg.model);  // UsageError on an unknown model
   for (auto [v, d] : {std::pair{&cfg.steps, defaults.steps},
@@ -295,8 +304,10 @@ static int run(int argc, char** argv) {
     if (std::chrono::milliseconds(run.freeze_ms) + 2s > conf.duration("mesh.heartbeat_timeout"))
       conf.set("mesh.heartbeat_timeout", std::to_string(run.freeze_ms + 3000) + "ms");
     std::filesystem::create_directories(out_dir);
-    ft::StoreServer store;
-    std::vector<mesh::HostMesh> hosts{mesh::this_host()};
+    ex::Launcher launcher(lo);
+    ft::StoreServer store(launcher.advertise_host());
+    std::vector<mesh::HostMesh> hosts = launcher.start_hosts(cfg.replicas);
+    run.launcher = &launcher;
     auto one_run = [&](RunOptions o) {  // an external lighthouse outlives the job: not ours
       auto& client = hosts[0].client();
       if (!lighthouse_addr.empty())

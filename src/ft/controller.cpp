@@ -260,8 +260,14 @@ Future<void> ReplicaController::spawn_group(int64_t r, bool respawned) {
   g.up = false;
   g.failed = false;
   std::string mesh_name = replica_id(r) + "-" + std::to_string(g.incarnation);
-  g.procs =
-      host_for(r).spawn_procs({{"ranks", static_cast<size_t>(opts_.ranks)}}, {.name = mesh_name});
+  ndslice::Extent per_host{{"ranks", static_cast<size_t>(opts_.ranks)}};
+  try {
+    g.procs = host_for(r).spawn_procs(per_host, {.name = mesh_name});
+  } catch (const std::exception& e) {
+    if (!respawned || !replace_host(r, e.what())) throw;
+    event(replica_id(r) + ": cannot spawn on its host (" + e.what() + "); trying a fresh host");
+    g.procs = host_for(r).spawn_procs(per_host, {.name = mesh_name});
+  }
   auto managers = g.procs->slice("ranks", 0)
                       .spawn<Manager>("manager", lighthouse_, replica_id(r), opts_.ranks,
                                       std::chrono::milliseconds(0));
@@ -540,6 +546,13 @@ bool ReplicaController::supervise(const mesh::MeshFailure& failure) {
     stats_.faults_outside += 1;
   }
   event("supervise: " + failure.to_string() + (victim ? "" : "  (a fault the job did not inject)"));
+  // The mesh names the host agent when the host itself went (src/mesh/proc_failure.cpp).
+  const std::string& cause = failure.cause;
+  if (cause.find("host agent ") != std::string::npos &&
+      (cause.find(" lost (") != std::string::npos ||
+       cause.find(" restarted") != std::string::npos) &&
+      replace_host(r, cause))
+    event(id + ": its host is gone; the respawn goes to a fresh host");
   lighthouse_.send(&Lighthouse::evict, id, failure.cause);
   self<ReplicaController>().send(&ReplicaController::respawn, r);
   return true;  // handled: the other groups keep training

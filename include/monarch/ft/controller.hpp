@@ -248,8 +248,19 @@ class ReplicaController : public Actor {
 
  protected:
   /// Where group `group` runs; default hosts[group % hosts.size()]. A launcher that replaces
-  /// dead hosts overrides it.
+  /// dead hosts overrides it (with replace_host).
   virtual const mesh::HostMesh& host_for(int64_t group);
+  /// Group `group`'s host looks gone (`why`): its procs failed with a cause naming their host
+  /// agent ("host agent ADDR lost ..." or "... restarted ..."; called in supervise, before the
+  /// respawn), or a respawn could not spawn procs on host_for(group) (the spawn error). Return
+  /// true when host_for(group) will now give another host: the respawn goes there, and a failed
+  /// respawn spawn is retried once on it. Default false: the spawn error propagates (the
+  /// controller fails). May block (e.g. starting that host is left to host_for).
+  virtual bool replace_host(int64_t group, const std::string& why) {
+    (void)group;
+    (void)why;
+    return false;
+  }
   /// Spawns the user's trainer actors (one per rank) on `procs`, handing them `manager` and
   /// self<ReplicaController>(); the Future completes once they are ready to train.
   virtual Future<void> spawn_trainers(const GroupInfo& g, const mesh::ProcMesh& procs,

@@ -149,7 +149,7 @@ StepPlan ReplicaClient::start_quorum() {
       m.qid = -1;
       m.group.configure(m.o.store_host, m.o.store_port, m.o.store_namespace + "/" + q.store_prefix,
                         static_cast<int>(q.global_rank), static_cast<int>(q.global_world_size),
-                        m.o.collective_timeout);
+                        m.o.collective_timeout, AllreduceBackend::gloo, m.o.local_host);
       m.qid = q.quorum_id;
     } else if (!m.group.configured()) {
       throw std::runtime_error("the allreduce group of quorum " + std::to_string(m.qid) +

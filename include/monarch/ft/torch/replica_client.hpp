@@ -59,6 +59,10 @@ struct ReplicaClientOptions {
   std::string store_host = "127.0.0.1";  ///< the StoreServer (rendezvous of the gloo groups)
   uint16_t store_port = 0;
   std::string store_namespace = "run";  ///< each run of a job gets its own keys in the store
+  /// The address this rank's gloo device binds and advertises to its peers: loopback when every
+  /// group runs on one host; this host's address, reachable from the other groups' hosts,
+  /// otherwise (set it in the rank's own process: it names that process's host).
+  std::string local_host = "127.0.0.1";
   std::chrono::milliseconds collective_timeout{0};  ///< 0: ft.collective_timeout
   std::chrono::milliseconds step_timeout{0};        ///< 0: ft.step_timeout (quorum, vote, heal)
   uint64_t heal_chunk_bytes = 256 << 10;  ///< heal reads: the first chunk, then batches of 4
@@ -66,7 +70,7 @@ struct ReplicaClientOptions {
   std::optional<ActorRef<ReplicaController>> controller{};  ///< where report() sends; none: no-op
   template <class A>
   void serialize(A& ar) {
-    ar(replica_id, incarnation, rank, ranks, store_host, store_port, store_namespace,
+    ar(replica_id, incarnation, rank, ranks, store_host, store_port, store_namespace, local_host,
        collective_timeout, step_timeout, heal_chunk_bytes, max_steps, controller);
   }
 };
