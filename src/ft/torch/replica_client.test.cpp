@@ -110,7 +110,8 @@ struct TinyTrainer : monarch::Actor {
 
 // Faults at named points. spares 0: allreduce.enter on replica0 at step 5; at the first quiet step
 // >= 20, an injected SIGKILL of replica1 and, at the same moment, a kill from outside of replica2.
-// spares 1: at the first quiet step >= 20 with the spare ready, a SIGKILL of replica1 only.
+// spares 1: before training, spare0 is killed from outside (a spare failing: replaced by spare1,
+// not a fault); at the first quiet step >= 20 with the spare ready, a SIGKILL of replica1 only.
 struct TestController : ft::ReplicaController {
   TestController(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
                  ft::ReplicaClientOptions client, int64_t spares)
@@ -124,11 +125,13 @@ struct TestController : ft::ReplicaController {
         stage_(spares > 0 ? 1 : 0) {}
   std::vector<std::string> events() { return events_; }
   int64_t ready_spares() { return spares_ready(); }
+  int64_t spare_failures() { return failed_spares_; }
   /// Mesh name -> the pid of its rank 0 (every mesh spawned, spares included).
   std::map<std::string, int> pids() { return pids_; }
   /// Group -> the mesh its trainers run on now.
   std::map<int64_t, std::string> group_meshes() { return meshes_; }
-  MONARCH_FT_CONTROLLER_ENDPOINTS(TestController, events, ready_spares, pids, group_meshes)
+  MONARCH_FT_CONTROLLER_ENDPOINTS(TestController, events, ready_spares, spare_failures, pids,
+                                  group_meshes)
 
  protected:
   Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs) override {
@@ -142,7 +145,10 @@ struct TestController : ft::ReplicaController {
     meshes_[g.group] = g.mesh;
     trainers_.at(g.mesh).at(0).send(&TinyTrainer::start, g.replica_id, g.incarnation, manager);
   }
-  void on_event(const std::string& line) override { events_.push_back(line); }
+  void on_event(const std::string& line) override {
+    events_.push_back(line);
+    if (line.find("(a spare: replaced") != std::string::npos) ++failed_spares_;
+  }
   void on_commit(int64_t step, const ft::StepInfo&) override {
     if (stage_ == 0 && step >= 5 && quiet()) {
       inject(ft::FaultKind::allreduce_throw, 0);
@@ -162,6 +168,7 @@ struct TestController : ft::ReplicaController {
   std::map<int64_t, std::string> meshes_;
   std::vector<std::string> events_;
   int stage_ = 0;
+  int64_t failed_spares_ = 0;
 };
 
 struct Outcome {
@@ -187,11 +194,19 @@ Outcome run(int64_t spares) {
   auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares);
   auto timeout = monarch::config::global().duration("mesh.spawn_timeout");
   c.call(&TestController::spawn_all).get(timeout * 2);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (spares > 0) {
+    // A spare failing (from outside): supervise() replaces it before anything is promoted.
+    ::kill(c.call(&TestController::pids).get(timeout).at("spare0"), SIGKILL);
+    while (c.call(&TestController::spare_failures).get(timeout) < 1 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the controller
+  }
   c.call(&TestController::start_all).get(timeout * 2);
   Outcome out;
   out.stats = c.call(&TestController::done).get(std::chrono::seconds(180));
   // The refill runs in the background; its spare's trainers answer within spawn_timeout.
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  deadline = std::chrono::steady_clock::now() + timeout;
   while ((out.ready_spares = c.call(&TestController::ready_spares).get(timeout)) < spares &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the controller's pool
@@ -225,7 +240,7 @@ TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
   EXPECT_EQ(out.group_meshes.at(1), "replica1-1") << log;  // fresh procs
 }
 
-TEST(ReplicaClient, PromotesAWarmSpareForAKilledGroupAndRefillsThePool) {
+TEST(ReplicaClient, ReplacesAFailedSpareThenPromotesOneForAKilledGroupAndRefillsThePool) {
   Outcome out = run(1);
   const ft::RunStats& s = out.stats;
   const std::string& log = out.log;
@@ -236,15 +251,15 @@ TEST(ReplicaClient, PromotesAWarmSpareForAKilledGroupAndRefillsThePool) {
   EXPECT_EQ(s.survivor_restarts, 0) << log;
   EXPECT_EQ(s.respawns, 1) << log;
   EXPECT_EQ(s.spares_promoted, 1) << log;  // the replacement was the spare, not fresh procs
-  EXPECT_EQ(s.spare_failures, 0) << log;
-  EXPECT_GT(s.heal_gbps, 0) << log;  // the promoted spare caught up by healing
+  EXPECT_EQ(s.spare_failures, 1) << log;   // spare0, killed before training
+  EXPECT_GT(s.heal_gbps, 0) << log;        // the promoted spare caught up by healing
   EXPECT_TRUE(s.error.empty()) << s.error;
-  EXPECT_EQ(out.group_meshes.at(1), "spare0") << log;  // replica1 now runs on the spare's procs
+  EXPECT_EQ(out.group_meshes.at(1), "spare1") << log;  // replica1 now runs on the spare's procs
   EXPECT_EQ(out.group_meshes.at(0), "replica0-0") << log;
   EXPECT_EQ(out.group_meshes.at(2), "replica2-0") << log;
   EXPECT_EQ(out.ready_spares, 1) << log;           // refilled ...
-  EXPECT_EQ(out.pids.count("spare1"), 1u) << log;  // ... by a new spare
-  EXPECT_NE(out.log.find("promoted spare0 to replica1 (incarnation 1)"), std::string::npos) << log;
+  EXPECT_EQ(out.pids.count("spare2"), 1u) << log;  // ... by a new spare
+  EXPECT_NE(out.log.find("promoted spare1 to replica1 (incarnation 1)"), std::string::npos) << log;
   auto faults = nlohmann::json::parse(s.faults_json);
   ASSERT_EQ(faults.size(), 1u) << s.faults_json;
   EXPECT_EQ(faults[0]["fault"], "sigkill") << s.faults_json;
