@@ -58,21 +58,24 @@ struct TrainConfig {
 
 /// One rank of one replica group: a training thread around an ft::ReplicaClient.
 struct Trainer : monarch::Actor {
-  Trainer(TrainConfig cfg, ActorRef<ft::Manager> manager)
-      : cfg_(std::move(cfg)), manager_(std::move(manager)) {}
-  /// Loads the data and builds the model before the first message: a group is ready (ready()
-  /// answers) only once it can train, so the first quorum has everyone.
+  explicit Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {}
+  /// Loads the data and builds the model before the first message: a group (or a spare) is ready
+  /// (ready() answers) only once it can train, so the first quorum has everyone.
   void init() override {
     ex::init_torch_worker(1);
     work_ = ex::make_workload({cfg_.model, cfg_.seed, cfg_.data_dir, cfg_.eval_samples});
   }
   bool ready() { return true; }
-  /// Starts the training thread as rank `rank` of the group.
-  void start(int64_t rank) {
+  /// Starts the training thread as rank `rank` of group `replica_id` (its Manager `manager`).
+  void start(int64_t rank, std::string replica_id, int64_t incarnation,
+             ActorRef<ft::Manager> manager) {
     if (thread_.joinable())
       throw monarch::UsageError("Trainer " + cfg_.client.replica_id + ": already started");
     cfg_.client.rank = rank;
     cfg_.client.local_host = ex::worker_gloo_host();  // this host's address, reachable by peers
+    cfg_.client.replica_id = std::move(replica_id);
+    cfg_.client.incarnation = incarnation;
+    manager_ = std::move(manager);
     thread_ = std::thread([this] { loop(); });
   }
   void cleanup(const std::optional<monarch::ActorSupervisionEvent>&) override {
@@ -85,7 +88,7 @@ struct Trainer : monarch::Actor {
   void loop() {
     try {
       ft::FlatState& st = work_->state();
-      ft::ReplicaClient client(manager_, st, cfg_.client);
+      ft::ReplicaClient client(*manager_, st, cfg_.client);
       ft::AdamOptions adam{.lr = cfg_.lr};
       while (!stop_ && st.step() < cfg_.steps) {
         double loss = -1, metric = -1;
@@ -126,7 +129,7 @@ struct Trainer : monarch::Actor {
   }
 
   TrainConfig cfg_;
-  ActorRef<ft::Manager> manager_;
+  std::optional<ActorRef<ft::Manager>> manager_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::unique_ptr<ex::Workload> work_;
@@ -135,7 +138,7 @@ struct Trainer : monarch::Actor {
 struct RunOptions {
   ex::Launcher* launcher = nullptr;  // where the groups run (--launcher); outlives the runs
   std::string name = "faulty", metrics_path, metric = "accuracy";
-  int64_t faults = 6, freeze_ms = 2000;
+  int64_t faults = 6, freeze_ms = 2000, spares = 0;
   bool progress = true;          // events and progress at all (--no-progress: none)
   bool live = true;              // stdout is a terminal: one \r-rewritten progress line
   int64_t progress_every = 100;  // not a terminal: a plain progress line every this many steps
@@ -148,7 +151,7 @@ struct JobController : ft::ReplicaController {
                 TrainConfig cfg, RunOptions run)
       : ReplicaController(std::move(hosts), std::move(lighthouse),
                           {cfg.replicas, cfg.ranks, cfg.steps, cfg.global_batch, run.name,
-                           run.metrics_path, run.metric}),
+                           run.metrics_path, run.metric, run.spares}),
         cfg_(std::move(cfg)),
         run_(std::move(run)),
         rng_(cfg_.seed * 7919 + 17) {
@@ -162,19 +165,17 @@ struct JobController : ft::ReplicaController {
   MONARCH_FT_CONTROLLER_ENDPOINTS(JobController)
 
  protected:
-  Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs,
-                              ActorRef<ft::Manager> manager) override {
+  Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs) override {
     TrainConfig c = cfg_;
-    c.client.replica_id = g.replica_id;
-    c.client.incarnation = g.incarnation;
     c.client.controller = self<ft::ReplicaController>();
-    auto t = procs.spawn<Trainer>("trainer", c, manager);
-    trainers_.insert_or_assign(g.group, t);
+    auto t = procs.spawn<Trainer>("trainer", c);
+    trainers_.insert_or_assign(g.mesh, t);
     return t.call(&Trainer::ready).then([](auto v) { (void)v.to_vector(); });
   }
-  void start_trainers(const ft::GroupInfo& g) override {
-    auto& t = trainers_.at(g.group);
-    for (size_t i = 0; i < t.size(); ++i) t.at(i).send(&Trainer::start, static_cast<int64_t>(i));
+  void start_trainers(const ft::GroupInfo& g, ActorRef<ft::Manager> manager) override {
+    auto& t = trainers_.at(g.mesh);
+    for (size_t i = 0; i < t.size(); ++i)
+      t.at(i).send(&Trainer::start, static_cast<int64_t>(i), g.replica_id, g.incarnation, manager);
   }
   const mesh::HostMesh& host_for(int64_t r) override { return run_.launcher->host_for(r); }
   bool replace_host(int64_t r, const std::string& why) override {
@@ -207,7 +208,7 @@ struct JobController : ft::ReplicaController {
   std::mt19937_64 rng_;
   std::vector<std::pair<int64_t, ft::FaultKind>> plan_;
   size_t next_ = 0;
-  std::map<int64_t, mesh::ActorMesh<Trainer>> trainers_;
+  std::map<std::string, mesh::ActorMesh<Trainer>> trainers_;  // by mesh name
 };
 
 struct RunResult {
@@ -266,6 +267,8 @@ static int run(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--lr", cfg.lr, "Adam learning rate")->check(CLI::PositiveNumber);
   app.add_option("--data", cfg.data_dir, "the model's data (default: its Debian package's)");
+  app.add_option("--spares", run.spares, "warm spare groups (a failed group's quick replacement)")
+      ->check(CLI::Range(0, 16));
   app.add_option("--freeze-ms", run.freeze_ms, "how long a SIGSTOP fault freezes its victim")
       ->check(CLI::Range(1, 5000));
   app.add_option("--json-summary", json_summary, "write the summary JSON here");

@@ -25,6 +25,8 @@ json run_json(const ft::RunStats& s, const std::string& metric, double detect_s)
           {"recovery_p95_s", ft::percentile(s.recovery_s, 0.95)},
           {"recoveries", s.recovery_s.size()},
           {"respawns", s.respawns},
+          {"spares_promoted", s.spares_promoted},
+          {"spare_failures", s.spare_failures},
           {"committed_samples_per_s", s.committed_samples_per_s},
           {"heal_gbps", s.heal_gbps},
           {"state_bytes", s.state_bytes},

@@ -162,6 +162,9 @@ ReplicaController::ReplicaController(std::vector<mesh::HostMesh> hosts,
     throw UsageError("ReplicaController: groups (" + std::to_string(opts_.groups) +
                      ") and ranks (" + std::to_string(opts_.ranks) + ") must be >= 1");
   }
+  if (opts_.spares < 0)
+    throw UsageError("ReplicaController: spares (" + std::to_string(opts_.spares) +
+                     ") must be >= 0");
   groups_.resize(static_cast<size_t>(opts_.groups));
   if (!opts_.metrics_path.empty()) {
     metrics_.open(opts_.metrics_path, std::ios::trunc);
@@ -179,9 +182,13 @@ const mesh::HostMesh& ReplicaController::host_for(int64_t group) {
   return hosts_[static_cast<size_t>(group) % hosts_.size()];
 }
 
+const mesh::HostMesh& ReplicaController::host_for_spare(int64_t k) {
+  return host_for(k % opts_.groups);
+}
+
 GroupInfo ReplicaController::info(int64_t r) const {
   const auto& g = groups_[static_cast<size_t>(r)];
-  return {r, replica_id(r), g.incarnation, g.incarnation > 0};
+  return {r, replica_id(r), g.incarnation, g.incarnation > 0, g.unit.mesh, false};
 }
 
 std::string ReplicaController::stamp(int64_t t_ns) const {
@@ -198,13 +205,15 @@ Future<void> ReplicaController::spawn_all() {
   t0_ = now_ns();
   Promise<void> all;
   auto f = all.get_future();
-  auto pending = std::make_shared<std::pair<int64_t, Promise<void>>>(opts_.groups, std::move(all));
-  // The continuations run in this actor once each group is ready (this handler has returned).
-  for (int64_t r = 0; r < opts_.groups; ++r) {
-    (void)spawn_group(r, false).then([pending] {
-      if (--pending->first == 0) pending->second.set_value();
-    });
-  }
+  auto pending = std::make_shared<std::pair<int64_t, Promise<void>>>(opts_.groups + opts_.spares,
+                                                                     std::move(all));
+  // The continuations run in this actor once each group or spare is ready (this handler has
+  // returned).
+  auto one = [pending] {
+    if (--pending->first == 0) pending->second.set_value();
+  };
+  for (int64_t r = 0; r < opts_.groups; ++r) (void)spawn_group(r, false).then(one);
+  for (int64_t k = 0; k < opts_.spares; ++k) (void)spawn_spare().then(one);
   return f;
 }
 
@@ -245,54 +254,148 @@ void ReplicaController::finish_now() {
 
 void ReplicaController::shutdown() {
   for (auto& g : groups_) {
-    if (g.procs) g.procs->stop();
+    if (g.unit.procs) g.unit.procs->stop();
+  }
+  for (auto& s : spares_) {
+    if (s.procs) s.procs->stop();
   }
   for (auto& t : helpers_) t.join();
   helpers_.clear();
 }
 
-// Spawns group r's procs, manager, fault agents and trainers. The returned future completes
-// once the trainers are ready; a respawn starts them then (then() runs in this actor, so the
-// controller keeps handling reports and failures meanwhile).
+// One mesh of `ranks` procs named `name` on `host`, with a FaultAgent per proc (spawn_procs blocks
+// until the procs run; the trainers' init happens in spawn_trainers' future).
+ReplicaController::Unit ReplicaController::spawn_unit(const mesh::HostMesh& host,
+                                                      const std::string& name) {
+  Unit u;
+  u.mesh = name;
+  u.procs = host.spawn_procs({{"ranks", static_cast<size_t>(opts_.ranks)}}, {.name = name});
+  u.agents = u.procs->spawn<FaultAgent>("ft.faults", self<ReplicaController>());
+  return u;
+}
+
+// Spawns group r on fresh procs. The returned future completes once its trainers are ready and
+// its Manager runs; a respawn starts them then (then() runs in this actor, so the controller keeps
+// handling reports and failures meanwhile).
 Future<void> ReplicaController::spawn_group(int64_t r, bool respawned) {
   auto& g = groups_[static_cast<size_t>(r)];
   g.incarnation += 1;
   g.up = false;
   g.failed = false;
-  std::string mesh_name = replica_id(r) + "-" + std::to_string(g.incarnation);
-  ndslice::Extent per_host{{"ranks", static_cast<size_t>(opts_.ranks)}};
+  g.manager.reset();
+  std::string name = replica_id(r) + "-" + std::to_string(g.incarnation);
+  meshes_[name] = {r, g.incarnation};
   try {
-    g.procs = host_for(r).spawn_procs(per_host, {.name = mesh_name});
+    g.unit = spawn_unit(host_for(r), name);
   } catch (const std::exception& e) {
     if (!respawned || !replace_host(r, e.what())) throw;
     event(replica_id(r) + ": cannot spawn on its host (" + e.what() + "); trying a fresh host");
-    g.procs = host_for(r).spawn_procs(per_host, {.name = mesh_name});
+    g.unit = spawn_unit(host_for(r), name);
   }
-  auto managers = g.procs->slice("ranks", 0)
-                      .spawn<Manager>("manager", lighthouse_, replica_id(r), opts_.ranks,
-                                      std::chrono::milliseconds(0));
-  g.agents = g.procs->spawn<FaultAgent>("ft.faults", self<ReplicaController>());
-  if (std::exchange(g.arm_kill_donor, false)) {
-    for (size_t i = 0; i < g.agents->size(); ++i)
-      g.agents->at(i).send(&FaultAgent::arm, std::string(kFaultHealAfterFirstChunk));
-  }
-  auto ready = spawn_trainers(info(r), *g.procs, managers.at(0));
-  if (!respawned) return ready;
-  ++stats_.respawns;
-  return ready.then([this, r, inc = g.incarnation, mesh_name] {
+  GroupInfo gi;
+  gi.mesh = name;
+  auto ready = spawn_trainers(gi, *g.unit.procs);
+  if (respawned) ++stats_.respawns;
+  return ready.then([this, r, inc = g.incarnation, respawned, name] {
     auto& grp = groups_[static_cast<size_t>(r)];
     if (grp.incarnation != inc || finished_) return;  // replaced again meanwhile, or the run ended
+    grp.unit.ready = true;
+    attach(r);
+    if (respawned) start_replacement(r, "respawned " + replica_id(r) + " as mesh " + name);
+  });
+}
+
+// A spare: procs, agents and initialised trainers, no Manager. Throws what spawn_procs throws.
+Future<void> ReplicaController::spawn_spare() {
+  std::string name = "spare" + std::to_string(next_spare_);
+  Unit u = spawn_unit(host_for_spare(next_spare_++), name);
+  meshes_[name] = {};
+  GroupInfo gi;
+  gi.mesh = name;
+  gi.spare = true;
+  auto ready = spawn_trainers(gi, *u.procs);
+  spares_.push_back(std::move(u));
+  return ready.then([this, name] {
+    for (auto& s : spares_) {
+      if (s.mesh != name) continue;
+      s.ready = true;
+      spare_failures_in_a_row_ = 0;
+      if (started_) event("spare " + name + " ready");
+    }
+  });
+}
+
+void ReplicaController::refill_spares() {
+  if (finished_ || static_cast<int64_t>(spares_.size()) >= opts_.spares) return;
+  if (spare_failures_in_a_row_ >= 3) {
+    event("spares: " + std::to_string(spare_failures_in_a_row_) +
+          " failed in a row; not spawning more (failed groups respawn on fresh procs)");
+    return;
+  }
+  try {
+    (void)spawn_spare();
+  } catch (const std::exception& e) {
+    ++stats_.spare_failures;
+    ++spare_failures_in_a_row_;
+    event(std::string("spare did not start: ") + e.what());
+  }
+  // One spawn per message: the controller handles reports and failures in between.
+  if (static_cast<int64_t>(spares_.size()) < opts_.spares)
+    self<ReplicaController>().send(&ReplicaController::refill_spares);
+}
+
+// Group r's replacement `spare` (ready) becomes its next incarnation. The new spare is spawned
+// once the fault closed (report()): spawn_procs blocks this actor for a process start, which would
+// otherwise delay the promoted group's start, and its CPU would compete with the heal.
+void ReplicaController::promote(int64_t r, Unit spare) {
+  auto& g = groups_[static_cast<size_t>(r)];
+  g.incarnation += 1;
+  g.up = false;
+  g.failed = false;
+  g.unit = std::move(spare);
+  meshes_[g.unit.mesh] = {r, g.incarnation};
+  ++stats_.respawns;
+  ++stats_.spares_promoted;
+  attach(r);
+  start_replacement(r, "promoted " + g.unit.mesh + " to " + replica_id(r) + " (incarnation " +
+                           std::to_string(g.incarnation) + ")");
+  if (!open_fault()) self<ReplicaController>().send(&ReplicaController::refill_spares);
+}
+
+// Group r's Manager on its mesh's rank 0: it starts heartbeating the lighthouse.
+void ReplicaController::attach(int64_t r) {
+  auto& g = groups_[static_cast<size_t>(r)];
+  g.manager = g.unit.procs->slice("ranks", 0)
+                  .spawn<Manager>("manager", lighthouse_, replica_id(r), opts_.ranks,
+                                  std::chrono::milliseconds(0))
+                  .at(0);
+  if (std::exchange(g.arm_kill_donor, false)) {
+    for (size_t i = 0; i < g.unit.agents->size(); ++i)
+      g.unit.agents->at(i).send(&FaultAgent::arm, std::string(kFaultHealAfterFirstChunk));
+  }
+}
+
+// Starts a replacement once its Manager answers (so no rank asks it for a quorum before it runs).
+void ReplicaController::start_replacement(int64_t r, const std::string& how) {
+  auto& g = groups_[static_cast<size_t>(r)];
+  (void)g.manager->call(&Manager::resend).then([this, r, inc = g.incarnation, how] {
+    if (groups_[static_cast<size_t>(r)].incarnation != inc || finished_) return;
     start_group(r);
     for (auto& f : faults_) {
       if (f.open() && f.victims.count(replica_id(r)) && !f.respawned) f.respawned = now_ns();
     }
-    event("respawned " + replica_id(r) + " as mesh " + mesh_name + " (ready)");
+    event(how + " (ready)");
   });
 }
 
 void ReplicaController::start_group(int64_t r) {
-  start_trainers(info(r));
-  groups_[static_cast<size_t>(r)].up = true;
+  auto& g = groups_[static_cast<size_t>(r)];
+  start_trainers(info(r), *g.manager);
+  g.up = true;
+}
+
+int64_t ReplicaController::spares_ready() const {
+  return std::count_if(spares_.begin(), spares_.end(), [](const Unit& u) { return u.ready; });
 }
 
 bool ReplicaController::quiet() const {
@@ -431,6 +534,8 @@ void ReplicaController::report(StepReport r) {
         event(std::string("recovered from ") + fault_name(f.kind) + " in " + s3 + " s");
         if (metrics_.is_open()) metrics_ << f.to_json(t0_).dump() << "\n" << std::flush;
         on_fault(f);
+        if (static_cast<int64_t>(spares_.size()) < opts_.spares)
+          self<ReplicaController>().send(&ReplicaController::refill_spares);
       }
     }
   }
@@ -446,7 +551,7 @@ void ReplicaController::inject(FaultKind kind, int64_t group, std::chrono::milli
   if (group < 0 || group >= opts_.groups)
     throw UsageError("inject: no replica group " + std::to_string(group));
   auto& g = groups_[static_cast<size_t>(group)];
-  if (!g.procs || !g.up) throw UsageError("inject: " + replica_id(group) + " is not running");
+  if (!g.unit.procs || !g.up) throw UsageError("inject: " + replica_id(group) + " is not running");
   FaultRecord f;
   f.kind = kind;
   f.step = max_committed_;
@@ -455,7 +560,7 @@ void ReplicaController::inject(FaultKind kind, int64_t group, std::chrono::milli
   std::string id = replica_id(group);
   f.victims.insert(id);
   f.pending_rejoin.insert(id);
-  int pid = g.procs->pid(0);
+  int pid = g.unit.procs->pid(0);
   switch (kind) {
     case FaultKind::sigkill:
       ::kill(pid, SIGKILL);
@@ -470,7 +575,7 @@ void ReplicaController::inject(FaultKind kind, int64_t group, std::chrono::milli
       });
       break;
     case FaultKind::allreduce_throw:
-      g.agents->at(0).send(&FaultAgent::arm, std::string(kFaultAllreduceEnter));
+      g.unit.agents->at(0).send(&FaultAgent::arm, std::string(kFaultAllreduceEnter));
       f.note = "exception inside the allreduce on " + id;
       break;
     case FaultKind::kill_donor_mid_heal:
@@ -495,8 +600,8 @@ bool ReplicaController::kill_donor(std::string healer, std::string donor) {
   for (auto& f : faults_) {
     if (f.open() && f.kind == FaultKind::kill_donor_mid_heal && !f.donor_killed) rec = &f;
   }
-  if (!rec || !g.procs || !g.up) return false;  // killed once already, or not running now
-  ::kill(g.procs->pid(0), SIGKILL);
+  if (!rec || !g.unit.procs || !g.up) return false;  // killed once already, or not running now
+  ::kill(g.unit.procs->pid(0), SIGKILL);
   rec->donor_killed = true;
   rec->victims.insert(donor);
   rec->pending_rejoin.insert(donor);
@@ -507,16 +612,21 @@ bool ReplicaController::kill_donor(std::string healer, std::string donor) {
 }
 
 bool ReplicaController::supervise(const mesh::MeshFailure& failure) {
-  // Mesh names are "replica<r>-<incarnation>".
-  auto dash = failure.mesh.rfind('-');
-  if (dash == std::string::npos) return false;  // not ours: fail fast
-  int64_t r = group_of(failure.mesh.substr(0, dash), groups_.size());
-  if (r < 0) return false;
-  int64_t inc = -1;
-  try {
-    inc = std::stoll(failure.mesh.substr(dash + 1));
-  } catch (const std::exception&) {
-    return false;
+  auto owner = meshes_.find(failure.mesh);
+  if (owner == meshes_.end()) return false;  // not ours: fail fast
+  auto [r, inc] = owner->second;
+  if (r < 0) {
+    // A spare (never promoted: promotions re-map the name): replace it; the job is not hit.
+    auto s = std::find_if(spares_.begin(), spares_.end(),
+                          [&](const Unit& u) { return u.mesh == failure.mesh; });
+    if (s == spares_.end()) return true;
+    if (s->procs && s->procs->size() > 1) helpers_.emplace_back([old = *s->procs] { old.stop(); });
+    spares_.erase(s);
+    ++stats_.spare_failures;
+    ++spare_failures_in_a_row_;
+    event("supervise: " + failure.to_string() + "  (a spare: replaced; not a fault of the job)");
+    self<ReplicaController>().send(&ReplicaController::refill_spares);
+    return true;
   }
   auto& g = groups_[static_cast<size_t>(r)];
   if (inc != g.incarnation || g.failed) return true;  // an old incarnation, or already handled
@@ -570,16 +680,23 @@ void ReplicaController::respawn(int64_t r) {
   if (finished_) return;
   if (!g.failed) ++stats_.survivor_restarts;  // restarted without having failed
   g.failures_in_a_row += 1;
-  if (g.procs && g.procs->size() > 1) {
+  if (g.unit.procs && g.unit.procs->size() > 1) {
     // The group's other ranks may still be alive, blocked on the dead rank: stop them off this
     // actor (stop() waits up to mesh.stop_timeout), so reports and failures keep flowing.
-    helpers_.emplace_back([old = *g.procs] { old.stop(); });
+    helpers_.emplace_back([old = *g.unit.procs] { old.stop(); });
   }
   if (g.failures_in_a_row >= 3) {
     event(replica_id(r) + " failed " + std::to_string(g.failures_in_a_row) +
           " times without a commit: respawning on fresh procs again");
   }
-  (void)spawn_group(r, true);
+  for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+    if (!it->ready) continue;
+    Unit spare = std::move(*it);
+    spares_.erase(it);
+    promote(r, std::move(spare));
+    return;
+  }
+  (void)spawn_group(r, true);  // no spare ready: fresh procs
 }
 
 void ReplicaController::finish(bool complete) {

@@ -3,37 +3,47 @@
 //
 //   struct MyController : ft::ReplicaController {
 //     using ReplicaController::ReplicaController;
-//     Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs,
-//                                 ActorRef<ft::Manager> manager) override {
-//       // opts: ReplicaClientOptions with g.replica_id, g.incarnation, self<ReplicaController>()
-//       auto t = procs.spawn<MyTrainer>("trainer", opts, manager);
-//       trainers_.insert_or_assign(g.group, t);
+//     Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs) override {
+//       // opts: ReplicaClientOptions with self<ReplicaController>(); no identity yet
+//       auto t = procs.spawn<MyTrainer>("trainer", opts);
+//       trainers_.insert_or_assign(g.mesh, t);
 //       return t.call(&MyTrainer::ready).then([](auto v) { (void)v.to_vector(); });
 //     }
-//     void start_trainers(const ft::GroupInfo& g) override {
-//       auto& t = trainers_.at(g.group);
-//       for (size_t i = 0; i < t.size(); ++i) t.at(i).send(&MyTrainer::start, int64_t(i));
+//     void start_trainers(const ft::GroupInfo& g, ActorRef<ft::Manager> manager) override {
+//       auto& t = trainers_.at(g.mesh);
+//       for (size_t i = 0; i < t.size(); ++i)
+//         t.at(i).send(&MyTrainer::start, int64_t(i), g.replica_id, g.incarnation, manager);
 //     }
 //     MONARCH_FT_CONTROLLER_ENDPOINTS(MyController)
 //   };
 //   auto c = client.spawn<MyController>("controller", hosts, lighthouse, options);
-//   c.call(&MyController::spawn_all).get(timeout);  // every group ready
+//   c.call(&MyController::spawn_all).get(timeout);  // every group and spare ready
 //   c.call(&MyController::start_all).get(timeout);  // once the lighthouse has heard them all
 //   ft::RunStats stats = c.call(&MyController::done).get(run_timeout);
 //
-// Groups: group r (replica id "replica<r>") runs `ranks` procs on host_for(r) (default
-// hosts[r % hosts.size()]) as mesh "replica<r>-<incarnation>"; its rank-0 proc holds the group's
-// Manager, every proc a FaultAgent (fault points, below) and the user's trainer actor.
+// Groups: group r (replica id "replica<r>") runs `ranks` procs, first on host_for(r) (default
+// hosts[r % hosts.size()]) as mesh "replica<r>-0"; its rank-0 proc holds the group's Manager,
+// every proc a FaultAgent (fault points, below) and the user's trainer actor.
+// Spares (options.spares): N more meshes "spare<k>" on host_for_spare(k), with FaultAgents and
+// the user's trainers spawned and initialised (data loaded, model built) but no Manager: not part
+// of the job, unknown to the lighthouse. Trainers learn their identity (replica id, incarnation,
+// Manager) only in start_trainers, so any ready mesh can become any group.
 // supervise(MeshFailure) of a group's mesh evicts the group at the lighthouse (survivors form a
-// quorum without it at once) and respawns it (a new incarnation, fresh procs); the other groups are
-// never touched. Meshes not named like ours are not handled (fail fast).
+// quorum without it at once) and replaces it (a new incarnation): by promoting a ready spare
+// (a Manager spawned on the spare's rank 0, start_trainers, then a new spare refills the pool) or,
+// with no spare ready, on fresh procs "replica<r>-<incarnation>"; the other groups are never
+// touched. A failed spare is replaced and logged (no fault of the job). Mesh names map to groups
+// explicitly (a promoted spare keeps its name); meshes the controller did not spawn are not
+// handled (fail fast).
 //
 // Counting: every group whose procs failed is one fault: injected by inject() / the
 // heal.after_first_chunk point (faults_injected), or not (faults_outside: a `kill -9` by a user, an
 // OOM kill). survivor_restarts counts groups restarted without having failed (an invariant: 0).
 //
 // Threads: everything runs in the actor (its handlers and then() continuations). The virtual hooks
-// are called there too; they must not block for long (spawn_trainers returns a Future).
+// are called there too; they must not block for long (spawn_trainers returns a Future). Spawning
+// procs (HostMesh::spawn_procs) blocks the actor until they run (exec, not the trainers' init):
+// a spare refill is a message of its own, handled after the promotion that caused it.
 #pragma once
 
 #include <chrono>
@@ -162,7 +172,9 @@ struct RunStats {
   int64_t faults_injected = 0;  ///< by inject() and the heal.after_first_chunk point
   int64_t faults_outside = 0;   ///< groups that failed without an injected fault
   int64_t survivor_restarts = 0;
-  int64_t respawns = 0;
+  int64_t respawns = 0;         ///< groups replaced (promoted spares and fresh procs)
+  int64_t spares_promoted = 0;  ///< replacements that were a ready spare
+  int64_t spare_failures = 0;   ///< spare meshes that failed (replaced; not faults of the job)
   double max_survivor_stall_s = 0;
   std::string max_stall_where;
   std::vector<double> recovery_s;
@@ -175,9 +187,9 @@ struct RunStats {
   template <class A>
   void serialize(A& ar) {
     ar(steps, wall_s, metric, replicas_bitwise_equal, hash_mismatches, faults_injected,
-       faults_outside, survivor_restarts, respawns, max_survivor_stall_s, max_stall_where,
-       recovery_s, committed_samples_per_s, heal_gbps, state_bytes, step_ms_p50, step_ms_p95,
-       faults_json, error);
+       faults_outside, survivor_restarts, respawns, spares_promoted, spare_failures,
+       max_survivor_stall_s, max_stall_where, recovery_s, committed_samples_per_s, heal_gbps,
+       state_bytes, step_ms_p50, step_ms_p95, faults_json, error);
   }
 };
 
@@ -199,18 +211,25 @@ struct ReplicaControllerOptions {
   /// evaluated) and one per fault (FaultRecord::to_json) when it closes or at the end.
   std::string metrics_path{};
   std::string metric_name = "metric";
+  /// Warm spare groups (>= 0): spawned and initialised at start and after each promotion, so
+  /// that a failed group's replacement does not wait for process start. Each costs one group's
+  /// procs (memory, and their start CPU, also when a refill runs during training).
+  int64_t spares = 0;
   template <class A>
   void serialize(A& ar) {
-    ar(groups, ranks, steps, samples_per_step, run_name, metrics_path, metric_name);
+    ar(groups, ranks, steps, samples_per_step, run_name, metrics_path, metric_name, spares);
   }
 };
 
-/// What the hooks learn about the group being spawned.
+/// What the hooks learn. spawn_trainers: only `mesh` (and `spare`); the trainers are nobody yet.
+/// start_trainers: the group the mesh's trainers become.
 struct GroupInfo {
-  int64_t group = 0;
-  std::string replica_id;  ///< "replica<group>"
-  int64_t incarnation = 0;
-  bool respawn = false;
+  int64_t group = -1;        ///< start_trainers: the group; -1 in spawn_trainers
+  std::string replica_id;    ///< start_trainers: "replica<group>"; "" in spawn_trainers
+  int64_t incarnation = -1;  ///< start_trainers: 0 at the start, +1 per replacement
+  bool respawn = false;      ///< start_trainers: a replacement (promoted spare or fresh procs)
+  std::string mesh;    ///< the mesh the trainers run on ("replica<r>-<i>", "spare<k>"): their key
+  bool spare = false;  ///< spawn_trainers: spawned as a spare
 };
 
 class ReplicaController : public Actor {
@@ -221,9 +240,9 @@ class ReplicaController : public Actor {
                     ReplicaControllerOptions options);
   ~ReplicaController() override;
 
-  /// Spawns every group (procs, manager, fault agents, trainers); completes once every group's
-  /// spawn_trainers future did (a group whose trainers fail to start never completes it: bound
-  /// the wait). Does not start training.
+  /// Spawns every group (procs, manager, fault agents, trainers) and options.spares spares;
+  /// completes once every group's and spare's spawn_trainers future did (a group whose trainers
+  /// fail to start never completes it: bound the wait). Does not start training.
   Future<void> spawn_all();
   /// Waits (polling, up to mesh.spawn_timeout) until the lighthouse has heard from every group,
   /// so that the first quorum has them all, then calls start_trainers for every group.
@@ -238,13 +257,15 @@ class ReplicaController : public Actor {
   void report(StepReport r);
   /// Fault point "heal.after_first_chunk": SIGKILLs `donor`'s rank 0 once per armed fault.
   bool kill_donor(std::string healer, std::string donor);
-  /// Respawns group `group` (supervise() sends it).
+  /// Replaces group `group`: a ready spare, else fresh procs (supervise() sends it).
   void respawn(int64_t group);
+  /// Spawns spares until options.spares are ready or spawning (promotions send it).
+  void refill_spares();
   bool supervise(const mesh::MeshFailure& failure) override;
   void undeliverable(const DeliveryFailure& failure) override;
 
   MONARCH_ENDPOINTS(ReplicaController, spawn_all, start_all, done, finish_now, shutdown, report,
-                    kill_donor, respawn)
+                    kill_donor, respawn, refill_spares)
 
  protected:
   /// Where group `group` runs; default hosts[group % hosts.size()]. A launcher that replaces
@@ -261,12 +282,17 @@ class ReplicaController : public Actor {
     (void)why;
     return false;
   }
-  /// Spawns the user's trainer actors (one per rank) on `procs`, handing them `manager` and
-  /// self<ReplicaController>(); the Future completes once they are ready to train.
-  virtual Future<void> spawn_trainers(const GroupInfo& g, const mesh::ProcMesh& procs,
-                                      ActorRef<Manager> manager) = 0;
-  /// Lets group g's trainers start training.
-  virtual void start_trainers(const GroupInfo& g) = 0;
+  /// Where spare `k` (0, 1, ... over the run) runs; default host_for(k % groups). A promoted spare
+  /// stays where it is. A launcher with one host per group (SLURM) has no room for spares unless
+  /// it overrides this with hosts of their own.
+  virtual const mesh::HostMesh& host_for_spare(int64_t k);
+  /// Spawns the user's trainer actors (one per rank) on `procs` (mesh g.mesh), handing them
+  /// self<ReplicaController>(), and initialises them (data, model); the Future completes once they
+  /// are ready to train. They have no identity yet: they may become any group.
+  virtual Future<void> spawn_trainers(const GroupInfo& g, const mesh::ProcMesh& procs) = 0;
+  /// The trainers spawned on mesh g.mesh become group g.group (g.replica_id, g.incarnation, its
+  /// Manager `manager` on the mesh's rank 0, already running) and start training.
+  virtual void start_trainers(const GroupInfo& g, ActorRef<Manager> manager) = 0;
   /// An event line (fault, supervision, quorum change, heal, recovery). Default: nothing.
   virtual void on_event(const std::string& line) { (void)line; }
   /// The first commit report of a new highest step (progress, fault scheduling).
@@ -292,6 +318,8 @@ class ReplicaController : public Actor {
               std::chrono::milliseconds freeze = std::chrono::milliseconds(2000));
   /// Every group up, no fault open, and the last committed step had every group.
   bool quiet() const;
+  /// Spares ready to be promoted now.
+  int64_t spares_ready() const;
   const ReplicaControllerOptions& options() const { return opts_; }
   const std::vector<FaultRecord>& faults() const { return faults_; }
   int64_t t0_ns() const { return t0_; }
@@ -300,18 +328,34 @@ class ReplicaController : public Actor {
   void event(const std::string& what);
 
  private:
-  struct Group {
+  // One spawned mesh: procs, fault agents and the user's trainers (a group's or a spare).
+  struct Unit {
+    std::string mesh;
     std::optional<mesh::ProcMesh> procs;
     std::optional<mesh::ActorMesh<FaultAgent>> agents;
+    bool ready = false;  // spawn_trainers completed
+  };
+  struct Group {
+    Unit unit;
+    std::optional<ActorRef<Manager>> manager;
     int64_t incarnation = -1;
     bool up = false;
     bool failed = false;  // this incarnation's procs failed (supervise)
     int64_t failures_in_a_row = 0;
     bool arm_kill_donor = false;
   };
+  struct MeshOwner {
+    int64_t group = -1;  // -1: a spare (in spares_)
+    int64_t incarnation = -1;
+  };
   static std::string replica_id(int64_t r) { return "replica" + std::to_string(r); }
   GroupInfo info(int64_t r) const;
+  Unit spawn_unit(const mesh::HostMesh& host, const std::string& name);
   Future<void> spawn_group(int64_t r, bool respawned);
+  Future<void> spawn_spare();
+  void promote(int64_t r, Unit spare);
+  void attach(int64_t r);
+  void start_replacement(int64_t r, const std::string& how);
   void start_group(int64_t r);
   void note_progress(const StepReport& r);
   bool is_victim_at(const std::string& id, int64_t from, int64_t to) const;
@@ -323,6 +367,9 @@ class ReplicaController : public Actor {
   ActorRef<Lighthouse> lighthouse_;
   ReplicaControllerOptions opts_;
   std::vector<Group> groups_;
+  std::vector<Unit> spares_;                 // spawning or ready, oldest first
+  std::map<std::string, MeshOwner> meshes_;  // every mesh spawned -> who runs on it
+  int64_t next_spare_ = 0, spare_failures_in_a_row_ = 0;
   std::vector<FaultRecord> faults_;
   std::vector<std::thread> helpers_;  // SIGCONT timers, stops of old meshes
   std::ofstream metrics_;
@@ -345,4 +392,4 @@ class ReplicaController : public Actor {
 /// processes call report/kill_donor through an ActorRef<ReplicaController>) plus C's own.
 #define MONARCH_FT_CONTROLLER_ENDPOINTS(C, ...)                                              \
   MONARCH_ENDPOINTS(C, spawn_all, start_all, done, finish_now, shutdown, report, kill_donor, \
-                    respawn __VA_OPT__(, ) __VA_ARGS__)
+                    respawn, refill_spares __VA_OPT__(, ) __VA_ARGS__)

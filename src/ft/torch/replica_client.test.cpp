@@ -3,7 +3,8 @@
 // linear regression; the controller's fault points throw inside one allreduce, then SIGKILL one
 // group while a second one is killed from outside the job (a plain kill(2), as a user's `kill -9`).
 // At the end every group holds a bitwise-equal state at the last step, the faults are counted as
-// faults (1 outside), and no survivor was restarted.
+// faults (1 outside), and no survivor was restarted. With a warm spare, a SIGKILLed group's
+// replacement is the spare (promoted, no process start) and a new spare refills the pool.
 #include "monarch/ft/torch/replica_client.hpp"
 
 #include <gtest/gtest.h>
@@ -53,11 +54,13 @@ struct TinyModel {
 };
 
 struct TinyTrainer : monarch::Actor {
-  TinyTrainer(ft::ReplicaClientOptions options, ActorRef<ft::Manager> manager)
-      : options_(std::move(options)), manager_(std::move(manager)) {}
+  explicit TinyTrainer(ft::ReplicaClientOptions options) : options_(std::move(options)) {}
   void init() override { model_ = std::make_unique<TinyModel>(); }
   int pid() { return ::getpid(); }
-  void start() {
+  void start(std::string replica_id, int64_t incarnation, ActorRef<ft::Manager> manager) {
+    options_.replica_id = std::move(replica_id);
+    options_.incarnation = incarnation;
+    manager_ = std::move(manager);
     thread_ = std::thread([this] { loop(); });
   }
   void cleanup(const std::optional<monarch::ActorSupervisionEvent>&) override {
@@ -69,7 +72,7 @@ struct TinyTrainer : monarch::Actor {
  private:
   void loop() {
     ft::FlatState& st = *model_->state;
-    ft::ReplicaClient client(manager_, st, options_);
+    ft::ReplicaClient client(*manager_, st, options_);
     ft::AdamOptions adam{.lr = 1e-2};
     while (!stop_ && st.step() < kSteps) {
       double loss = -1;
@@ -99,59 +102,85 @@ struct TinyTrainer : monarch::Actor {
   }
 
   ft::ReplicaClientOptions options_;
-  ActorRef<ft::Manager> manager_;
+  std::optional<ActorRef<ft::Manager>> manager_;
   std::unique_ptr<TinyModel> model_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 
-// Faults at named points: allreduce.enter on replica0 at step 5; at the first quiet step >= 20,
-// an injected SIGKILL of replica1 and, at the same moment, a kill from outside of replica2.
+// Faults at named points. spares 0: allreduce.enter on replica0 at step 5; at the first quiet step
+// >= 20, an injected SIGKILL of replica1 and, at the same moment, a kill from outside of replica2.
+// spares 1: before training, spare0 is killed from outside (a spare failing: replaced by spare1,
+// not a fault); at the first quiet step >= 20 with the spare ready, a SIGKILL of replica1 only.
 struct TestController : ft::ReplicaController {
   TestController(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
-                 ft::ReplicaClientOptions client)
-      : ReplicaController(
-            std::move(hosts), std::move(lighthouse),
-            {.groups = kGroups, .steps = kSteps, .samples_per_step = kBatch, .run_name = "test"}),
-        client_(std::move(client)) {}
+                 ft::ReplicaClientOptions client, int64_t spares)
+      : ReplicaController(std::move(hosts), std::move(lighthouse),
+                          {.groups = kGroups,
+                           .steps = kSteps,
+                           .samples_per_step = kBatch,
+                           .run_name = "test",
+                           .spares = spares}),
+        client_(std::move(client)),
+        stage_(spares > 0 ? 1 : 0) {}
   std::vector<std::string> events() { return events_; }
-  MONARCH_FT_CONTROLLER_ENDPOINTS(TestController, events)
+  int64_t ready_spares() { return spares_ready(); }
+  int64_t spare_failures() { return failed_spares_; }
+  /// Mesh name -> the pid of its rank 0 (every mesh spawned, spares included).
+  std::map<std::string, int> pids() { return pids_; }
+  /// Group -> the mesh its trainers run on now.
+  std::map<int64_t, std::string> group_meshes() { return meshes_; }
+  MONARCH_FT_CONTROLLER_ENDPOINTS(TestController, events, ready_spares, spare_failures, pids,
+                                  group_meshes)
 
  protected:
-  Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs,
-                              ActorRef<ft::Manager> manager) override {
+  Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs) override {
     auto o = client_;
-    o.replica_id = g.replica_id;
-    o.incarnation = g.incarnation;
     o.controller = self<ft::ReplicaController>();
-    auto t = procs.spawn<TinyTrainer>("trainer", o, manager);
-    trainers_.insert_or_assign(g.group, t);
-    return t.call(&TinyTrainer::pid).then([this, r = g.group](auto v) { pids_[r] = v[0]; });
+    auto t = procs.spawn<TinyTrainer>("trainer", o);
+    trainers_.insert_or_assign(g.mesh, t);
+    return t.call(&TinyTrainer::pid).then([this, m = g.mesh](auto v) { pids_[m] = v[0]; });
   }
-  void start_trainers(const ft::GroupInfo& g) override {
-    trainers_.at(g.group).at(0).send(&TinyTrainer::start);
+  void start_trainers(const ft::GroupInfo& g, ActorRef<ft::Manager> manager) override {
+    meshes_[g.group] = g.mesh;
+    trainers_.at(g.mesh).at(0).send(&TinyTrainer::start, g.replica_id, g.incarnation, manager);
   }
-  void on_event(const std::string& line) override { events_.push_back(line); }
+  void on_event(const std::string& line) override {
+    events_.push_back(line);
+    if (line.find("(a spare: replaced") != std::string::npos) ++failed_spares_;
+  }
   void on_commit(int64_t step, const ft::StepInfo&) override {
     if (stage_ == 0 && step >= 5 && quiet()) {
       inject(ft::FaultKind::allreduce_throw, 0);
       stage_ = 1;
-    } else if (stage_ == 1 && step >= 20 && quiet()) {
+    } else if (stage_ == 1 && step >= 20 && quiet() && spares_ready() == options().spares) {
       inject(ft::FaultKind::sigkill, 1);
-      ::kill(pids_.at(2), SIGKILL);  // not through the controller: a fault it did not inject
+      // Not through the controller: a fault it did not inject.
+      if (options().spares == 0) ::kill(pids_.at(meshes_.at(2)), SIGKILL);
       stage_ = 2;
     }
   }
 
  private:
   ft::ReplicaClientOptions client_;
-  std::map<int64_t, mesh::ActorMesh<TinyTrainer>> trainers_;
-  std::map<int64_t, int> pids_;
+  std::map<std::string, mesh::ActorMesh<TinyTrainer>> trainers_;
+  std::map<std::string, int> pids_;
+  std::map<int64_t, std::string> meshes_;
   std::vector<std::string> events_;
   int stage_ = 0;
+  int64_t failed_spares_ = 0;
 };
 
-TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
+struct Outcome {
+  ft::RunStats stats;
+  std::string log;
+  std::map<std::string, int> pids;
+  std::map<int64_t, std::string> group_meshes;
+  int64_t ready_spares = 0;
+};
+
+// One run with `spares` warm spares. With spares, waits (bounded) for the refilled pool first.
+Outcome run(int64_t spares) {
   ft::StoreServer store;
   std::vector<mesh::HostMesh> hosts{mesh::this_host()};
   auto& client = hosts[0].client();
@@ -159,19 +188,41 @@ TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
   ft::ReplicaClientOptions o;
   o.store_host = store.host();
   o.store_port = store.port();
-  o.store_namespace = "test";
+  o.store_namespace = "test" + std::to_string(spares);
   o.max_steps = kSteps;
-  auto c = client.spawn<TestController>("controller", hosts, lighthouse, o);
+  std::string name = "controller" + std::to_string(spares);
+  auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares);
   auto timeout = monarch::config::global().duration("mesh.spawn_timeout");
   c.call(&TestController::spawn_all).get(timeout * 2);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (spares > 0) {
+    // A spare failing (from outside): supervise() replaces it before anything is promoted.
+    ::kill(c.call(&TestController::pids).get(timeout).at("spare0"), SIGKILL);
+    while (c.call(&TestController::spare_failures).get(timeout) < 1 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the controller
+  }
   c.call(&TestController::start_all).get(timeout * 2);
-  ft::RunStats s = c.call(&TestController::done).get(std::chrono::seconds(180));
-  auto events = c.call(&TestController::events).get(timeout);
-  std::string log;
-  for (auto& e : events) log += e + "\n";
+  Outcome out;
+  out.stats = c.call(&TestController::done).get(std::chrono::seconds(180));
+  // The refill runs in the background; its spare's trainers answer within spawn_timeout.
+  deadline = std::chrono::steady_clock::now() + timeout;
+  while ((out.ready_spares = c.call(&TestController::ready_spares).get(timeout)) < spares &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the controller's pool
+  for (auto& e : c.call(&TestController::events).get(timeout)) out.log += e + "\n";
+  out.pids = c.call(&TestController::pids).get(timeout);
+  out.group_meshes = c.call(&TestController::group_meshes).get(timeout);
   lighthouse.stop().get(timeout);
   c.call(&TestController::shutdown).get(timeout * 2);
   c.stop().get(timeout);
+  return out;
+}
+
+TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
+  Outcome out = run(0);
+  const ft::RunStats& s = out.stats;
+  const std::string& log = out.log;
 
   EXPECT_TRUE(s.replicas_bitwise_equal) << log;
   EXPECT_EQ(s.hash_mismatches, 0) << log;
@@ -185,6 +236,37 @@ TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
   auto faults = nlohmann::json::parse(s.faults_json);
   ASSERT_EQ(faults.size(), 3u) << s.faults_json;
   EXPECT_EQ(faults[2]["fault"], "outside") << s.faults_json;
+  EXPECT_EQ(s.spares_promoted, 0) << log;
+  EXPECT_EQ(out.group_meshes.at(1), "replica1-1") << log;  // fresh procs
+}
+
+TEST(ReplicaClient, ReplacesAFailedSpareThenPromotesOneForAKilledGroupAndRefillsThePool) {
+  Outcome out = run(1);
+  const ft::RunStats& s = out.stats;
+  const std::string& log = out.log;
+  EXPECT_TRUE(s.replicas_bitwise_equal) << log;
+  EXPECT_EQ(s.hash_mismatches, 0) << log;
+  EXPECT_EQ(s.faults_injected, 1) << log;
+  EXPECT_EQ(s.faults_outside, 0) << log;
+  EXPECT_EQ(s.survivor_restarts, 0) << log;
+  EXPECT_EQ(s.respawns, 1) << log;
+  EXPECT_EQ(s.spares_promoted, 1) << log;  // the replacement was the spare, not fresh procs
+  EXPECT_EQ(s.spare_failures, 1) << log;   // spare0, killed before training
+  EXPECT_GT(s.heal_gbps, 0) << log;        // the promoted spare caught up by healing
+  EXPECT_TRUE(s.error.empty()) << s.error;
+  EXPECT_EQ(out.group_meshes.at(1), "spare1") << log;  // replica1 now runs on the spare's procs
+  EXPECT_EQ(out.group_meshes.at(0), "replica0-0") << log;
+  EXPECT_EQ(out.group_meshes.at(2), "replica2-0") << log;
+  EXPECT_EQ(out.ready_spares, 1) << log;           // refilled ...
+  EXPECT_EQ(out.pids.count("spare2"), 1u) << log;  // ... by a new spare
+  EXPECT_NE(out.log.find("promoted spare1 to replica1 (incarnation 1)"), std::string::npos) << log;
+  auto faults = nlohmann::json::parse(s.faults_json);
+  ASSERT_EQ(faults.size(), 1u) << s.faults_json;
+  EXPECT_EQ(faults[0]["fault"], "sigkill") << s.faults_json;
+  ASSERT_TRUE(faults[0]["respawned_s"].is_number()) << s.faults_json;
+  ASSERT_TRUE(faults[0]["recovery_s"].is_number()) << s.faults_json;
+  EXPECT_LE(faults[0]["respawned_s"].get<double>(), faults[0]["rejoined_s"].get<double>())
+      << s.faults_json;
 }
 
 TEST(FaultPoints, ArmRejectsAnUnknownPointAndTakeConsumesOnce) {
