@@ -447,6 +447,12 @@ void ReplicaController::report(StepReport r) {
   }
   if (r.final || r.healed) note_progress(r);
   if (r.final) {
+    // A victim that caught up by healing to the last step (the others hold there) is back too.
+    for (auto& f : faults_) {
+      if (f.open() && !f.armed_only() &&
+          r.t_ns > (f.kind == FaultKind::lighthouse_freeze ? f.thawed : f.injected))
+        rejoin(f, r.replica_id, r.t_ns);
+    }
     finals_[r.replica_id] = {r.hash, r.metric};
     stats_.state_bytes = r.state_bytes;
     if (static_cast<int64_t>(finals_.size()) >= opts_.groups) finish(true);
@@ -482,18 +488,7 @@ void ReplicaController::report(StepReport r) {
                     : r.t_ns > f.injected && r.quorum_id > f.quorum_id;
     if (!f.victims.count(r.replica_id) && !f.survivors_resumed && back)
       f.survivors_resumed = r.t_ns;
-    if (f.pending_rejoin.count(r.replica_id) && back) {
-      f.pending_rejoin.erase(r.replica_id);
-      if (!f.open()) {
-        f.rejoined = r.t_ns;
-        stats_.recovery_s.push_back(static_cast<double>(f.rejoined - f.injected) / 1e9);
-        char s3[32];
-        std::snprintf(s3, sizeof s3, "%.3f", stats_.recovery_s.back());
-        event(std::string("recovered from ") + fault_name(f.kind) + " in " + s3 + " s");
-        if (metrics_.is_open()) metrics_ << f.to_json(t0_).dump() << "\n" << std::flush;
-        on_fault(f);
-      }
-    }
+    if (back) rejoin(f, r.replica_id, r.t_ns);
   }
   g.failures_in_a_row = 0;
   if (r.step > max_committed_) {
@@ -501,6 +496,17 @@ void ReplicaController::report(StepReport r) {
     flush_steps(max_committed_ - 1);
     on_commit(r.step, s);
   }
+}
+
+void ReplicaController::rejoin(FaultRecord& f, const std::string& id, int64_t t) {
+  if (!f.pending_rejoin.erase(id) || f.open()) return;
+  f.rejoined = t;
+  stats_.recovery_s.push_back(static_cast<double>(f.rejoined - f.injected) / 1e9);
+  char s3[32];
+  std::snprintf(s3, sizeof s3, "%.3f", stats_.recovery_s.back());
+  event(std::string("recovered from ") + fault_name(f.kind) + " in " + s3 + " s");
+  if (metrics_.is_open()) metrics_ << f.to_json(t0_).dump() << "\n" << std::flush;
+  on_fault(f);
 }
 
 void ReplicaController::inject(FaultKind kind, int64_t group, std::chrono::milliseconds freeze) {

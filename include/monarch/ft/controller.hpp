@@ -151,8 +151,9 @@ struct FaultRecord {
   int64_t quorum_id = 0;  ///< quorum id then
   /// Groups hit (the donor joins for kill_donor_mid_heal); "lighthouse" for lighthouse_freeze.
   std::set<std::string> victims;
-  /// Victims not committed in a newer quorum yet; for lighthouse_freeze every group, until it
-  /// commits after the thaw (the fast path may keep the quorum id).
+  /// Victims not committed in a newer quorum yet (or final: healed to the last step); for
+  /// lighthouse_freeze every group, until it commits after the thaw (the fast path may keep the
+  /// quorum id).
   std::set<std::string> pending_rejoin;
   std::string note;
   bool donor_killed = false;  ///< the heal point was handled (once per fault)
@@ -362,6 +363,9 @@ class ReplicaController : public Actor {
   void note_progress(const StepReport& r);
   bool is_victim_at(const std::string& id, int64_t from, int64_t to) const;
   FaultRecord* open_fault();
+  // `id` is back for `f` (committed in a newer quorum, or reached the last step) at `t`; closes
+  // `f` with its recovery time when it was the last victim pending.
+  void rejoin(FaultRecord& f, const std::string& id, int64_t t);
   void flush_steps(int64_t before);
   void finish(bool complete);
 

@@ -3,7 +3,8 @@
 // linear regression; the controller's fault points throw inside one allreduce, then SIGKILL one
 // group while a second one is killed from outside the job (a plain kill(2), as a user's `kill -9`).
 // At the end every group holds a bitwise-equal state at the last step, the faults are counted as
-// faults (1 outside), and no survivor was restarted.
+// faults (1 outside), and no survivor was restarted. A second run fires the chaos kinds at their
+// points (quorum.after_request, heal.after_first_chunk killing the healer, two groups at once).
 #include "monarch/ft/torch/replica_client.hpp"
 
 #include <gtest/gtest.h>
@@ -71,7 +72,7 @@ struct TinyTrainer : monarch::Actor {
     ft::FlatState& st = *model_->state;
     ft::ReplicaClient client(manager_, st, options_);
     ft::AdamOptions adam{.lr = 1e-2};
-    while (!stop_ && st.step() < kSteps) {
+    while (!stop_ && st.step() < options_.max_steps) {
       double loss = -1;
       try {
         ft::StepPlan plan = client.start_quorum();
@@ -107,13 +108,19 @@ struct TinyTrainer : monarch::Actor {
 
 // Faults at named points: allreduce.enter on replica0 at step 5; at the first quiet step >= 20,
 // an injected SIGKILL of replica1 and, at the same moment, a kill from outside of replica2.
+// With `chaos`, the chaos kinds instead, each at the first quiet step after the last:
+// kill_in_quorum of replica0, kill_healer_mid_heal of replica1, then replica0 and replica2 killed
+// at once.
 struct TestController : ft::ReplicaController {
   TestController(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
-                 ft::ReplicaClientOptions client)
-      : ReplicaController(
-            std::move(hosts), std::move(lighthouse),
-            {.groups = kGroups, .steps = kSteps, .samples_per_step = kBatch, .run_name = "test"}),
-        client_(std::move(client)) {}
+                 ft::ReplicaClientOptions client, bool chaos)
+      : ReplicaController(std::move(hosts), std::move(lighthouse),
+                          {.groups = kGroups,
+                           .steps = client.max_steps,
+                           .samples_per_step = kBatch,
+                           .run_name = "test"}),
+        client_(std::move(client)),
+        chaos_(chaos) {}
   std::vector<std::string> events() { return events_; }
   MONARCH_FT_CONTROLLER_ENDPOINTS(TestController, events)
 
@@ -133,6 +140,14 @@ struct TestController : ft::ReplicaController {
   }
   void on_event(const std::string& line) override { events_.push_back(line); }
   void on_commit(int64_t step, const ft::StepInfo&) override {
+    if (chaos_) {
+      if (step < 5 || !quiet()) return;
+      if (stage_ == 0) inject(ft::FaultKind::kill_in_quorum, 0);
+      if (stage_ == 1) inject(ft::FaultKind::kill_healer_mid_heal, 1);
+      if (stage_ == 2) inject_two(0, 2);
+      ++stage_;
+      return;
+    }
     if (stage_ == 0 && step >= 5 && quiet()) {
       inject(ft::FaultKind::allreduce_throw, 0);
       stage_ = 1;
@@ -149,9 +164,15 @@ struct TestController : ft::ReplicaController {
   std::map<int64_t, int> pids_;
   std::vector<std::string> events_;
   int stage_ = 0;
+  bool chaos_ = false;
 };
 
-TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
+struct Run {
+  ft::RunStats stats;
+  std::string log;
+};
+
+Run run_job(bool chaos, int64_t steps) {
   ft::StoreServer store;
   std::vector<mesh::HostMesh> hosts{mesh::this_host()};
   auto& client = hosts[0].client();
@@ -159,19 +180,23 @@ TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
   ft::ReplicaClientOptions o;
   o.store_host = store.host();
   o.store_port = store.port();
-  o.store_namespace = "test";
-  o.max_steps = kSteps;
-  auto c = client.spawn<TestController>("controller", hosts, lighthouse, o);
+  o.store_namespace = chaos ? "chaos" : "test";
+  o.max_steps = steps;
+  auto c = client.spawn<TestController>("controller", hosts, lighthouse, o, chaos);
   auto timeout = monarch::config::global().duration("mesh.spawn_timeout");
   c.call(&TestController::spawn_all).get(timeout * 2);
   c.call(&TestController::start_all).get(timeout * 2);
-  ft::RunStats s = c.call(&TestController::done).get(std::chrono::seconds(180));
-  auto events = c.call(&TestController::events).get(timeout);
-  std::string log;
-  for (auto& e : events) log += e + "\n";
+  Run r;
+  r.stats = c.call(&TestController::done).get(std::chrono::seconds(180));
+  for (auto& e : c.call(&TestController::events).get(timeout)) r.log += e + "\n";
   lighthouse.stop().get(timeout);
   c.call(&TestController::shutdown).get(timeout * 2);
   c.stop().get(timeout);
+  return r;
+}
+
+TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
+  auto [s, log] = run_job(false, kSteps);
 
   EXPECT_TRUE(s.replicas_bitwise_equal) << log;
   EXPECT_EQ(s.hash_mismatches, 0) << log;
@@ -187,7 +212,30 @@ TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
   EXPECT_EQ(faults[2]["fault"], "outside") << s.faults_json;
 }
 
+// The chaos kinds at their points: each fires (a pending request, a healer mid-read, two groups
+// at once), each is counted per failed group, each recovers; replicas end bitwise equal.
+TEST(ReplicaClient, ChaosKindsFireAtTheirPointsAndRecover) {
+  auto [s, log] = run_job(true, 1500);
+  EXPECT_TRUE(s.replicas_bitwise_equal) << log;
+  EXPECT_EQ(s.survivor_restarts, 0) << log;
+  EXPECT_EQ(s.faults_outside, 0) << log;
+  EXPECT_EQ(s.faults_injected, 5) << log;  // 1 in quorum, the victim and its healer, 2 at once
+  EXPECT_EQ(s.respawns, 5) << log;
+  EXPECT_TRUE(s.error.empty()) << s.error;
+  auto faults = nlohmann::json::parse(s.faults_json);
+  ASSERT_EQ(faults.size(), 3u) << s.faults_json;
+  EXPECT_EQ(faults[0]["fault"], "kill_in_quorum") << s.faults_json;
+  EXPECT_EQ(faults[0]["fired"], true) << s.faults_json;
+  EXPECT_EQ(faults[1]["fault"], "kill_healer_mid_heal") << s.faults_json;
+  EXPECT_EQ(faults[1]["fired"], true) << s.faults_json;
+  EXPECT_EQ(faults[2]["fault"], "sigkill_two_at_once") << s.faults_json;
+  EXPECT_EQ(faults[2]["victims"].size(), 2u) << s.faults_json;
+  for (auto& f : faults) EXPECT_FALSE(f["recovery_s"].is_null()) << f.dump() << "\n" << log;
+  EXPECT_EQ(s.recovery_s.size(), 3u) << log;
+}
+
 TEST(FaultPoints, ArmRejectsAnUnknownPointAndTakeConsumesOnce) {
+  EXPECT_THROW(ft::arm_fault("quorum.before_request"), monarch::UsageError);
   EXPECT_THROW(ft::arm_fault("allreduce.exit"), monarch::UsageError);
   EXPECT_FALSE(ft::take_fault(ft::kFaultAllreduceEnter));
   ft::arm_fault(ft::kFaultAllreduceEnter);
