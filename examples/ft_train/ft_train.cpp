@@ -3,6 +3,7 @@
 //   build/bin/ft_train                       # fault-free run, then the same seed with 6 faults
 //   build/bin/ft_train --steps 300 --faults 8 --seed 3 --json-summary out.json
 //   build/bin/ft_train --no-faults           # only the fault-free run
+//   build/bin/ft_train --chaos --seed 5      # a seeded random, overlapping fault schedule
 //
 // N replica groups (--replicas) of M ranks (--ranks) train one model (--model, workload.hpp) on
 // disjoint shares of every global batch. Here: model, data, flags and reporting. The step
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "chaos.hpp"
 #include "launcher.hpp"
 #include "model.hpp"
 #include "monarch/config/config.hpp"
@@ -142,26 +144,21 @@ struct RunOptions {
   bool progress = true;          // events and progress at all (--no-progress: none)
   bool live = true;              // stdout is a terminal: one \r-rewritten progress line
   int64_t progress_every = 100;  // not a terminal: a plain progress line every this many steps
+  ex::ChaosOptions chaos;        // --chaos (chaos.hpp)
 };
 
-/// The job's controller: the library's group lifecycle plus a seeded fault schedule, progress
-/// and metrics.
-struct JobController : ft::ReplicaController {
+/// The job's controller: the library's group lifecycle plus the seeded fault schedule of
+/// chaos.hpp (fixed rotation or --chaos), progress and metrics.
+struct JobController : ex::ScheduledController {
   JobController(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
                 TrainConfig cfg, RunOptions run)
-      : ReplicaController(std::move(hosts), std::move(lighthouse),
-                          {cfg.replicas, cfg.ranks, cfg.steps, cfg.global_batch, run.name,
-                           run.metrics_path, run.metric, run.spares}),
+      : ScheduledController(
+            std::move(hosts), std::move(lighthouse),
+            {cfg.replicas, cfg.ranks, cfg.steps, cfg.global_batch, run.name, run.metrics_path,
+             run.metric, run.spares},
+            {cfg.seed, run.faults, std::chrono::milliseconds(run.freeze_ms), run.chaos}),
         cfg_(std::move(cfg)),
-        run_(std::move(run)),
-        rng_(cfg_.seed * 7919 + 17) {
-    // Faults spread over [10%, 60%] of the run, kinds in a fixed rotation from a seeded offset.
-    int64_t first = std::max<int64_t>(5, cfg_.steps / 10), last = cfg_.steps * 6 / 10;
-    int offset = static_cast<int>(rng_() % 4);
-    for (int64_t i = 0; i < run_.faults; ++i)
-      plan_.push_back({first + (last - first) * i / std::max<int64_t>(1, run_.faults),
-                       static_cast<ft::FaultKind>((offset + i) % 4)});
-  }
+        run_(std::move(run)) {}
   MONARCH_FT_CONTROLLER_ENDPOINTS(JobController)
 
  protected:
@@ -195,19 +192,12 @@ struct JobController : ft::ReplicaController {
           faults().size(), run_.live && !last ? "   " : "\n");
       std::fflush(stdout);
     }
-    if (next_ < plan_.size() && step >= plan_[next_].first && step <= cfg_.steps * 8 / 10 &&
-        quiet())  // one recovery at a time, everyone back in the quorum first
-      inject(plan_[next_++].second,
-             static_cast<int64_t>(rng_() % static_cast<uint64_t>(cfg_.replicas)),
-             std::chrono::milliseconds(run_.freeze_ms));
+    inject_due(step);
   }
 
  private:
   TrainConfig cfg_;
   RunOptions run_;
-  std::mt19937_64 rng_;
-  std::vector<std::pair<int64_t, ft::FaultKind>> plan_;
-  size_t next_ = 0;
   std::map<std::string, mesh::ActorMesh<Trainer>> trainers_;  // by mesh name
 };
 
@@ -281,6 +271,7 @@ static int run(int argc, char** argv) {
       "--lighthouse", lighthouse_addr,
       "a standalone lighthouse (`monarch lighthouse --listen ADDR`) instead of one here");
   ex::add_launcher_flags(app, lo);  // --launcher, --slurm-*, --k8s-*
+  ex::add_chaos_flags(app, run.chaos);
   CLI11_PARSE(app, argc, argv);
   auto defaults = ex::workload_defaults(cfg.model);  // UsageError on an unknown model
   for (auto [v, d] : {std::pair{&cfg.steps, defaults.steps},
@@ -293,6 +284,8 @@ static int run(int argc, char** argv) {
     return 2;
   }
   try {
+    if (run.chaos.on)
+      run.faults = ex::prepare_chaos(run.chaos, cfg.replicas, run.freeze_ms, lighthouse_addr);
     // Fail before spawning anything on a bad model or missing data (the message names the package).
     auto probe = ex::make_workload({cfg.model, cfg.seed, cfg.data_dir, cfg.eval_samples});
     const std::string metric = run.metric = probe->metric();
@@ -316,6 +309,11 @@ static int run(int argc, char** argv) {
       if (!lighthouse_addr.empty())
         return run_job(hosts, ft::connect_lighthouse(client, lighthouse_addr, 30s), false, cfg, o,
                        store);
+      if (o.chaos.on) {  // in a process of its own, which chaos freezes
+        auto lh = ex::spawn_lighthouse_proc(hosts[0], o.name);
+        o.chaos.lighthouse_pid = lh->pid;
+        return run_job(hosts, lh->ref, true, cfg, o, store);
+      }
       auto lighthouse =
           client.spawn<ft::Lighthouse>("lighthouse." + o.name, ft::LighthouseOptions{});
       return run_job(hosts, lighthouse, true, cfg, o, store);

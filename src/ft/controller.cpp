@@ -47,9 +47,11 @@ int64_t group_of(const std::string& id, size_t groups) {
 }  // namespace
 
 void arm_fault(const std::string& point) {
-  if (point != kFaultAllreduceEnter && point != kFaultHealAfterFirstChunk) {
+  if (point != kFaultAllreduceEnter && point != kFaultHealAfterFirstChunk &&
+      point != kFaultQuorumAfterRequest) {
     throw UsageError("arm_fault: unknown fault point '" + point + "'; expected " +
-                     kFaultAllreduceEnter + " or " + kFaultHealAfterFirstChunk);
+                     kFaultAllreduceEnter + ", " + kFaultHealAfterFirstChunk + " or " +
+                     kFaultQuorumAfterRequest);
   }
   std::lock_guard lock(points().mu);
   points().armed.insert(point);
@@ -75,6 +77,45 @@ void fault_point_kill_donor(const std::string& healer, const std::string& donor)
   c->call(&ReplicaController::kill_donor, healer, donor).get(std::chrono::seconds(10));
 }
 
+void fault_point_quorum_request(const ActorRef<Lighthouse>& lighthouse,
+                                const std::string& replica_id, int64_t step) {
+  if (!take_fault(kFaultQuorumAfterRequest)) return;
+  std::optional<ActorRef<ReplicaController>> c;
+  {
+    std::lock_guard lock(points().mu);
+    c = points().controller;
+  }
+  if (!c) return;
+  // Off the Manager's thread: the status call queues behind the request on the same link, so a
+  // pending entry for this step means the lighthouse holds the request and formed no quorum yet.
+  std::thread([lighthouse, c = *c, replica_id, step] {
+    bool pending = false;
+    int64_t pending_groups = 0;
+    try {
+      LighthouseStatus st = lighthouse.call(&Lighthouse::status).get(std::chrono::seconds(2));
+      pending_groups = static_cast<int64_t>(st.pending.size());
+      for (const auto& r : st.replicas)
+        pending = pending || (r.replica_id == replica_id && r.pending && r.step == step);
+    } catch (const std::exception&) {
+      // a frozen or stopped lighthouse: not known to be pending, try the next request
+    }
+    if (!pending) {
+      arm_fault(kFaultQuorumAfterRequest);
+      return;
+    }
+    try {
+      (void)c
+          .call(&ReplicaController::kill_in_quorum, replica_id,
+                "its request for step " + std::to_string(step) +
+                    " pending at the lighthouse with " + std::to_string(pending_groups) +
+                    " pending request(s)")
+          .get(std::chrono::seconds(10));
+    } catch (const std::exception&) {
+      // the controller is gone (the run ended)
+    }
+  }).detach();
+}
+
 FaultAgent::FaultAgent(ActorRef<ReplicaController> controller) {
   std::lock_guard lock(points().mu);
   points().controller = std::move(controller);
@@ -92,6 +133,14 @@ const char* fault_name(FaultKind k) {
       return "kill_donor_mid_heal";
     case FaultKind::outside:
       return "outside";
+    case FaultKind::sigkill_two_at_once:
+      return "sigkill_two_at_once";
+    case FaultKind::kill_healer_mid_heal:
+      return "kill_healer_mid_heal";
+    case FaultKind::kill_in_quorum:
+      return "kill_in_quorum";
+    case FaultKind::lighthouse_freeze:
+      return "lighthouse_freeze";
   }
   return "?";
 }
@@ -100,19 +149,25 @@ nlohmann::json FaultRecord::to_json(int64_t t0) const {
   auto rel = [&](int64_t t) {
     return t ? nlohmann::json(static_cast<double>(t - t0) / 1e9) : nlohmann::json(nullptr);
   };
-  return {{"fault", fault_name(kind)},
-          {"step", step},
-          {"victims", victims},
-          {"note", note},
-          {"injected_s", rel(injected)},
-          {"detected_s", rel(detected)},
-          {"new_quorum_s", rel(new_quorum)},
-          {"survivors_resumed_s", rel(survivors_resumed)},
-          {"respawned_s", rel(respawned)},
-          {"healed_s", rel(healed)},
-          {"rejoined_s", rel(rejoined)},
-          {"recovery_s", rejoined ? nlohmann::json(static_cast<double>(rejoined - injected) / 1e9)
-                                  : nlohmann::json(nullptr)}};
+  return {
+      {"fault", fault_name(kind)},
+      {"step", step},
+      {"victims", victims},
+      {"note", note},
+      {"injected_s", rel(injected)},
+      {"detected_s", rel(detected)},
+      {"new_quorum_s", rel(new_quorum)},
+      {"survivors_resumed_s", rel(survivors_resumed)},
+      {"respawned_s", rel(respawned)},
+      {"healed_s", rel(healed)},
+      {"rejoined_s", rel(rejoined)},
+      {"recovery_s", rejoined ? nlohmann::json(static_cast<double>(rejoined - injected) / 1e9)
+                              : nlohmann::json(nullptr)},
+      {"fired", kind == FaultKind::kill_donor_mid_heal || kind == FaultKind::kill_healer_mid_heal ||
+                        kind == FaultKind::kill_in_quorum
+                    ? nlohmann::json(fired)
+                    : nlohmann::json(nullptr)},
+      {"unrecovered", unrecovered.empty() ? nlohmann::json(nullptr) : nlohmann::json(unrecovered)}};
 }
 
 nlohmann::json StepInfo::to_json(int64_t step, int64_t t0, const std::string& run,
@@ -398,6 +453,12 @@ int64_t ReplicaController::spares_ready() const {
   return std::count_if(spares_.begin(), spares_.end(), [](const Unit& u) { return u.ready; });
 }
 
+bool ReplicaController::running(int64_t group) const {
+  if (group < 0 || group >= opts_.groups) return false;
+  const auto& g = groups_[static_cast<size_t>(group)];
+  return g.unit.procs && g.up && !g.failed;
+}
+
 bool ReplicaController::quiet() const {
   for (const auto& g : groups_) {
     if (!g.up) return false;
@@ -411,15 +472,17 @@ bool ReplicaController::quiet() const {
 
 FaultRecord* ReplicaController::open_fault() {
   for (auto& f : faults_) {
-    if (f.open()) return &f;
+    if (f.open() && !f.armed_only()) return &f;
   }
   return nullptr;
 }
 
 bool ReplicaController::is_victim_at(const std::string& id, int64_t from, int64_t to) const {
   for (const auto& f : faults_) {
-    if (f.victims.count(id) && f.injected > from && f.injected <= to) return true;
-    if (f.victims.count(id) && f.open() && f.injected <= from) return true;
+    // A frozen lighthouse holds every group up: none of them is a survivor then.
+    bool hit = f.victims.count(id) || f.kind == FaultKind::lighthouse_freeze;
+    if (hit && f.injected > from && f.injected <= to) return true;
+    if (hit && f.open() && f.injected <= from) return true;
   }
   return false;
 }
@@ -469,7 +532,7 @@ void ReplicaController::report(StepReport r) {
   }
   if (r.quorum_id > last_qid_ && r.rank == 0) {
     for (auto& f : faults_) {
-      if (f.open() && !f.new_quorum && r.quorum_id > f.quorum_id) {
+      if (f.open() && !f.armed_only() && !f.new_quorum && r.quorum_id > f.quorum_id) {
         f.new_quorum = r.t_ns;
         if (!f.detected) f.detected = r.t_ns;
       }
@@ -493,6 +556,12 @@ void ReplicaController::report(StepReport r) {
   }
   if (r.healed) note_progress(r);  // not final: its full evaluation is no stall
   if (r.final) {
+    // A victim that caught up by healing to the last step (the others hold there) is back too.
+    for (auto& f : faults_) {
+      if (f.open() && !f.armed_only() &&
+          r.t_ns > (f.kind == FaultKind::lighthouse_freeze ? f.thawed : f.injected))
+        rejoin(f, r.replica_id, r.t_ns);
+    }
     finals_[r.replica_id] = {r.hash, r.metric};
     stats_.state_bytes = r.state_bytes;
     if (static_cast<int64_t>(finals_.size()) >= opts_.groups) finish(true);
@@ -521,23 +590,14 @@ void ReplicaController::report(StepReport r) {
   note_progress(r);
 
   for (auto& f : faults_) {
-    if (!f.open()) continue;
-    if (!f.victims.count(r.replica_id) && !f.survivors_resumed && r.quorum_id > f.quorum_id)
+    if (!f.open() || f.armed_only()) continue;
+    // After a lighthouse freeze the fast path may keep the quorum id: a commit after the thaw.
+    bool back = f.kind == FaultKind::lighthouse_freeze
+                    ? r.t_ns > f.thawed
+                    : r.t_ns > f.injected && r.quorum_id > f.quorum_id;
+    if (!f.victims.count(r.replica_id) && !f.survivors_resumed && back)
       f.survivors_resumed = r.t_ns;
-    if (f.pending_rejoin.count(r.replica_id) && r.t_ns > f.injected && r.quorum_id > f.quorum_id) {
-      f.pending_rejoin.erase(r.replica_id);
-      if (!f.open()) {
-        f.rejoined = r.t_ns;
-        stats_.recovery_s.push_back(static_cast<double>(f.rejoined - f.injected) / 1e9);
-        char s3[32];
-        std::snprintf(s3, sizeof s3, "%.3f", stats_.recovery_s.back());
-        event(std::string("recovered from ") + fault_name(f.kind) + " in " + s3 + " s");
-        if (metrics_.is_open()) metrics_ << f.to_json(t0_).dump() << "\n" << std::flush;
-        on_fault(f);
-        if (static_cast<int64_t>(spares_.size()) < opts_.spares)
-          self<ReplicaController>().send(&ReplicaController::refill_spares);
-      }
-    }
+    if (back) rejoin(f, r.replica_id, r.t_ns);
   }
   g.failures_in_a_row = 0;
   if (r.step > max_committed_) {
@@ -545,6 +605,19 @@ void ReplicaController::report(StepReport r) {
     flush_steps(max_committed_ - 1);
     on_commit(r.step, s);
   }
+}
+
+void ReplicaController::rejoin(FaultRecord& f, const std::string& id, int64_t t) {
+  if (!f.pending_rejoin.erase(id) || f.open()) return;
+  f.rejoined = t;
+  stats_.recovery_s.push_back(static_cast<double>(f.rejoined - f.injected) / 1e9);
+  char s3[32];
+  std::snprintf(s3, sizeof s3, "%.3f", stats_.recovery_s.back());
+  event(std::string("recovered from ") + fault_name(f.kind) + " in " + s3 + " s");
+  if (metrics_.is_open()) metrics_ << f.to_json(t0_).dump() << "\n" << std::flush;
+  on_fault(f);
+  if (static_cast<int64_t>(spares_.size()) < opts_.spares)
+    self<ReplicaController>().send(&ReplicaController::refill_spares);
 }
 
 void ReplicaController::inject(FaultKind kind, int64_t group, std::chrono::milliseconds freeze) {
@@ -584,31 +657,146 @@ void ReplicaController::inject(FaultKind kind, int64_t group, std::chrono::milli
       g.arm_kill_donor = true;
       f.note = "SIGKILL to " + id + ", then its donor is killed in the middle of the heal";
       break;
+    case FaultKind::kill_healer_mid_heal:
+      // The replacement heals; its heal.after_first_chunk point kills the replacement itself.
+      ::kill(pid, SIGKILL);
+      g.arm_kill_donor = true;
+      f.note = "SIGKILL to " + id + ", then its replacement is killed in the middle of its heal";
+      break;
+    case FaultKind::kill_in_quorum:
+      // The kill comes from the point (kill_in_quorum), once the request is pending.
+      g.unit.agents->at(0).send(&FaultAgent::arm, std::string(kFaultQuorumAfterRequest));
+      f.note = "quorum.after_request armed in " + id;
+      break;
     case FaultKind::outside:
       throw UsageError("inject: 'outside' faults are the ones the job did not inject");
+    case FaultKind::sigkill_two_at_once:
+    case FaultKind::lighthouse_freeze:
+      throw UsageError(std::string("inject: ") + fault_name(kind) +
+                       " has its own call (inject_two, freeze_lighthouse)");
   }
-  stats_.faults_injected += 1;
+  if (kind != FaultKind::kill_in_quorum) stats_.faults_injected += 1;  // that one: when it fires
   event("FAULT " + std::string(fault_name(kind)) + ": " + f.note);
   faults_.push_back(std::move(f));
 }
 
 bool ReplicaController::kill_donor(std::string healer, std::string donor) {
-  int64_t di = group_of(donor, groups_.size());
-  if (di < 0) return false;
-  auto& g = groups_[static_cast<size_t>(di)];
+  int64_t di = group_of(donor, groups_.size()), hi = group_of(healer, groups_.size());
+  if (di < 0 || hi < 0) return false;
   FaultRecord* rec = nullptr;
   for (auto& f : faults_) {
-    if (f.open() && f.kind == FaultKind::kill_donor_mid_heal && !f.donor_killed) rec = &f;
+    if (f.open() && !f.donor_killed && f.victims.count(healer) &&
+        (f.kind == FaultKind::kill_donor_mid_heal || f.kind == FaultKind::kill_healer_mid_heal))
+      rec = &f;
   }
-  if (!rec || !g.unit.procs || !g.up) return false;  // killed once already, or not running now
-  ::kill(g.unit.procs->pid(0), SIGKILL);
+  if (!rec) return false;  // fired once already
   rec->donor_killed = true;
+  if (rec->kind == FaultKind::kill_healer_mid_heal) {
+    auto& h = groups_[static_cast<size_t>(hi)];
+    if (!h.unit.procs || h.failed) return false;
+    ::kill(h.unit.procs->pid(0), SIGKILL);
+    rec->fired = true;
+    stats_.faults_injected += 1;  // one more group failed
+    rec->note += "; the replacement was killed after reading 1 chunk from " + donor;
+    event("FAULT kill_healer_mid_heal: SIGKILL to healer " + healer + " while it reads " + donor);
+    return true;
+  }
+  auto& g = groups_[static_cast<size_t>(di)];
+  if (!g.unit.procs || !g.up || g.failed) return false;  // not running now
+  // Never kill the last up-to-date group outside every open group fault: its state is the job's
+  // (a frozen lighthouse leaves every group's state intact).
+  int64_t others = 0;
+  for (int64_t r = 0; r < opts_.groups; ++r) {
+    bool busy = false;
+    for (const auto& f : faults_) {
+      busy = busy || (f.open() && f.kind != FaultKind::lighthouse_freeze &&
+                      f.pending_rejoin.count(replica_id(r)));
+    }
+    if (r != di && running(r) && !busy) ++others;
+  }
+  if (others == 0) {
+    rec->note += "; donor " + donor + " spared: the last up-to-date group";
+    event("kill_donor_mid_heal: donor " + donor + " spared (the last up-to-date group)");
+    return false;
+  }
+  ::kill(g.unit.procs->pid(0), SIGKILL);
+  rec->fired = true;
   rec->victims.insert(donor);
   rec->pending_rejoin.insert(donor);
   stats_.faults_injected += 1;
   event("FAULT kill_donor_mid_heal: SIGKILL to donor " + donor + " while " + healer +
         " reads its state");
   return true;
+}
+
+bool ReplicaController::kill_in_quorum(std::string id, std::string detail) {
+  int64_t r = group_of(id, groups_.size());
+  if (r < 0) return false;
+  FaultRecord* rec = nullptr;
+  for (auto& f : faults_) {
+    if (f.open() && !f.fired && f.kind == FaultKind::kill_in_quorum && f.victims.count(id))
+      rec = &f;
+  }
+  auto& g = groups_[static_cast<size_t>(r)];
+  if (!rec || !g.unit.procs || g.failed) return false;
+  ::kill(g.unit.procs->pid(0), SIGKILL);
+  rec->fired = true;
+  stats_.faults_injected += 1;
+  rec->injected = now_ns();  // the recovery starts at the kill, not at the arming
+  rec->step = max_committed_;
+  rec->quorum_id = last_qid_;
+  rec->note = "SIGKILL to " + id + " with " + detail;
+  event("FAULT kill_in_quorum: " + rec->note);
+  return true;
+}
+
+void ReplicaController::inject_two(int64_t a, int64_t b) {
+  if (a == b) throw UsageError("inject_two: the same group twice (" + std::to_string(a) + ")");
+  for (int64_t r : {a, b}) {
+    if (!running(r)) throw UsageError("inject_two: " + replica_id(r) + " is not running");
+  }
+  FaultRecord f;
+  f.kind = FaultKind::sigkill_two_at_once;
+  f.step = max_committed_;
+  f.quorum_id = last_qid_;
+  f.injected = now_ns();
+  std::vector<int> pids;
+  for (int64_t r : {a, b}) pids.push_back(groups_[static_cast<size_t>(r)].unit.procs->pid(0));
+  for (int pid : pids) ::kill(pid, SIGKILL);  // back to back: the same instant for the groups
+  for (int64_t r : {a, b}) {
+    f.victims.insert(replica_id(r));
+    f.pending_rejoin.insert(replica_id(r));
+  }
+  f.note = "SIGKILL to " + replica_id(a) + " (pid " + std::to_string(pids[0]) + ") and " +
+           replica_id(b) + " (pid " + std::to_string(pids[1]) + ") at once";
+  stats_.faults_injected += 2;  // two groups failed
+  event("FAULT sigkill_two_at_once: " + f.note);
+  faults_.push_back(std::move(f));
+}
+
+void ReplicaController::freeze_lighthouse(int pid, std::chrono::milliseconds freeze) {
+  if (pid <= 0)
+    throw UsageError("freeze_lighthouse: no lighthouse process (pid " + std::to_string(pid) + ")");
+  FaultRecord f;
+  f.kind = FaultKind::lighthouse_freeze;
+  f.step = max_committed_;
+  f.quorum_id = last_qid_;
+  f.injected = now_ns();
+  f.thawed = f.injected + std::chrono::nanoseconds(freeze).count();
+  f.victims.insert("lighthouse");
+  for (int64_t r = 0; r < opts_.groups; ++r) f.pending_rejoin.insert(replica_id(r));
+  if (::kill(pid, SIGSTOP) != 0)
+    throw Error("freeze_lighthouse: SIGSTOP to pid " + std::to_string(pid) + ": " +
+                std::strerror(errno));
+  helpers_.emplace_back([pid, freeze] {
+    std::this_thread::sleep_for(freeze);  // the fault itself: a frozen lighthouse
+    ::kill(pid, SIGCONT);
+  });
+  f.note = "SIGSTOP to the lighthouse (pid " + std::to_string(pid) + ") for " +
+           std::to_string(freeze.count()) + " ms, then SIGCONT";
+  stats_.faults_injected += 1;
+  event("FAULT lighthouse_freeze: " + f.note);
+  faults_.push_back(std::move(f));
 }
 
 bool ReplicaController::supervise(const mesh::MeshFailure& failure) {
@@ -725,6 +913,13 @@ void ReplicaController::finish(bool complete) {
   }
   stats_.step_ms_p50 = percentile(gaps, 0.5);
   stats_.step_ms_p95 = percentile(gaps, 0.95);
+  for (auto& f : faults_) {
+    if (!f.open()) continue;
+    std::string who;
+    for (const auto& v : f.pending_rejoin) who += (who.empty() ? "" : ", ") + v;
+    f.unrecovered = f.armed_only() ? "the run ended before quorum.after_request fired"
+                                   : "the run ended before " + who + " committed again";
+  }
   auto all = nlohmann::json::array();
   for (auto& f : faults_) all.push_back(f.to_json(t0_));
   stats_.faults_json = all.dump();

@@ -10,6 +10,7 @@
 #include "monarch/actor/errors.hpp"
 #include "monarch/actor/proc.hpp"
 #include "monarch/config/config.hpp"
+#include "monarch/ft/controller.hpp"
 
 namespace monarch::ft {
 namespace {
@@ -310,8 +311,9 @@ void Manager::send_inflight() {
     seq = ++in->seq;
     m = in->member;
   }
-  lighthouse()
-      .call(&Lighthouse::quorum, std::move(m))
+  const int64_t step = m.step;
+  auto lh = lighthouse();
+  lh.call(&Lighthouse::quorum, std::move(m))
       .on_complete([in, seq, last = last_quorum_id_, down = unreachable_,
                     id = replica_id_](monarch::detail::State<Quorum>& s) {
         std::lock_guard lock(in->mu);
@@ -341,6 +343,7 @@ void Manager::send_inflight() {
           }
         }
       });
+  fault_point_quorum_request(lh, replica_id_, step);  // chaos: killed with the request pending
 }
 
 void Manager::check_rank(int64_t rank, const char* what) const {

@@ -144,6 +144,12 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
     q.max_step = std::max(q.max_step, c->step);
     failed_commit = failed_commit || c->commit_failed;
   }
+  if (previous_ && q.max_step < previous_->max_step) {
+    return fail(
+        fmt::format("no candidate holds step {} (the last quorum's max_step; theirs is at "
+                    "most {}): waiting for a group that does (Q-8)",
+                    previous_->max_step, q.max_step));
+  }
   //
   bool same_members =
       previous_ && previous_->participants.size() == q.participants.size() &&

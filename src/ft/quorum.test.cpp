@@ -1,4 +1,4 @@
-// QuorumState rules Q-1..Q-7 (include/monarch/ft/quorum.hpp), driven with made-up time.
+// QuorumState rules Q-1..Q-8 (include/monarch/ft/quorum.hpp), driven with made-up time.
 #include "monarch/ft/quorum.hpp"
 
 #include <gtest/gtest.h>
@@ -55,6 +55,32 @@ TEST_F(QuorumTest, FirstQuorumWaitsForEveryHealthyGroupThenFormsWithId1) {  // Q
   EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(q->reason, "all healthy joined");
   EXPECT_EQ(s.pending(), 0u);
+}
+
+// Two fresh replacements (step 0) are a majority of the healthy groups while the one group at
+// step 5 is between requests: they must not form a quorum at step 0 and retrain from there.
+TEST_F(QuorumTest, NoQuorumGoesBackBelowThePreviousMaxStep) {
+  first_quorum();
+  for (auto id : {"a", "b", "c"}) s.request(member(id, 5), t0 + 10ms);
+  auto q5 = s.poll(t0 + 10ms);
+  ASSERT_TRUE(q5.has_value());
+  EXPECT_EQ(q5->max_step, 5);
+  s.evict("a");
+  s.evict("b");
+  s.heartbeat("a", t0 + 20ms);  // replacements, fresh state
+  s.heartbeat("b", t0 + 20ms);
+  s.heartbeat("c", t0 + 20ms);
+  s.request(member("a", 0), t0 + 20ms);
+  s.request(member("b", 0), t0 + 20ms);
+  std::string why;
+  EXPECT_FALSE(s.poll(t0 + 20ms + rules.join_timeout, &why).has_value());
+  EXPECT_NE(why.find("Q-8"), std::string::npos) << why;
+  s.request(member("c", 5), t0 + 30ms + rules.join_timeout);  // the group with the state asks
+  auto q = s.poll(t0 + 30ms + rules.join_timeout);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->max_step, 5);
+  EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(q->donor_for("a")->replica_id, "c");
 }
 
 TEST_F(QuorumTest, FastPathKeepsTheIdWhenMembershipIsIntact) {

@@ -36,9 +36,10 @@
 // explicitly (a promoted spare keeps its name); meshes the controller did not spawn are not
 // handled (fail fast).
 //
-// Counting: every group whose procs failed is one fault: injected by inject() / the
-// heal.after_first_chunk point (faults_injected), or not (faults_outside: a `kill -9` by a user, an
-// OOM kill). survivor_restarts counts groups restarted without having failed (an invariant: 0).
+// Counting: every group whose procs failed is one fault: injected by inject(), inject_two() or a
+// fault point (faults_injected; a lighthouse freeze counts one too), or not (faults_outside: a
+// `kill -9` by a user, an OOM kill). survivor_restarts counts groups restarted without having
+// failed (an invariant: 0).
 //
 // Threads: everything runs in the actor (its handlers and then() continuations). The virtual hooks
 // are called there too; they must not block for long (spawn_trainers returns a Future). Spawning
@@ -71,16 +72,29 @@ namespace monarch::ft {
 /// "allreduce.enter": the next ReplicaClient::allreduce in the process throws.
 inline constexpr const char* kFaultAllreduceEnter = "allreduce.enter";
 /// "heal.after_first_chunk": a healer, after reading the first chunk of its donor's state, asks
-/// the controller to SIGKILL the donor, then goes on reading (and fails).
+/// the controller to SIGKILL the donor (kill_donor_mid_heal) or the healer itself
+/// (kill_healer_mid_heal), then goes on reading (and fails, or dies).
 inline constexpr const char* kFaultHealAfterFirstChunk = "heal.after_first_chunk";
+/// "quorum.after_request": the group's Manager, right after forwarding its quorum request to the
+/// lighthouse, asks the lighthouse whether the request is pending there (Lighthouse::status);
+/// if it is, it asks the controller to SIGKILL the group (kill_in_quorum); if the quorum formed
+/// first, the point re-arms itself for the next request.
+inline constexpr const char* kFaultQuorumAfterRequest = "quorum.after_request";
 
 /// Arms `point` in this process (thread-safe). Unknown names are rejected (UsageError).
 void arm_fault(const std::string& point);
 /// True once per arm: consumes `point` when it is armed in this process (thread-safe).
 bool take_fault(std::string_view point);
 /// Fault point "heal.after_first_chunk" of healer group `healer` reading from `donor`: when armed,
-/// asks the controller (blocks up to 10 s) to kill the donor. No-op otherwise.
+/// asks the controller (blocks up to 10 s) to kill the donor or the healer. No-op otherwise.
 void fault_point_kill_donor(const std::string& healer, const std::string& donor);
+/// Fault point "quorum.after_request" of group `replica_id`, whose request for step `step` was
+/// just sent to `lighthouse` (Manager::send_inflight calls it on the Manager's thread). When
+/// armed, a helper thread checks the lighthouse's status (up to 2 s) and asks the controller to
+/// kill the group while the request is pending; re-arms the point when it was not. No-op
+/// otherwise.
+void fault_point_quorum_request(const ActorRef<Lighthouse>& lighthouse,
+                                const std::string& replica_id, int64_t step);
 
 class ReplicaController;
 
@@ -125,23 +139,47 @@ struct StepReport {
   }
 };
 
-enum class FaultKind { sigkill, sigstop, allreduce_throw, kill_donor_mid_heal, outside };
-/// "sigkill", "sigstop", "allreduce_exception", "kill_donor_mid_heal", "outside".
+enum class FaultKind {
+  sigkill,
+  sigstop,
+  allreduce_throw,
+  kill_donor_mid_heal,
+  outside,
+  sigkill_two_at_once,   ///< inject_two(): two groups SIGKILLed in the same handler
+  kill_healer_mid_heal,  ///< SIGKILL; the replacement dies at heal.after_first_chunk
+  kill_in_quorum,        ///< SIGKILL at quorum.after_request, its request pending
+  lighthouse_freeze,     ///< freeze_lighthouse(): SIGSTOP of the lighthouse's process, SIGCONT
+};
+/// "sigkill", "sigstop", "allreduce_exception", "kill_donor_mid_heal", "outside",
+/// "sigkill_two_at_once", "kill_healer_mid_heal", "kill_in_quorum", "lighthouse_freeze".
 const char* fault_name(FaultKind kind);
 
 /// One fault and its recovery. Times are steady_clock ns (0: not yet).
 struct FaultRecord {
   FaultKind kind{};
-  int64_t step = 0;               ///< last committed step when injected (or detected, for outside)
-  int64_t quorum_id = 0;          ///< quorum id then
-  std::set<std::string> victims;  ///< groups hit (the donor joins for kill_donor_mid_heal)
-  std::set<std::string> pending_rejoin;  ///< victims not committed in a newer quorum yet
+  int64_t step = 0;       ///< last committed step when injected (or detected, for outside)
+  int64_t quorum_id = 0;  ///< quorum id then
+  /// Groups hit (the donor joins for kill_donor_mid_heal); "lighthouse" for lighthouse_freeze.
+  std::set<std::string> victims;
+  /// Victims not committed in a newer quorum yet (or final: healed to the last step); for
+  /// lighthouse_freeze every group, until it commits after the thaw (the fast path may keep the
+  /// quorum id).
+  std::set<std::string> pending_rejoin;
   std::string note;
-  bool donor_killed = false;
+  bool donor_killed = false;  ///< the heal point was handled (once per fault)
+  /// A fault point's kill happened (kill_donor_mid_heal: the donor, not spared;
+  /// kill_healer_mid_heal: the healer; kill_in_quorum: the group, its request pending).
+  bool fired = false;
   int64_t injected = 0, detected = 0, new_quorum = 0, survivors_resumed = 0, respawned = 0,
           healed = 0, rejoined = 0;
+  int64_t thawed = 0;       ///< lighthouse_freeze: when the SIGCONT is due (injected + freeze)
+  std::string unrecovered;  ///< why recovery_s is null (set when the run ends with it open)
   bool open() const { return !pending_rejoin.empty(); }
-  /// recovery_s = rejoined - injected; other keys "<event>_s" relative to `t0` (null when unset).
+  /// A kill_in_quorum whose point has not fired yet: nothing happened to the group so far.
+  bool armed_only() const { return kind == FaultKind::kill_in_quorum && !fired; }
+  /// recovery_s = rejoined - injected; other keys "<event>_s" relative to `t0` (null when unset);
+  /// "unrecovered" says why a fault has no recovery_s; "fired" (fault-point kinds only, else
+  /// null) whether the point's kill happened.
   nlohmann::json to_json(int64_t t0) const;
 };
 
@@ -169,8 +207,10 @@ struct RunStats {
   double metric = -1;  ///< the final metric (full held-out set) of replica0
   bool replicas_bitwise_equal = false;
   int64_t hash_mismatches = 0;
-  int64_t faults_injected = 0;  ///< by inject() and the heal.after_first_chunk point
-  int64_t faults_outside = 0;   ///< groups that failed without an injected fault
+  /// Groups failed by inject(), inject_two() (2), the fault points (a donor or healer killed at
+  /// heal.after_first_chunk, a kill at quorum.after_request), plus lighthouse freezes.
+  int64_t faults_injected = 0;
+  int64_t faults_outside = 0;  ///< groups that failed without an injected fault
   int64_t survivor_restarts = 0;
   int64_t respawns = 0;         ///< groups replaced (promoted spares and fresh procs)
   int64_t spares_promoted = 0;  ///< replacements that were a ready spare
@@ -255,8 +295,13 @@ class ReplicaController : public Actor {
   void shutdown();
   /// A rank's step report (ReplicaClient::report sends it).
   void report(StepReport r);
-  /// Fault point "heal.after_first_chunk": SIGKILLs `donor`'s rank 0 once per armed fault.
+  /// Fault point "heal.after_first_chunk": once per open kill_donor_mid_heal fault of `healer`,
+  /// SIGKILLs `donor`'s rank 0 (unless it is the last up-to-date group outside every open fault:
+  /// then it spares it and says so); once per open kill_healer_mid_heal fault, SIGKILLs `healer`.
   bool kill_donor(std::string healer, std::string donor);
+  /// Fault point "quorum.after_request": SIGKILLs `replica_id`'s rank 0 once per open
+  /// kill_in_quorum fault of it; `detail` (what the lighthouse showed) goes into its note.
+  bool kill_in_quorum(std::string replica_id, std::string detail);
   /// Replaces group `group`: a ready spare, else fresh procs (supervise() sends it).
   void respawn(int64_t group);
   /// Spawns spares until options.spares are ready or spawning (promotions send it).
@@ -265,7 +310,7 @@ class ReplicaController : public Actor {
   void undeliverable(const DeliveryFailure& failure) override;
 
   MONARCH_ENDPOINTS(ReplicaController, spawn_all, start_all, done, finish_now, shutdown, report,
-                    kill_donor, respawn, refill_spares)
+                    kill_donor, kill_in_quorum, respawn, refill_spares)
 
  protected:
   /// Where group `group` runs; default hosts[group % hosts.size()]. A launcher that replaces
@@ -310,16 +355,29 @@ class ReplicaController : public Actor {
   virtual void on_fault(const FaultRecord& f) { (void)f; }
 
   /// Fault injection: `kind` on group `group` (sigstop: frozen for `freeze`, then SIGCONT;
-  /// kill_donor_mid_heal: SIGKILL, then the replacement's heal kills its donor). Only in the
-  /// actor. UsageError for a bad group, a group not running, or kind outside. The signals go to
-  /// ProcMesh::pid(0) with kill(2): procs on this host only (a remote host's agent would have to
-  /// deliver them).
+  /// kill_donor_mid_heal / kill_healer_mid_heal: SIGKILL, then the replacement's heal kills its
+  /// donor / itself after the first chunk; kill_in_quorum: arms quorum.after_request in the
+  /// group's rank 0, the kill follows at its next quorum request). Only in the actor. UsageError
+  /// for a bad group, a group not running, or kinds outside, sigkill_two_at_once and
+  /// lighthouse_freeze (their own calls below). The signals go to ProcMesh::pid(0) with kill(2):
+  /// procs on this host only (a remote host's agent would have to deliver them).
   void inject(FaultKind kind, int64_t group,
               std::chrono::milliseconds freeze = std::chrono::milliseconds(2000));
+  /// sigkill_two_at_once: SIGKILL to groups `a` and `b` back to back in this handler (one fault,
+  /// two victims). UsageError as inject(), or when a == b.
+  void inject_two(int64_t a, int64_t b);
+  /// lighthouse_freeze: SIGSTOP to the lighthouse's process `pid` (it must run in its own process
+  /// on this host), SIGCONT after `freeze`. Every group is held up (not a survivor stall); the
+  /// fault closes once every group committed after the thaw. UsageError for pid <= 0.
+  void freeze_lighthouse(int pid, std::chrono::milliseconds freeze);
+  /// Group `group` runs (its trainers started) and its procs have not failed.
+  bool running(int64_t group) const;
   /// Every group up, no fault open, and the last committed step had every group.
   bool quiet() const;
   /// Spares ready to be promoted now.
   int64_t spares_ready() const;
+  /// The last committed step (highest over all groups).
+  int64_t max_committed() const { return max_committed_; }
   const ReplicaControllerOptions& options() const { return opts_; }
   const std::vector<FaultRecord>& faults() const { return faults_; }
   int64_t t0_ns() const { return t0_; }
@@ -342,7 +400,7 @@ class ReplicaController : public Actor {
     bool up = false;
     bool failed = false;  // this incarnation's procs failed (supervise)
     int64_t failures_in_a_row = 0;
-    bool arm_kill_donor = false;
+    bool arm_kill_donor = false;  // arm heal.after_first_chunk in the next incarnation
   };
   struct MeshOwner {
     int64_t group = -1;  // -1: a spare (in spares_)
@@ -360,6 +418,9 @@ class ReplicaController : public Actor {
   void note_progress(const StepReport& r);
   bool is_victim_at(const std::string& id, int64_t from, int64_t to) const;
   FaultRecord* open_fault();
+  // `id` is back for `f` (committed in a newer quorum, or reached the last step) at `t`; closes
+  // `f` with its recovery time when it was the last victim pending.
+  void rejoin(FaultRecord& f, const std::string& id, int64_t t);
   void flush_steps(int64_t before);
   void finish(bool complete);
 
@@ -392,4 +453,4 @@ class ReplicaController : public Actor {
 /// processes call report/kill_donor through an ActorRef<ReplicaController>) plus C's own.
 #define MONARCH_FT_CONTROLLER_ENDPOINTS(C, ...)                                              \
   MONARCH_ENDPOINTS(C, spawn_all, start_all, done, finish_now, shutdown, report, kill_donor, \
-                    respawn, refill_spares __VA_OPT__(, ) __VA_ARGS__)
+                    kill_in_quorum, respawn, refill_spares __VA_OPT__(, ) __VA_ARGS__)

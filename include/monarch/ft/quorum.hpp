@@ -30,6 +30,12 @@
 //      train on at the same step (split brain). Q-2 still applies. Quorum ids stay increasing
 //      across a restart: a quorum's id is above the largest `last_quorum_id` its participants
 //      report, so a fresh lighthouse never reuses an id (and a store prefix).
+//  Q-8 No quorum goes back: one whose max_step is below the previous quorum's (none of its
+//      candidates holds the state the job last had, e.g. two fresh replacements while the one
+//      up-to-date group is frozen or between requests) does not form; the lighthouse waits for a
+//      group that holds it. Such a quorum would retrain from an old step and diverge from what
+//      was committed (found by ft_train --chaos). If every such group is dead, no quorum forms
+//      (there is no checkpoint): the job's own deadline ends it.
 #pragma once
 
 #include <cereal/types/chrono.hpp>

@@ -4,7 +4,9 @@
 // group while a second one is killed from outside the job (a plain kill(2), as a user's `kill -9`).
 // At the end every group holds a bitwise-equal state at the last step, the faults are counted as
 // faults (1 outside), and no survivor was restarted. With a warm spare, a SIGKILLed group's
-// replacement is the spare (promoted, no process start) and a new spare refills the pool.
+// replacement is the spare (promoted, no process start) and a new spare refills the pool. A third
+// run fires the chaos kinds at their points (quorum.after_request, heal.after_first_chunk killing
+// the healer, two groups at once).
 #include "monarch/ft/torch/replica_client.hpp"
 
 #include <gtest/gtest.h>
@@ -74,7 +76,7 @@ struct TinyTrainer : monarch::Actor {
     ft::FlatState& st = *model_->state;
     ft::ReplicaClient client(*manager_, st, options_);
     ft::AdamOptions adam{.lr = 1e-2};
-    while (!stop_ && st.step() < kSteps) {
+    while (!stop_ && st.step() < options_.max_steps) {
       double loss = -1;
       try {
         ft::StepPlan plan = client.start_quorum();
@@ -112,17 +114,21 @@ struct TinyTrainer : monarch::Actor {
 // >= 20, an injected SIGKILL of replica1 and, at the same moment, a kill from outside of replica2.
 // spares 1: before training, spare0 is killed from outside (a spare failing: replaced by spare1,
 // not a fault); at the first quiet step >= 20 with the spare ready, a SIGKILL of replica1 only.
+// With `chaos` (spares 0), the chaos kinds instead, each at the first quiet step after the last:
+// kill_in_quorum of replica0, kill_healer_mid_heal of replica1, then replica0 and replica2 killed
+// at once.
 struct TestController : ft::ReplicaController {
   TestController(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
-                 ft::ReplicaClientOptions client, int64_t spares)
+                 ft::ReplicaClientOptions client, int64_t spares, bool chaos)
       : ReplicaController(std::move(hosts), std::move(lighthouse),
                           {.groups = kGroups,
-                           .steps = kSteps,
+                           .steps = client.max_steps,
                            .samples_per_step = kBatch,
                            .run_name = "test",
                            .spares = spares}),
         client_(std::move(client)),
-        stage_(spares > 0 ? 1 : 0) {}
+        stage_(spares > 0 ? 1 : 0),
+        chaos_(chaos) {}
   std::vector<std::string> events() { return events_; }
   int64_t ready_spares() { return spares_ready(); }
   int64_t spare_failures() { return failed_spares_; }
@@ -150,6 +156,14 @@ struct TestController : ft::ReplicaController {
     if (line.find("(a spare: replaced") != std::string::npos) ++failed_spares_;
   }
   void on_commit(int64_t step, const ft::StepInfo&) override {
+    if (chaos_) {
+      if (step < 5 || !quiet()) return;
+      if (stage_ == 0) inject(ft::FaultKind::kill_in_quorum, 0);
+      if (stage_ == 1) inject(ft::FaultKind::kill_healer_mid_heal, 1);
+      if (stage_ == 2) inject_two(0, 2);
+      ++stage_;
+      return;
+    }
     if (stage_ == 0 && step >= 5 && quiet()) {
       inject(ft::FaultKind::allreduce_throw, 0);
       stage_ = 1;
@@ -169,6 +183,7 @@ struct TestController : ft::ReplicaController {
   std::vector<std::string> events_;
   int stage_ = 0;
   int64_t failed_spares_ = 0;
+  bool chaos_ = false;
 };
 
 struct Outcome {
@@ -180,7 +195,7 @@ struct Outcome {
 };
 
 // One run with `spares` warm spares. With spares, waits (bounded) for the refilled pool first.
-Outcome run(int64_t spares) {
+Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps) {
   ft::StoreServer store;
   std::vector<mesh::HostMesh> hosts{mesh::this_host()};
   auto& client = hosts[0].client();
@@ -188,10 +203,10 @@ Outcome run(int64_t spares) {
   ft::ReplicaClientOptions o;
   o.store_host = store.host();
   o.store_port = store.port();
-  o.store_namespace = "test" + std::to_string(spares);
-  o.max_steps = kSteps;
-  std::string name = "controller" + std::to_string(spares);
-  auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares);
+  o.store_namespace = (chaos ? "chaos" : "test") + std::to_string(spares);
+  o.max_steps = steps;
+  std::string name = (chaos ? "chaos" : "controller") + std::to_string(spares);
+  auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares, chaos);
   auto timeout = monarch::config::global().duration("mesh.spawn_timeout");
   c.call(&TestController::spawn_all).get(timeout * 2);
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -269,8 +284,33 @@ TEST(ReplicaClient, ReplacesAFailedSpareThenPromotesOneForAKilledGroupAndRefills
       << s.faults_json;
 }
 
+// The chaos kinds at their points: each fires (a pending request, a healer mid-read, two groups
+// at once), each is counted per failed group, each recovers; replicas end bitwise equal.
+TEST(ReplicaClient, ChaosKindsFireAtTheirPointsAndRecover) {
+  Outcome out = run(0, /*chaos=*/true, 1500);
+  const ft::RunStats& s = out.stats;
+  const std::string& log = out.log;
+  EXPECT_TRUE(s.replicas_bitwise_equal) << log;
+  EXPECT_EQ(s.survivor_restarts, 0) << log;
+  EXPECT_EQ(s.faults_outside, 0) << log;
+  EXPECT_EQ(s.faults_injected, 5) << log;  // 1 in quorum, the victim and its healer, 2 at once
+  EXPECT_EQ(s.respawns, 5) << log;
+  EXPECT_TRUE(s.error.empty()) << s.error;
+  auto faults = nlohmann::json::parse(s.faults_json);
+  ASSERT_EQ(faults.size(), 3u) << s.faults_json;
+  EXPECT_EQ(faults[0]["fault"], "kill_in_quorum") << s.faults_json;
+  EXPECT_EQ(faults[0]["fired"], true) << s.faults_json;
+  EXPECT_EQ(faults[1]["fault"], "kill_healer_mid_heal") << s.faults_json;
+  EXPECT_EQ(faults[1]["fired"], true) << s.faults_json;
+  EXPECT_EQ(faults[2]["fault"], "sigkill_two_at_once") << s.faults_json;
+  EXPECT_EQ(faults[2]["victims"].size(), 2u) << s.faults_json;
+  for (auto& f : faults) EXPECT_FALSE(f["recovery_s"].is_null()) << f.dump() << "\n" << log;
+  EXPECT_EQ(s.recovery_s.size(), 3u) << log;
+}
+
 TEST(FaultPoints, ArmRejectsAnUnknownPointAndTakeConsumesOnce) {
   EXPECT_THROW(ft::arm_fault("allreduce.exit"), monarch::UsageError);
+  EXPECT_THROW(ft::arm_fault("quorum.before_request"), monarch::UsageError);
   EXPECT_FALSE(ft::take_fault(ft::kFaultAllreduceEnter));
   ft::arm_fault(ft::kFaultAllreduceEnter);
   EXPECT_TRUE(ft::take_fault(ft::kFaultAllreduceEnter));
