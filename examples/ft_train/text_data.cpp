@@ -37,13 +37,6 @@ bool blank(const std::string& s) {
                      [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; });
 }
 
-std::uint64_t splitmix64(std::uint64_t& x) {
-  std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 }  // namespace
 
 TextCorpus load_fortunes(const std::string& dir) {
@@ -147,29 +140,12 @@ std::int64_t TextWindows::offset(std::int64_t i) const {
 }
 
 TextSampler::TextSampler(TextWindows windows, std::uint64_t seed)
-    : windows_(windows), seed_(seed) {}
-
-const std::vector<std::int64_t>& TextSampler::permutation(std::int64_t epoch) {
-  if (epoch == cached_epoch_) return perm_;
-  const std::int64_t n = windows_.count();
-  perm_.resize(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) perm_[static_cast<std::size_t>(i)] = i;
-  // Fisher-Yates with our own generator: std:: distributions differ between standard libraries,
-  // this stream is fixed by (seed, epoch) alone.
-  std::uint64_t state = seed_ ^ (0xd1b54a32d192ed03ULL * static_cast<std::uint64_t>(epoch + 1));
-  for (std::int64_t i = n - 1; i > 0; --i) {
-    auto j = static_cast<std::int64_t>(splitmix64(state) % static_cast<std::uint64_t>(i + 1));
-    std::swap(perm_[static_cast<std::size_t>(i)], perm_[static_cast<std::size_t>(j)]);
-  }
-  cached_epoch_ = epoch;
-  return perm_;
-}
+    : windows_(windows), order_(windows.count(), seed) {}
 
 std::int64_t TextSampler::at(std::int64_t position) {
   if (position < 0)
     throw std::invalid_argument("TextSampler: negative position " + std::to_string(position));
-  const std::int64_t n = windows_.count();
-  return permutation(position / n)[static_cast<std::size_t>(position % n)];
+  return order_.at(position);
 }
 
 std::vector<std::int64_t> TextSampler::shard(std::int64_t position, std::int64_t global_batch,
@@ -180,13 +156,8 @@ std::vector<std::int64_t> TextSampler::shard(std::int64_t position, std::int64_t
                                 std::to_string(global_batch) + " at position " +
                                 std::to_string(position));
   }
-  const std::int64_t begin = global_batch * slot / slots;
-  const std::int64_t end = global_batch * (slot + 1) / slots;
-  std::vector<std::int64_t> out;
-  out.reserve(static_cast<std::size_t>(end - begin));
-  for (std::int64_t p = position + begin; p < position + end; ++p) {
-    out.push_back(windows_.offset(at(p)));
-  }
+  std::vector<std::int64_t> out = order_.shard(position, global_batch, slot, slots);
+  for (auto& w : out) w = windows_.offset(w);
   return out;
 }
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "fashion_mnist.hpp"  // DatasetError
+#include "fashion_mnist.hpp"  // DatasetError, Sampler
 
 namespace monarch::ft::example {
 
@@ -93,12 +93,8 @@ class TextSampler {
   const TextWindows& windows() const noexcept { return windows_; }
 
  private:
-  const std::vector<std::int64_t>& permutation(std::int64_t epoch);
-
   TextWindows windows_;
-  std::uint64_t seed_;
-  std::int64_t cached_epoch_ = -1;
-  std::vector<std::int64_t> perm_;
+  Sampler order_;  // the same seeded stream as the MLP's images, over window indices
 };
 
 }  // namespace monarch::ft::example
