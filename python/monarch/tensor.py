@@ -65,7 +65,8 @@ class TensorError(RuntimeError):
 #   (_DEL, refs)                             free refs
 #   (_REDUCE, ref, out, key, host, port, labels, sizes, dims, reduction, scatter)
 #   (_PUT, out, tensor)                      store a tensor sent by the controller (to_mesh)
-_DEF, _CALL, _DEL, _REDUCE, _PUT = range(5)
+#   (_CALL_NOGRAD, ...)                      _CALL under torch.no_grad() (the controller's mode)
+_DEF, _CALL, _DEL, _REDUCE, _PUT, _CALL_NOGRAD = range(6)
 
 
 class _Ref:
@@ -145,7 +146,8 @@ class _Session:
         self.lock = threading.RLock()
 
     def view(self, pm):
-        key = tuple(pm._shape().global_ranks())
+        sh = pm._shape()
+        key = (tuple(sh.global_ranks()), tuple(sh.labels), tuple(sh.sizes))
         v = self.views.get(key)
         if v is None:
             v = self.views[key] = _View(self, pm, key)
@@ -489,7 +491,8 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
             outs = []  # in place on args[0]; returns None
     s = view.session
     op = s.op_id(func, spec_fn)
-    s.append(view, (_CALL, op, wargs, wkwargs, outs), op)
+    kind = _CALL if torch.is_grad_enabled() else _CALL_NOGRAD
+    s.append(view, (kind, op, wargs, wkwargs, outs), op)
     _ACTIVE_SESSIONS.add(s)
     return result
 
@@ -679,7 +682,7 @@ def _store_host(v):
     """Where rank 0 of the view hosts the TCPStore: 127.0.0.1 for procs of this host, else
     the host part of the first proc's tcp address."""
     try:
-        addr = v.pm._lazy.result().address(v.key[0])
+        addr = v.pm._lazy.result().address(v.key[0][0])
     except Exception:
         return "127.0.0.1"
     if addr.startswith("tcp://"):
@@ -1000,6 +1003,9 @@ class TensorWorker(Actor):
                     self._define(op[1], op[2])
                 elif kind == _REDUCE:
                     self._reduce(op, refs)
+                elif kind == _CALL_NOGRAD:
+                    with torch.no_grad():
+                        self._call(op, refs)
                 elif kind == _PUT:
                     v = op[2]
                     refs[op[1]] = _Failed(v) if isinstance(v, BaseException) else v

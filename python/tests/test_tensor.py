@@ -218,26 +218,23 @@ def test_actor_endpoints_get_the_local_shard_and_rref(procs):
         users.total.rref(t)
 
 
-def test_reduce_validates_and_infers_shapes_on_the_controller():
-    pm = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2})
-    try:
-        with pm.activate():
-            t = torch.ones(4, 3)
-        with pytest.raises(ValueError, match="unknown mesh dim 'x'"):
-            t.reduce("x")
-        with pytest.raises(ValueError, match="unknown reduction 'median'"):
-            t.reduce("gpus", reduction="median")
-        with pytest.raises(ValueError, match="must divide"):
-            (t[:3]).reduce(["hosts", "gpus"], scatter=True)
-        with pytest.raises(ValueError, match="changes the shape"):
-            t.reduce_("gpus", reduction="stack")
-        assert t.reduce("gpus", reduction="stack").shape == (2, 4, 3)
-        assert t.reduce(["hosts", "gpus"], scatter=True).shape == (1, 3)
-        assert t.reduce("hosts", reduction="avg").shape == (4, 3)
-        assert t.reduce_("gpus") is t
-        assert t._v.session.pending > 0  # nothing was sent for any of this
-    finally:
-        pm.stop().get(timeout=60)
+def test_reduce_validates_and_infers_shapes_on_the_controller(procs):
+    pm = procs.split(gpus=("hosts", "g"), g=2).rename(g="gpus")  # {hosts: 2, gpus: 2} over the same procs
+    with pm.activate():
+        t = torch.ones(4, 3)
+    with pytest.raises(ValueError, match="unknown mesh dim 'x'"):
+        t.reduce("x")
+    with pytest.raises(ValueError, match="unknown reduction 'median'"):
+        t.reduce("gpus", reduction="median")
+    with pytest.raises(ValueError, match="must divide"):
+        (t[:3]).reduce(["hosts", "gpus"], scatter=True)
+    with pytest.raises(ValueError, match="changes the shape"):
+        t.reduce_("gpus", reduction="stack")
+    assert t.reduce("gpus", reduction="stack").shape == (2, 4, 3)
+    assert t.reduce(["hosts", "gpus"], scatter=True).shape == (1, 3)
+    assert t.reduce("hosts", reduction="avg").shape == (4, 3)
+    assert t.reduce_("gpus") is t
+    assert t._v.session.pending > 0  # nothing was sent for any of this
 
 
 def _have_collectives():
@@ -249,25 +246,22 @@ def _have_collectives():
 
 
 @pytest.mark.skipif(not _have_collectives(), reason="monarch._tensor_collectives not present")
-def test_every_reduction_matches_torch_on_gathered_shards():
-    pm = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2})
-    try:
-        with pm.activate():
-            t = torch.rand(4, 3)
-            out = {r: t.reduce("gpus", reduction=r)
-                   for r in ("sum", "avg", "min", "max", "product", "stack")}
-            sc = t.reduce(["hosts", "gpus"], scatter=True)
-        shards = {(h, g): inspect(t, hosts=h, gpus=g) for h in range(2) for g in range(2)}
-        for h in range(2):
-            group = torch.stack([shards[(h, 0)], shards[(h, 1)]])
-            want = {"sum": group.sum(0), "avg": group.mean(0), "min": group.min(0).values,
-                    "max": group.max(0).values, "product": group.prod(0), "stack": group}
-            for r, w in want.items():
-                assert torch.allclose(inspect(out[r], hosts=h, gpus=1), w, atol=1e-6), r
-        total = sum(shards.values())
-        assert torch.allclose(inspect(sc, hosts=1, gpus=0), total[2:3], atol=1e-6)
-    finally:
-        pm.stop().get(timeout=60)
+def test_every_reduction_matches_torch_on_gathered_shards(procs):
+    pm = procs.split(gpus=("hosts", "g"), g=2).rename(g="gpus")
+    with pm.activate():
+        t = torch.rand(4, 3)
+        out = {r: t.reduce("gpus", reduction=r)
+               for r in ("sum", "avg", "min", "max", "product", "stack")}
+        sc = t.reduce(["hosts", "gpus"], scatter=True)
+    shards = {(h, g): inspect(t, hosts=h, gpus=g) for h in range(2) for g in range(2)}
+    for h in range(2):
+        group = torch.stack([shards[(h, 0)], shards[(h, 1)]])
+        want = {"sum": group.sum(0), "avg": group.mean(0), "min": group.min(0).values,
+                "max": group.max(0).values, "product": group.prod(0), "stack": group}
+        for r, w in want.items():
+            assert torch.allclose(inspect(out[r], hosts=h, gpus=1), w, atol=1e-6), r
+    total = sum(shards.values())
+    assert torch.allclose(inspect(sc, hosts=1, gpus=0), total[2:3], atol=1e-6)
 
 
 def test_sigkilled_worker_is_a_mesh_failure_and_fetches_fail(fault_hook):
@@ -292,3 +286,28 @@ def test_sigkilled_worker_is_a_mesh_failure_and_fetches_fail(fault_hook):
             inspect(t.slice_mesh(gpus=0))
     finally:
         pm.stop().get(timeout=60)
+
+
+def test_autograd_on_the_workers_and_no_grad_from_the_controller(procs):
+    import torch.nn.functional as F
+    with procs.activate():
+        x = torch.rand(5, 4)
+        w = torch.rand(4, 3).requires_grad_()
+        y = torch.randint(0, 3, (5,))
+        loss = F.cross_entropy(x @ w, y)
+        loss.backward()
+        g = w.grad.clone()
+        w0 = w.detach().clone()
+        with torch.no_grad():  # the controller's grad mode travels with each op
+            w -= 0.1 * w.grad
+        w.grad.zero_()
+    assert loss.shape == () and g.shape == (4, 3)
+    for r in (0, 3):
+        xl, yl = inspect(x, gpus=r), inspect(y, gpus=r)
+        wl = inspect(w0, gpus=r).requires_grad_()
+        ll = F.cross_entropy(xl @ wl, yl)
+        ll.backward()
+        assert torch.allclose(inspect(loss, gpus=r), ll.detach())
+        assert torch.allclose(inspect(g, gpus=r), wl.grad)
+        assert torch.allclose(inspect(w, gpus=r), (wl - 0.1 * wl.grad).detach())
+        assert torch.equal(inspect(w.grad, gpus=r), torch.zeros(4, 3))
