@@ -23,8 +23,10 @@ import itertools
 import os
 import pickle
 import socket
+import sys
 import threading
 import time
+import uuid
 import weakref
 
 import cloudpickle
@@ -32,7 +34,7 @@ import torch
 from torch.overrides import TorchFunctionMode, _no_torch_function_mode
 
 from monarch import actor as _actor
-from monarch.actor import Actor, ActorError, Future, MeshFailure, context, endpoint
+from monarch.actor import Actor, ActorError, Future, context, endpoint
 
 __all__ = ["Tensor", "TensorError", "fetch_shard", "inspect", "remote", "flush", "TensorWorker"]
 
@@ -135,7 +137,9 @@ class _Session:
         root._failures = pm._failures
         self.root = root
         self.seed = torch.initial_seed() & 0x7FFFFFFF
-        self.workers = root.spawn("monarch_tensor_worker", TensorWorker, self.seed)
+        self.token = uuid.uuid4().hex  # tells a worker's refs from another mesh's
+        self.send_error = None  # a batch that could not be sent: its refs are lost
+        self.workers = root.spawn("monarch_tensor_worker", TensorWorker, self.seed, self.token)
         self.refs = itertools.count(1)
         self.ops = {}          # func (or remote fn) -> op id
         self.specs = []        # op id -> spec
@@ -155,7 +159,9 @@ class _Session:
 
     def failure(self):
         f = self.root._failures
-        return f[0] if f else None
+        if f:
+            return f[0]
+        return self.send_error
 
     def op_id(self, func, spec_fn=_op_spec):
         i = self.ops.get(func)
@@ -200,7 +206,15 @@ class _Session:
             if self.failure() is not None or self.root._live.stopped is not None:
                 return  # the procs failed (fetches raise that failure) or were stopped
             for view, ops in segs:
-                view.workers.run.broadcast(ops)
+                try:
+                    view.workers.run.broadcast(ops)
+                except Exception as e:
+                    # What was not sent is lost, and later ops may need it: every fetch on
+                    # this mesh raises this from now on.
+                    self.send_error = TensorError(
+                        "send", None, {}, "a batch of %d ops to %r could not be sent: %s: %s"
+                        % (len(ops), view, type(e).__name__, e))
+                    raise
 
 
 _SESSIONS_LOCK = threading.Lock()
@@ -314,7 +328,7 @@ class Tensor(torch.Tensor):
         # Inside a message to an actor on the same procs: that proc's local shard.
         s = self._v.session
         s.flush()
-        return (_local_shard, (self._h.ref, s.seed))
+        return (_local_shard, (self._h.ref, s.token, repr(self._v)))
 
     def __deepcopy__(self, memo):
         raise TypeError("monarch.Tensor cannot be deep-copied; use t.clone() (runs on the mesh)")
@@ -766,6 +780,10 @@ def _rref(endpoint_ref, args, kwargs):
             raise ValueError("%s.rref: call it inside procs.activate() or with a monarch.Tensor "
                              "argument" % where)
         view = _view_of(procs)
+    procs = getattr(am, "_procs", None)
+    if procs is not None and procs._lazy is not view.session.root._lazy:
+        raise ValueError("%s.rref: the actor mesh is on other procs than the tensors (%r)"
+                         % (where, view))
     if list(am.extent.items()) != list(view.extent.items()):
         raise ValueError("%s.rref: the actor mesh has extent %s, the tensors' mesh %s; they must "
                          "be the same procs" % (where, dict(am.extent), dict(view.extent)))
@@ -808,6 +826,7 @@ class _LocalRefs:
         self.refs = {}
         self.cond = threading.Condition()
         self.tombstones = set()  # freed before an rref stored them
+        self.token = None  # the session whose TensorWorker runs on this proc
 
     def get(self, ref):
         v = self.refs.get(ref)
@@ -858,8 +877,11 @@ def _my_coords():
         return {}
 
 
-def _local_shard(ref, seed):
+def _local_shard(ref, token, where):
     """Unpickled inside a message to an actor on the procs: the local shard of ``ref``."""
+    if _LOCAL.token != token:
+        raise ValueError("a monarch.Tensor of %s was sent to an actor on other procs; its shards "
+                         "are only on that mesh's procs (move it with t.to_mesh(...))" % where)
     v = _LOCAL.get(ref)
     if isinstance(v, _Failed):
         raise v.error
@@ -959,7 +981,8 @@ def _flatten_out(x, acc):
 class TensorWorker(Actor):
     """One per proc: holds this proc's shards and runs the controller's batches in order."""
 
-    def __init__(self, seed):
+    def __init__(self, seed, token):
+        _LOCAL.token = token
         me = context().actor_instance.rank
         self.rank = me.rank
         self.coords = dict(me)
@@ -1010,9 +1033,20 @@ class TensorWorker(Actor):
                     v = op[2]
                     refs[op[1]] = _Failed(v) if isinstance(v, BaseException) else v
             except Exception as e:  # never fail the actor: record it on the outputs
-                import sys
-                print("monarch.tensor worker %d: op %r: %s" % (self.rank, op[:2], e),
-                      file=sys.stderr)
+                self._lost(op, e)
+
+    def _lost(self, op, e):
+        """An op that could not even start (a bad op id, a malformed tuple): its outputs fail."""
+        kind = op[0]
+        outs = op[4] if kind in (_CALL, _CALL_NOGRAD) and len(op) > 4 else \
+            [op[2]] if kind == _REDUCE and len(op) > 2 else \
+            [op[1]] if kind == _PUT and len(op) > 1 else []
+        f = self._fail(self.names.get(op[1], "op") if kind in (_CALL, _CALL_NOGRAD) else
+                       "worker", e)
+        for o in outs if isinstance(outs, (list, tuple)) else []:
+            self.refs.refs[o] = f
+        if not outs:
+            print("monarch.tensor: %s" % f.error, file=sys.stderr)
 
     def _define(self, op_id, spec):
         kind, body = spec
@@ -1051,7 +1085,6 @@ class TensorWorker(Actor):
         except Exception as e:
             f = self._fail(self.names[op_id], e)
             if not outs:
-                import sys
                 print("monarch.tensor: %s" % f.error, file=sys.stderr)
             for o in outs:
                 refs[o] = f

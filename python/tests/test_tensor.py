@@ -264,12 +264,20 @@ def test_every_reduction_matches_torch_on_gathered_shards(procs):
     assert torch.allclose(inspect(sc, hosts=1, gpus=0), total[2:3], atol=1e-6)
 
 
-def test_sigkilled_worker_is_a_mesh_failure_and_fetches_fail(fault_hook):
+def test_sigkilled_worker_is_a_mesh_failure_and_fetches_fail(procs, fault_hook):
     pm = this_host().spawn_procs(per_host={"gpus": 2})
     try:
         with pm.activate():
             t = torch.ones(64, 64)
         assert torch.equal(inspect(t, gpus=1), torch.ones(64, 64))
+        # a tensor of another mesh, sent to these procs' actors, is refused there at once
+        with procs.activate():
+            elsewhere = torch.ones(2)
+        users = pm.spawn("other_users", ShardUser)
+        with pytest.raises(Exception, match="sent to an actor on other procs"):
+            users.slice(gpus=0).total.call_one(elsewhere).get(timeout=60)
+        with pytest.raises(ValueError, match="other procs"):
+            users.row_sums.rref(elsewhere)
         pid = _session(pm).workers.slice(gpus=1).stats.call_one().get(timeout=60)["pid"]
         with pm.activate():
             for _ in range(200):  # in flight when the proc dies
