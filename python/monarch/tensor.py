@@ -148,6 +148,7 @@ class _Session:
         self.dead = collections.deque()  # (view, ref) freed by GC, appended from any thread
         self.views = {}
         self.lock = threading.RLock()
+        _ACTIVE_SESSIONS.add(self)
 
     def view(self, pm):
         sh = pm._shape()
@@ -453,6 +454,38 @@ def _view_for(tensors, mode_view, what):
     return v
 
 
+_FUNC_INFO = {}  # func -> (qualified name, short name, answered from meta alone)
+_stack_len = torch._C._len_torch_function_stack
+
+
+def _func_info(func, name):
+    info = _FUNC_INFO.get(func) if name is None else None
+    if info is None:
+        fname = _fname(func)
+        info = (name or _op_name(func), fname,
+                fname in _PURE or (_is_getter(func) and fname != "grad"))
+        if name is None:
+            _FUNC_INFO[func] = info
+    return info
+
+
+class _Quiet:
+    """No torch function handling (modes, subclasses) while the controller runs meta ops."""
+
+    def __enter__(self):
+        self.pop = _no_torch_function_mode() if _stack_len() else None
+        if self.pop is not None:
+            self.pop.__enter__()
+        self.off = torch._C.DisableTorchFunction()
+        self.off.__enter__()
+
+    def __exit__(self, *exc):
+        self.off.__exit__(*exc)
+        if self.pop is not None:
+            self.pop.__exit__(*exc)
+        return False
+
+
 def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propagate=None):
     kwargs = kwargs or {}
     w = _Walk()
@@ -460,18 +493,19 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
     mkwargs, wkwargs = _convert(kwargs, w) if kwargs else (kwargs, kwargs)
     if not w.tensors and (mode_view is None or w.plain):
         # Local tensors only (printing a fetched shard inside activate(), for instance).
-        with _no_torch_function_mode(), torch._C.DisableTorchFunction():
+        with _Quiet():
             return func(*args, **kwargs)
-    name = name or _op_name(func)
+    name, fname, query = _func_info(func, name)
     view = _view_for(w.tensors, mode_view, name)
-    fname = _fname(func)
+    if fname == "__iter__" and w.tensors:  # rows, as monarch.Tensors (a meta run would leak metas)
+        return iter(torch.Tensor.unbind(args[0], 0))
     # Shapes: the same call on meta tensors.
     meta, why = None, None
     if w.unknown is not None:
         why = "an input's shape is unknown (%s)" % w.unknown
     else:
         try:
-            with _no_torch_function_mode(), torch._C.DisableTorchFunction():
+            with _Quiet():
                 if propagate is not None:
                     meta = propagate(*margs, **mkwargs)
                 elif not w.tensors:  # a factory: torch.rand(3, 4) and the like
@@ -489,25 +523,24 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
                                 "workers: read them with fetch_shard(t, ...) or inspect(t, ...)"
                                 % name) from None
             why = "%s on meta tensors raised %s: %s" % (name, type(e).__name__, e)
+    s = view.session
     if why is not None:
-        if w.tensors and (fname in _PURE or (_is_getter(func) and fname != "grad")):
+        if w.tensors and query:
             raise TensorError(name, None, {}, "shape unknown on the controller: " + why)
-        outs = [next(view.session.refs)]
+        outs = [next(s.refs)]
         result = Tensor(_Handle(outs[0], view), None, why)
+    elif type(meta) is torch.Tensor and all(meta is not t._meta for t in w.tensors):
+        outs = [next(s.refs)]  # the common case: one new tensor
+        result = Tensor(_Handle(outs[0], view), meta)
     else:
-        if w.tensors and (fname in _PURE or (_is_getter(func) and fname != "grad")):
-            if not _has_tensor(meta):
-                return meta  # shape/dtype queries: nothing to send
+        if w.tensors and query and not _has_tensor(meta):
+            return meta  # shape/dtype queries: nothing to send
         inputs = {id(t._meta): t for t in w.tensors if t._meta is not None}
         outs = []
         result = _wrap(meta, inputs, outs, view)
-        if fname == "__setitem__" and w.tensors:
-            outs = []  # in place on args[0]; returns None
-    s = view.session
     op = s.op_id(func, spec_fn)
-    kind = _CALL if torch.is_grad_enabled() else _CALL_NOGRAD
-    s.append(view, (kind, op, wargs, wkwargs, outs), op)
-    _ACTIVE_SESSIONS.add(s)
+    s.append(view, (_CALL if torch.is_grad_enabled() else _CALL_NOGRAD, op, wargs, wkwargs, outs),
+             op)
     return result
 
 

@@ -51,6 +51,9 @@ def test_shapes_and_dtypes_are_known_without_a_round_trip(procs):
     assert isinstance(c, tuple) and [x.shape for x in c] == [(3, 2), (3, 2)]
     assert m.values.shape == (3,) and m.indices.dtype == torch.int64
     assert row.shape == (4,) and tr.shape == (4, 3) and t.dim() == 2 and t.numel() == 12
+    first, *rest = t  # iteration gives rows as monarch.Tensors
+    assert isinstance(first, monarch.Tensor) and first.shape == (4,) and len(rest) == 2
+    assert len(t) == 3
     assert "monarch.Tensor(shape=(3, 4)" in repr(t)
     # values: every shard computed from its own t
     for g in range(4):
@@ -58,6 +61,7 @@ def test_shapes_and_dtypes_are_known_without_a_round_trip(procs):
         assert torch.allclose(inspect(e, gpus=g), (local @ local.T + 1).double())
         assert torch.equal(inspect(c[1], gpus=g), local[:, 2:])
         assert torch.equal(inspect(m.indices, gpus=g), local.max(dim=1).indices)
+        assert torch.equal(inspect(rest[1], gpus=g), local[2])
 
 
 def test_rand_differs_per_proc_and_inplace_ops_keep_the_tensor(procs):
