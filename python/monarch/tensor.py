@@ -1105,7 +1105,20 @@ class TensorWorker(Actor):
         _, op_id, args, kwargs, outs = op
         fn = self.table[op_id]
         bad = []
-        a = self._resolve(args, bad)
+        a = []
+        for x in args:  # the usual case inline: refs and constants
+            tx = type(x)
+            if tx is _Ref:
+                v = refs.get(x.id)
+                if v is None:
+                    v = self.refs.get(x.id)
+                if type(v) is _Failed:
+                    bad.append(v)
+                a.append(v)
+            elif tx is tuple or tx is list or tx is dict:
+                a.append(self._resolve(x, bad))
+            else:
+                a.append(x)
         k = self._resolve(kwargs, bad) if kwargs else kwargs
         if type(fn) is _Failed:
             bad.append(fn)
