@@ -13,7 +13,7 @@ import torch
 
 import monarch
 from monarch import fetch_shard, inspect, remote
-from monarch.actor import Actor, MeshFailure, endpoint, this_host
+from monarch.actor import Actor, ActorError, MeshFailure, endpoint, this_host
 from monarch.tensor import TensorError, _session
 
 from conftest import client_env
@@ -220,6 +220,12 @@ def test_actor_endpoints_get_the_local_shard_and_rref(procs):
         inspect(failed, gpus=0)
     with pytest.raises(TypeError, match="propagate"):
         users.total.rref(t)
+    with procs.activate():
+        bad = torch.ones(2) + torch.ones(3)
+    with pytest.raises(ActorError, match="must match") as ei:  # a failed shard: the call fails
+        users.slice(gpus=0).total.call_one(bad).get(timeout=60)
+    assert isinstance(ei.value.exception, TensorError)
+    assert users.slice(gpus=0).total.call_one(t).get(timeout=60) == totals.item(gpus=0)
 
 
 def test_reduce_validates_and_infers_shapes_on_the_controller(procs):
