@@ -107,6 +107,10 @@ class ActorHost:
             raise AttributeError("actor %s (%s) has no endpoint %r" %
                                  (self.instance_info.actor_id, self.cls.__name__, method))
         args, kwargs, view, port = pickle.loads(payload)
+        if kwargs and "_monarch_rref" in kwargs:  # endpoint.rref(...): result -> a tensor ref
+            from monarch import tensor as _tensor
+            ref = kwargs.pop("_monarch_rref")
+            ep = _actor._EndpointSpec(_tensor._run_rref(ep.fn, ref), False, ep.concurrent)
         if view is not None and message_rank is not None:
             ctx = _actor.Context(self.instance_info, None, view, message_rank)
         else:

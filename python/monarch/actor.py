@@ -481,8 +481,9 @@ def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None,
 
     With ``explicit_response_port=True`` the handler's first argument after self is a Port; it
     answers with ``port.send(value)`` (now or later, once), and its return value is ignored.
-    ``propagate`` and ``instrument`` are accepted so that Monarch scripts run unchanged; neither
-    changes anything yet (``propagate`` belongs to distributed tensors).
+    ``propagate(*meta_args, **meta_kwargs)`` gives the meta tensor of the result of
+    ``endpoint.rref(...)`` (distributed tensors, docs/tensors.md); ``instrument`` is accepted so
+    that Monarch scripts run unchanged and changes nothing.
     """
     def wrap(f):
         if not callable(f):
@@ -942,6 +943,14 @@ class EndpointRef(Generic[R]):
             raise TypeError("reduce: the reducer cannot be serialised: %s" % e) from None
         return Future(native=m.reduce(fnb, self._name, payload), decode=_value_or_raise)
 
+    def rref(self, *args, **kwargs):
+        """Runs the endpoint on every member with the local shards of its monarch.Tensor
+        arguments and returns its result as a monarch.Tensor, without waiting; the endpoint
+        must declare ``@endpoint(propagate=fn)`` (fn(*meta_args) -> the result's meta tensor).
+        The actor mesh must be on the tensors' procs. Imports torch (monarch.tensor)."""
+        from monarch import tensor as _tensor
+        return _tensor._rref(self, args, kwargs)
+
     def _send(self, args, kwargs, port, selection):
         m, payload = self._prepare(args, kwargs, port)
         if selection == "choose":
@@ -1124,7 +1133,15 @@ class ProcMesh(MeshTrait):
     def _with_shape(self, shape):
         if self._local:
             raise ValueError("this_proc() is a mesh of one; it has no dims to slice")
-        return ProcMesh(self._lazy, self._name, self._live, shape, remote=self._remote)
+        m = ProcMesh(self._lazy, self._name, self._live, shape, remote=self._remote)
+        m._failures = self._failures  # views see the failures of the procs they share
+        return m
+
+    def activate(self):
+        """``with procs.activate():`` torch calls inside the block run on these procs and
+        return ``monarch.Tensor``s (docs/tensors.md). Imports torch (monarch.tensor)."""
+        from monarch import tensor as _tensor
+        return _tensor._activate(self)
 
     @property
     def initialized(self) -> Future[bool]:
@@ -1171,9 +1188,18 @@ class ProcMesh(MeshTrait):
         self._live.stopped = "ProcMesh.stop(): %s" % reason
         cf = concurrent.futures.Future()
 
+        tensors = getattr(self._lazy, "_monarch_tensor_session", None)
+
         def run():
             try:
                 if self._lazy.cf.exception() is None:  # procs that never came up: nothing to stop
+                    if tensors is not None and not tensors.root._failures:
+                        # Distributed tensors (monarch.tensor): the batches in flight reach
+                        # their workers (the stop's barrier) before the procs go.
+                        try:
+                            Future(native=tensors.workers._mesh().stop()).get(timeout=30)
+                        except Exception:
+                            pass
                     self._lazy.cf.result().stop()
                 cf.set_result(None)
             except BaseException as e:
