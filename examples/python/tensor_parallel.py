@@ -205,30 +205,51 @@ def run_actors(procs, steps, batch, hidden, lr, seed):
 # --- on the tensor engine ---------------------------------------------------------------------
 
 
+_CACHE = {}
+
+
+def _worker_shards(seed, hidden):
+    """On a worker: this proc's initial shards (its "gpus" coordinate picks them)."""
+    from monarch.actor import current_rank
+
+    return shard_params(init_params(seed, hidden), current_rank()["gpus"], GPUS)
+
+
+def _worker_batch(step, batch, steps):
+    """On a worker: this host's rows of batch ``step`` (the data is read once per proc)."""
+    from monarch.actor import current_rank
+
+    if _CACHE.get("n") != steps * batch:
+        _CACHE["data"] = load_fashion_mnist(steps * batch)
+        _CACHE["n"] = steps * batch
+    images, labels = _CACHE["data"]
+    return host_batch(images, labels, step, batch, current_rank()["hosts"], HOSTS)
+
+
+def _shards_meta(seed, hidden):
+    k = hidden // GPUS
+    return tuple(torch.empty(s, device="meta") for s in ((784, k), (k,), (k, 10), (10,)))
+
+
+def _batch_meta(step, batch, steps):
+    per = batch // HOSTS
+    return torch.empty(per, 784, device="meta"), torch.empty(per, 10, device="meta")
+
+
 def run_engine(procs, steps, batch, hidden, lr, seed):
     """Trains on ``procs`` through the tensor engine: the controller issues every op of tp_step
-    on distributed tensors inside ``procs.activate()`` and fetches only the loss."""
-    import monarch
-    from monarch.tensor import fetch_shard
+    on distributed tensors inside ``procs.activate()`` and fetches only the loss (one round trip
+    per step). Initial shards and data come from remote functions that read the proc's
+    coordinates; everything else is torch calls on monarch.Tensors."""
+    from monarch.tensor import fetch_shard, remote
 
-    @monarch.remote
-    def shards(seed, hidden):
-        from monarch.actor import current_rank
-
-        return shard_params(init_params(seed, hidden), current_rank()["gpus"], GPUS)
-
-    @monarch.remote
-    def data(step, batch):
-        from monarch.actor import current_rank
-
-        images, labels = load_fashion_mnist(steps * batch)
-        return host_batch(images, labels, step, batch, current_rank()["hosts"], HOSTS)
-
+    shards = remote(_worker_shards, propagate=_shards_meta)
+    data = remote(_worker_batch, propagate=_batch_meta)
     out = []
     with procs.activate():
         params = shards(seed, hidden)
         for step in range(steps):
-            x, onehot = data(step, batch)
+            x, onehot = data(step, batch, steps)
             loss, *params = tp_step(x, onehot, *params, lr, batch,
                                     lambda t, dim, red: t.reduce(dim, reduction=red))
             out.append(fetch_shard(loss, hosts=0, gpus=0).get().item())
