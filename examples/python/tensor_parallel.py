@@ -60,7 +60,8 @@ def load_fashion_mnist(n, directory=DATA_DIR):
                 raise ValueError("%s: magic %d, expected %d (not an idx file of this kind)"
                                  % (path, got_magic, magic))
             if count < n:
-                raise ValueError("%s holds %d items, fewer than the %d asked for" % (path, count, n))
+                raise ValueError("%s holds %d items, fewer than the %d asked for"
+                                 % (path, count, n))
             body = f.read(n * item)
         return torch.frombuffer(bytearray(body), dtype=torch.uint8)
 
