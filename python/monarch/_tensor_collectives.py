@@ -48,6 +48,13 @@ _GLOO_DTYPES = {torch.float16, torch.float32, torch.float64, torch.uint8, torch.
                 torch.int32, torch.int64}
 
 
+# The shape check's header: dtype code, ndim, numel, then up to 7 leading dims.
+_HEADER = 10
+_DTYPE_CODES = {d: i for i, d in enumerate(
+    (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+     torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128))}
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -85,12 +92,17 @@ class MeshGroups:
         connection, every group's rendezvous and every collective.
     device_host: the address gloo binds its connections to; default ``store_host`` when that is
         a loopback address (one-host meshes), else this host's name.
+    check_shapes: before each collective, all-gather the members' shapes and dtypes (10 int64)
+        and raise ValueError on every member when they differ. gloo aborts the process whose
+        buffer is the smaller one otherwise; turn it off only where every member's shape is known
+        to agree (it adds one small collective, a round of latency, to every reduce).
     Raises ValueError for a bad rank, dims or sizes; RuntimeError (naming the store) when the
     store cannot be reached within ``timeout_s``.
     """
 
     def __init__(self, rank: int, dims: List[str], sizes: List[int], store_host: str,
-                 store_port: int, timeout_s: float = 60.0, device_host: Optional[str] = None):
+                 store_port: int, timeout_s: float = 60.0, device_host: Optional[str] = None,
+                 check_shapes: bool = True):
         dims, sizes = list(dims), [int(s) for s in sizes]
         if len(dims) != len(sizes) or not dims:
             raise ValueError("MeshGroups: dims %r and sizes %r must be non-empty and of the "
@@ -114,6 +126,7 @@ class MeshGroups:
         if device_host is None:
             device_host = store_host if _is_loopback(store_host) else socket.gethostname()
         self._device_host = device_host
+        self.check_shapes = bool(check_shapes)
         try:
             self._store = dist.TCPStore(store_host, store_port, world, rank == 0, self._timeout)
         except Exception as e:
@@ -220,9 +233,9 @@ class MeshGroups:
         dtypes: those gloo knows (float16/32/64, uint8, int8, int32, int64) directly; bfloat16
         is reduced in float32 and rounded back once; bool works for min, max, product and stack
         (sum and avg of bools: TypeError, as the result would not be a bool). Others: TypeError.
-        Raises ValueError for an unknown reduction or dim, RuntimeError naming the dims, the
-        reduction and the group when the collective fails or times out (a member gone, shapes
-        that differ).
+        Raises ValueError for an unknown reduction or dim, or (check_shapes) on every member
+        when the members' shapes or dtypes differ, naming each one's; RuntimeError naming the dims, the
+        reduction and the group when the collective fails or times out (a member gone).
         """
         if reduction not in REDUCTIONS:
             raise ValueError("reduce(%s): unknown reduction %r; expected one of %s"
@@ -245,6 +258,8 @@ class MeshGroups:
             return t.detach().clone().unsqueeze(0)
         pg, n, me = self._group(key)
         wire, back = self._wire_dtype(t.dtype, reduction, key)
+        if pg is not None and self.check_shapes:
+            self._check_same_shape(pg, n, t, key, reduction)
         x = t.detach().to(wire, copy=True).contiguous()
         try:
             if reduction == "stack":
@@ -274,6 +289,38 @@ class MeshGroups:
         if scatter:
             out = out.chunk(n, 0)[me].clone()
         return out
+
+    def _check_same_shape(self, pg, n, t, key, reduction):
+        """All-gathers a small header (dtype, ndim, numel, the first dims) and raises ValueError
+        on every member, naming each member's shape, when they differ: gloo aborts the process
+        when the byte counts of a collective disagree, and a stack of different shapes has no
+        meaning. One extra collective of 10 int64 per reduce."""
+        h = torch.full((_HEADER,), -1, dtype=torch.int64)
+        h[0] = _DTYPE_CODES.setdefault(t.dtype, len(_DTYPE_CODES))
+        h[1] = t.dim()
+        h[2] = t.numel()
+        lead = list(t.shape)[:_HEADER - 3]
+        if lead:
+            h[3:3 + len(lead)] = torch.tensor(lead, dtype=torch.int64)
+        parts = [torch.empty_like(h) for _ in range(n)]
+        try:
+            pg.allgather([parts], [h]).wait()
+        except RuntimeError as e:
+            raise RuntimeError("reduce(%s, %r) over ranks %s failed on rank %d: %s"
+                               % (list(key), reduction, self.group_ranks(key), self.rank,
+                                  e)) from None
+        if all(torch.equal(p, parts[0]) for p in parts[1:]):
+            return
+        codes = {v: k for k, v in _DTYPE_CODES.items()}
+        shown = []
+        for r, p in zip(self.group_ranks(key), parts):
+            nd = int(p[1])
+            dims = [int(x) for x in p[3:3 + min(nd, _HEADER - 3)]]
+            shape = str(tuple(dims)) if nd <= len(dims) else str(tuple(dims))[:-1] + ", ...)"
+            shown.append("rank %d: %s %s" % (r, shape, codes.get(int(p[0]), "?")))
+        raise ValueError("reduce(%s, %r): the members' tensors differ in shape or dtype (%s); "
+                         "every member of the group must give the same"
+                         % (list(key), reduction, "; ".join(shown)))
 
     def _wire_dtype(self, dtype, reduction, key):
         """(dtype sent over gloo, dtype to convert back to or None)."""

@@ -59,6 +59,15 @@ class Coll(Actor):
         return out
 
     @endpoint
+    def mismatched(self, reduction):
+        """Rank r gives a (r // 2 + 1, 2) tensor: the two hosts' shapes differ."""
+        try:
+            self.groups.reduce(torch.ones(self.rank // 2 + 1, 2), ["hosts"], reduction)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    @endpoint
     def reduce_one(self, dims, reduction, scatter=False):
         return self.groups.reduce(torch.ones(3, 2), dims, reduction, scatter)
 
@@ -171,6 +180,17 @@ def test_bad_dims_and_reductions_are_named(coll):
             vm.throw_if_failed()
     vm = coll.reduce_one.call(["gpus"], "sum").get(timeout=60)
     assert all(torch.equal(v, torch.full((3, 2), 2.0)) for v in vm.values())
+
+
+@pytest.mark.parametrize("reduction", ["sum", "stack"])
+def test_members_with_different_shapes_all_get_an_error(coll, reduction):
+    # gloo itself would abort the process with the smaller buffer; every member must raise.
+    errs = coll.mismatched.call(reduction).get(timeout=60).values()
+    for err in errs:
+        assert err is not None, "a member's reduce of mismatched shapes returned"
+        assert "reduce(['hosts'], %r)" % reduction in err
+        assert "(1, 2) torch.float32" in err and "(2, 2) torch.float32" in err
+    check(coll, [(["hosts"], reduction, False, (2, 2), "float32")])
 
 
 def test_bool_sum_is_rejected_with_its_dims(coll):
