@@ -234,8 +234,9 @@ class MeshGroups:
         is reduced in float32 and rounded back once; bool works for min, max, product and stack
         (sum and avg of bools: TypeError, as the result would not be a bool). Others: TypeError.
         Raises ValueError for an unknown reduction or dim, or (check_shapes) on every member
-        when the members' shapes or dtypes differ, naming each one's; RuntimeError naming the dims, the
-        reduction and the group when the collective fails or times out (a member gone).
+        when the members' shapes or dtypes differ, naming each one's; RuntimeError naming the
+        dims, the reduction and the group when the collective fails or times out (a member
+        gone).
         """
         if reduction not in REDUCTIONS:
             raise ValueError("reduce(%s): unknown reduction %r; expected one of %s"
