@@ -17,10 +17,11 @@ echo "== bench_ft (fault-tolerant training)"
 python3 "$(dirname "$0")/../bench/ft_bench.py" "$BUILD"
 # The Python front end (issue 17), after the C++ benches: py_bench.py copies their cpp_actor and
 # cast_gather_procs figures from this run's results. Debian's interpreter (the one the package is
-# built for), not a python3 earlier on PATH. py_rdma_bench.py runs too where it exists.
+# built for), not a python3 earlier on PATH. py_rdma_bench.py and the tensor engine's
+# tensor_bench.py (issue 19) run too where they exist.
 bench_dir="$(dirname "$0")/../bench"
 if ls "$BUILD"/python/monarch/_native*.so >/dev/null 2>&1; then
-  for py in py_bench py_rdma_bench; do
+  for py in py_bench py_rdma_bench tensor_bench; do
     [ -f "$bench_dir/$py.py" ] || continue
     echo "== $py (Python front end)"
     PYTHONPATH="$BUILD/python" /usr/bin/python3 "$bench_dir/$py.py" "$BUILD"
