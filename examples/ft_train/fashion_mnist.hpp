@@ -52,8 +52,8 @@ struct Dataset {
 /// dimensions, matching counts, exact file lengths and label range. Throws DatasetError; when
 /// the directory or a file is absent the message says `apt-get install dataset-fashion-mnist`.
 ///
-/// Gunzipping the training split takes ~0.3 s of CPU, which every respawned replica group would
-/// pay again. So a decoded file of 1 MiB or more is kept in a cache directory and mapped
+/// Gunzipping both splits and normalizing them took ~0.5 s of CPU, which every respawned group
+/// paid again. So a decoded file of 1 MiB or more is kept in a cache directory and mapped
 /// (read-only, shared by every process of the host) on later loads: $MONARCH_DATA_CACHE, else
 /// $XDG_CACHE_HOME/monarch, else $HOME/.cache/monarch; MONARCH_DATA_CACHE set to "" turns the
 /// cache off. A cache entry is named by the source's path, size, mtime and gzip trailer (CRC-32
