@@ -23,7 +23,7 @@ TEST(FashionMnist, LoadsBothSplitsOfTheRealDataset) {
   for (auto [split, n] : {std::pair{ex::Split::train, 60000}, std::pair{ex::Split::test, 10000}}) {
     auto d = ex::load_fashion_mnist(ex::kFashionMnistDir, split);
     ASSERT_EQ(d.size, n);
-    ASSERT_EQ(d.images.size(), static_cast<std::size_t>(n) * 784);
+    ASSERT_EQ(d.pixels.size(), static_cast<std::size_t>(n) * 784);
     ASSERT_EQ(d.labels.size(), static_cast<std::size_t>(n));
     std::array<int, 10> per_class{};
     for (auto l : d.labels) {
@@ -31,9 +31,9 @@ TEST(FashionMnist, LoadsBothSplitsOfTheRealDataset) {
       ++per_class[l];
     }
     for (int c : per_class) EXPECT_EQ(c, n / 10) << "Fashion-MNIST is balanced";
-    auto [lo, hi] = std::minmax_element(d.images.begin(), d.images.end());
-    EXPECT_NEAR(*lo, (0.0f - 0.2860f) / 0.3530f, 1e-5);
-    EXPECT_NEAR(*hi, (1.0f - 0.2860f) / 0.3530f, 1e-5);
+    auto [lo, hi] = std::minmax_element(d.pixels.begin(), d.pixels.end());
+    EXPECT_NEAR(ex::Dataset::normalized(*lo), (0.0f - 0.2860f) / 0.3530f, 1e-5);
+    EXPECT_NEAR(ex::Dataset::normalized(*hi), (1.0f - 0.2860f) / 0.3530f, 1e-5);
   }
 }
 
@@ -106,6 +106,50 @@ TEST_F(BrokenData, ValidatesMagicSizesAndLabels) {
   EXPECT_NE(load_error().find("28x28"), std::string::npos) << load_error();
   write_gz("t10k-images-idx3-ubyte.gz", idx(0x801, {2, 28, 28}, 2 * 784));
   EXPECT_NE(load_error().find("magic 0x803"), std::string::npos) << load_error();
+}
+
+// A decoded split of 1 MiB or more is cached; later loads map the entry, a changed source (same
+// name and size) misses it, and a broken entry is decoded again instead of trusted.
+TEST_F(BrokenData, DecodedCacheIsReusedAndNeverStale) {
+  const fs::path cache = dir_ / "cache";
+  ::setenv("MONARCH_DATA_CACHE", cache.c_str(), 1);
+  const std::uint32_t n = 1400;  // 1.05 MiB of pixels: cached
+  auto images = [&](unsigned char seed) {
+    auto b = idx(0x803, {n, 28, 28}, std::size_t{n} * 784);
+    for (std::size_t i = 16; i < b.size(); ++i) b[i] = static_cast<unsigned char>(i * seed);
+    return b;
+  };
+  write_gz("t10k-labels-idx1-ubyte.gz", idx(0x801, {n}, n, 4));
+  auto entries = [&] {
+    std::vector<fs::path> v;
+    if (fs::exists(cache))
+      for (auto& e : fs::directory_iterator(cache)) v.push_back(e.path());
+    return v;
+  };
+  auto pixels = [](const ex::Dataset& d) {
+    return std::vector<std::uint8_t>(d.pixels.begin(), d.pixels.end());
+  };
+  write_gz("t10k-images-idx3-ubyte.gz", images(3));
+  auto first = ex::load_fashion_mnist(dir_.string(), ex::Split::test);
+  ASSERT_EQ(entries().size(), 1u) << "the images are cached, the 1.4 KB labels are not";
+  auto again = ex::load_fashion_mnist(dir_.string(), ex::Split::test);
+  EXPECT_EQ(pixels(again), pixels(first));
+  EXPECT_EQ(again.pixels[16 * 784 + 5], static_cast<std::uint8_t>((16 + 16 * 784 + 5) * 3));
+
+  write_gz("t10k-images-idx3-ubyte.gz", images(5));  // same size, other bytes
+  auto changed = ex::load_fashion_mnist(dir_.string(), ex::Split::test);
+  EXPECT_EQ(changed.pixels[16 * 784 + 5], static_cast<std::uint8_t>((16 + 16 * 784 + 5) * 5));
+  ASSERT_EQ(entries().size(), 2u);
+
+  for (auto& e : entries()) fs::resize_file(e, 100);  // truncated entries: decoded again
+  auto fixed = ex::load_fashion_mnist(dir_.string(), ex::Split::test);
+  EXPECT_EQ(pixels(fixed), pixels(changed));
+
+  ::setenv("MONARCH_DATA_CACHE", "", 1);  // off: nothing written
+  fs::remove_all(cache);
+  (void)ex::load_fashion_mnist(dir_.string(), ex::Split::test);
+  EXPECT_TRUE(entries().empty());
+  ::unsetenv("MONARCH_DATA_CACHE");
 }
 
 TEST(Sampler, EachEpochIsAPermutationFixedBySeedAndEpoch) {

@@ -35,7 +35,7 @@ struct MlpImpl : torch::nn::Module {
   torch::nn::Linear fc2;
 };
 
-// Copies samples `indices` of `data` into a [n, 784] input and [n] int64 label tensor.
+// Copies samples `indices` of `data` (normalized) into a [n, 784] input and [n] int64 label tensor.
 std::pair<torch::Tensor, torch::Tensor> gather(const Dataset& data,
                                                std::span<const std::int64_t> indices) {
   const auto n = static_cast<int64_t>(indices.size());
@@ -49,7 +49,9 @@ std::pair<torch::Tensor, torch::Tensor> gather(const Dataset& data,
       throw std::out_of_range("sample index " + std::to_string(s) + " outside dataset of " +
                               std::to_string(data.size));
     }
-    std::copy_n(data.images.data() + s * kImagePixels, kImagePixels, xp + i * kImagePixels);
+    const std::uint8_t* px = data.pixels.data() + s * kImagePixels;
+    float* out = xp + i * kImagePixels;
+    for (int k = 0; k < kImagePixels; ++k) out[k] = Dataset::normalized(px[k]);
     yp[i] = data.labels[static_cast<std::size_t>(s)];
   }
   return {x, y};

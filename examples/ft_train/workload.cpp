@@ -20,9 +20,7 @@ class MlpWorkload final : public Workload {
         test_(load_fashion_mnist(o.data_dir.empty() ? kFashionMnistDir : o.data_dir, Split::test)),
         sampler_(train_.size, o.seed),
         model_(o.seed) {
-    quick_.size = std::clamp<std::int64_t>(o.eval_samples, 1, test_.size);
-    quick_.images.assign(test_.images.begin(), test_.images.begin() + quick_.size * kImagePixels);
-    quick_.labels.assign(test_.labels.begin(), test_.labels.begin() + quick_.size);
+    quick_ = test_.head(std::max<std::int64_t>(o.eval_samples, 1));
   }
   FlatState& state() override { return model_.state(); }
   double forward_backward(std::int64_t position, std::int64_t batch, int slot, int slots) override {

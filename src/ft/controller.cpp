@@ -158,6 +158,8 @@ nlohmann::json FaultRecord::to_json(int64_t t0) const {
       {"detected_s", rel(detected)},
       {"new_quorum_s", rel(new_quorum)},
       {"survivors_resumed_s", rel(survivors_resumed)},
+      {"procs_up_s", rel(procs_up)},
+      {"trainers_ready_s", rel(trainers_ready)},
       {"respawned_s", rel(respawned)},
       {"healed_s", rel(healed)},
       {"rejoined_s", rel(rejoined)},
@@ -347,6 +349,7 @@ Future<void> ReplicaController::spawn_group(int64_t r, bool respawned) {
     event(replica_id(r) + ": cannot spawn on its host (" + e.what() + "); trying a fresh host");
     g.unit = spawn_unit(host_for(r), name);
   }
+  if (respawned) mark_victims(r, &FaultRecord::procs_up);
   GroupInfo gi;
   gi.mesh = name;
   auto ready = spawn_trainers(gi, *g.unit.procs);
@@ -355,6 +358,7 @@ Future<void> ReplicaController::spawn_group(int64_t r, bool respawned) {
     auto& grp = groups_[static_cast<size_t>(r)];
     if (grp.incarnation != inc || finished_) return;  // replaced again meanwhile, or the run ended
     grp.unit.ready = true;
+    if (respawned) mark_victims(r, &FaultRecord::trainers_ready);
     attach(r);
     if (respawned) start_replacement(r, "respawned " + replica_id(r) + " as mesh " + name);
   });
@@ -436,11 +440,16 @@ void ReplicaController::start_replacement(int64_t r, const std::string& how) {
   (void)g.manager->call(&Manager::resend).then([this, r, inc = g.incarnation, how] {
     if (groups_[static_cast<size_t>(r)].incarnation != inc || finished_) return;
     start_group(r);
-    for (auto& f : faults_) {
-      if (f.open() && f.victims.count(replica_id(r)) && !f.respawned) f.respawned = now_ns();
-    }
+    mark_victims(r, &FaultRecord::respawned);
     event(how + " (ready)");
   });
+}
+
+void ReplicaController::mark_victims(int64_t r, int64_t FaultRecord::*when) {
+  int64_t t = now_ns();
+  for (auto& f : faults_) {
+    if (f.open() && f.victims.count(replica_id(r)) && !(f.*when)) f.*when = t;
+  }
 }
 
 void ReplicaController::start_group(int64_t r) {

@@ -172,6 +172,10 @@ struct FaultRecord {
   bool fired = false;
   int64_t injected = 0, detected = 0, new_quorum = 0, survivors_resumed = 0, respawned = 0,
           healed = 0, rejoined = 0;
+  /// A respawn on fresh procs, split: the replacement's processes run (spawn_procs returned), and
+  /// its trainers are initialised (spawn_trainers' future); `respawned` follows once its Manager
+  /// answers. 0 for a promoted spare (its procs and trainers were up before the fault).
+  int64_t procs_up = 0, trainers_ready = 0;
   int64_t thawed = 0;       ///< lighthouse_freeze: when the SIGCONT is due (injected + freeze)
   std::string unrecovered;  ///< why recovery_s is null (set when the run ends with it open)
   bool open() const { return !pending_rejoin.empty(); }
@@ -413,6 +417,8 @@ class ReplicaController : public Actor {
   Future<void> spawn_spare();
   void promote(int64_t r, Unit spare);
   void attach(int64_t r);
+  /// Sets `when` (if unset) to now in every open fault with group r among its victims.
+  void mark_victims(int64_t r, int64_t FaultRecord::*when);
   void start_replacement(int64_t r, const std::string& how);
   void start_group(int64_t r);
   void note_progress(const StepReport& r);
