@@ -509,8 +509,12 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
                 if propagate is not None:
                     meta = propagate(*margs, **mkwargs)
                 elif not w.tensors:  # a factory: torch.rand(3, 4) and the like
+                    mk = dict(mkwargs, device="meta")
+                    dt = _factory_dtype(func, margs, mkwargs)
+                    if dt is not None:
+                        mk["dtype"] = dt
                     try:
-                        meta = func(*margs, **dict(mkwargs, device="meta"))
+                        meta = func(*margs, **mk)
                     except TypeError as e:
                         if "device" not in str(e):
                             raise
@@ -542,6 +546,24 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
     s.append(view, (_CALL if torch.is_grad_enabled() else _CALL_NOGRAD, op, wargs, wkwargs, outs),
              op)
     return result
+
+
+def _factory_dtype(func, args, kwargs):
+    """The dtype the workers' CPU run of a factory gives where torch 1.13's meta kernel gives
+    another (``torch.arange(4.)``: int64 on meta, float32 on CPU; ``torch.full((2,), 3)``: float32
+    on meta, int64 on CPU), else None. Without it the controller's dtype is wrong, and an op that
+    is a no-op for that dtype on meta (``.long()``) is taken as in place and overwrites the input
+    on the workers."""
+    if kwargs.get("dtype") is not None:
+        return None
+    if func is torch.full:
+        fill = args[1] if len(args) > 1 else kwargs.get("fill_value")
+        return None if fill is None else torch.full((), fill).dtype  # 0-dim: cheap
+    if func is torch.arange:
+        nums = [a for a in args if isinstance(a, (int, float))] + \
+            [kwargs[k] for k in ("start", "end", "step") if isinstance(kwargs.get(k), (int, float))]
+        return torch.tensor(nums).dtype if nums else None
+    return None
 
 
 def _has_tensor(x):

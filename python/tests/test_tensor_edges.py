@@ -1,0 +1,28 @@
+"""Distributed tensors at their edges, as a newcomer finds them (issue 19): the controller's
+shapes and dtypes must be the workers' ones, and a shard that disagrees is not handed back as if
+it matched."""
+
+import pytest
+import torch
+
+from monarch import inspect, remote
+from monarch.tensor import TensorError
+
+
+def test_factory_dtypes_match_the_workers_and_long_does_not_clobber(procs):
+    # torch 1.13's meta kernels give arange(4.) int64 and full((2,), 3) float32; the CPU runs on
+    # the workers give float32 and int64.
+    with procs.activate():
+        v = torch.arange(4.)
+        f = torch.full((2,), 3)
+        b = torch.full((2,), True)
+        k = torch.arange(0, 4)
+        i = v.long()
+    assert (v.dtype, f.dtype, b.dtype, k.dtype) == \
+        (torch.float32, torch.int64, torch.bool, torch.int64)
+    assert i.ref != v.ref
+    got = inspect(v, gpus=0)
+    assert got.dtype == torch.float32 and got.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert inspect(i, gpus=0).dtype == torch.int64
+    assert inspect(f, gpus=1).dtype == torch.int64
+    assert inspect(b, gpus=1).dtype == torch.bool
