@@ -662,7 +662,7 @@ def fetch_shard(t: Tensor, **coords) -> Future:
         try:
             with _no_torch_function_mode():
                 vm = f._decode(raw)
-                return vm.values()[0]
+                value = vm.values()[0]
         except ActorError as e:
             if isinstance(e.exception, TensorError):
                 raise e.exception from None
@@ -671,6 +671,18 @@ def fetch_shard(t: Tensor, **coords) -> Future:
         except Exception:
             _raise_failure(s)
             raise
+        m = t._meta
+        if m is not None and isinstance(value, torch.Tensor) and \
+                (value.shape != m.shape or value.dtype != m.dtype):
+            # Never hand back a shard that is not what t.shape/t.dtype say: a propagate= that
+            # does not match its function, or an in-place op that changed the shape (resize_).
+            raise TensorError(
+                "fetch_shard", None, coords,
+                "the shard here has shape %s and dtype %s, but the controller's monarch.Tensor "
+                "says shape %s and dtype %s (a propagate= that does not match its function, or "
+                "an in-place op that changes the shape, such as resize_)"
+                % (tuple(value.shape), value.dtype, tuple(m.shape), m.dtype))
+        return value
 
     return Future(native=f._native, decode=decode)
 

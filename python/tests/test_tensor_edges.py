@@ -26,3 +26,21 @@ def test_factory_dtypes_match_the_workers_and_long_does_not_clobber(procs):
     assert inspect(i, gpus=0).dtype == torch.int64
     assert inspect(f, gpus=1).dtype == torch.int64
     assert inspect(b, gpus=1).dtype == torch.bool
+
+
+@remote(propagate=lambda t: torch.empty(5, 5))
+def _doubles_but_claims_5x5(t):
+    return t * 2
+
+
+def test_a_shard_that_disagrees_with_the_controllers_shape_is_refused_at_fetch(procs):
+    with procs.activate():
+        a = torch.ones(2)
+        lie = _doubles_but_claims_5x5(a)
+    assert lie.shape == (5, 5)  # what propagate= said
+    with pytest.raises(TensorError) as e:
+        inspect(lie, gpus=1)
+    msg = str(e.value)
+    assert "fetch_shard" in msg and "gpus=1" in msg and "(2,)" in msg and "(5, 5)" in msg
+    assert "propagate=" in msg
+    assert inspect(a, gpus=1).tolist() == [1.0, 1.0]  # the rest stays usable
