@@ -54,7 +54,10 @@ class TensorError(RuntimeError):
     def __init__(self, op, rank, coords, message):
         self.op, self.rank, self.coords, self.message = op, rank, dict(coords or {}), message
         where = ", ".join("%s=%s" % kv for kv in self.coords.items()) or "rank %s" % rank
-        super().__init__("op %s failed on proc %s (rank %s): %s" % (op, where, rank, message))
+        if rank is None and not self.coords:  # found on the controller (a shape query)
+            super().__init__("op %s failed on the controller: %s" % (op, message))
+        else:
+            super().__init__("op %s failed on proc %s (rank %s): %s" % (op, where, rank, message))
 
     def __reduce__(self):
         return (TensorError, (self.op, self.rank, self.coords, self.message))
@@ -233,7 +236,10 @@ def _session(pm) -> _Session:
         return s
 
 
-def _view_of(pm) -> _View:
+def _view_of(pm, what="activate()") -> _View:
+    if not isinstance(pm, _actor.ProcMesh):
+        raise TypeError("%s: expected a ProcMesh (or a slice of one), not %s"
+                        % (what, type(pm).__name__))
     return _session(pm).view(pm)
 
 
@@ -347,7 +353,7 @@ class Tensor(torch.Tensor):
         of this mesh goes to rank i of ``mesh``). The bytes travel through the controller, and
         this call waits for them (it is not pipelined)."""
         src = self._v
-        dst = _view_of(mesh)
+        dst = _view_of(mesh, "to_mesh")
         if list(src.extent.items()) != list(dst.extent.items()):
             raise ValueError("to_mesh: the target mesh has extent %s, this tensor's has %s"
                              % (dict(dst.extent), dict(src.extent)))
@@ -705,10 +711,13 @@ def _reduce(t, dims, reduction, scatter, mesh, inplace):
     if not isinstance(t, Tensor):
         raise TypeError("reduce: %r is not a monarch.Tensor" % (type(t).__name__,))
     v = t._v
+    labels = list(v.extent)
     if isinstance(dims, str):
         dims = [dims]
+    if not isinstance(dims, (list, tuple)) or not all(isinstance(d, str) for d in dims):
+        raise TypeError("reduce: dims takes a mesh dim name or a list of names (dims: %s), "
+                        "not %r" % (", ".join(labels), dims))
     dims = list(dims)
-    labels = list(v.extent)
     if not dims:
         raise ValueError("reduce: give at least one mesh dim (dims: %s)" % ", ".join(labels))
     for d in dims:

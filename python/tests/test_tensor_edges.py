@@ -44,3 +44,18 @@ def test_a_shard_that_disagrees_with_the_controllers_shape_is_refused_at_fetch(p
     assert "fetch_shard" in msg and "gpus=1" in msg and "(2,)" in msg and "(5, 5)" in msg
     assert "propagate=" in msg
     assert inspect(a, gpus=1).tolist() == [1.0, 1.0]  # the rest stays usable
+
+
+def test_bad_arguments_get_messages_that_name_them(procs):
+    with procs.activate():
+        a = torch.ones(4)
+        m = a[a > 0]  # data-dependent: no meta kernel for nonzero
+    with pytest.raises(TypeError, match=r"to_mesh: expected a ProcMesh .*not str"):
+        a.to_mesh("procs")
+    with pytest.raises(TypeError, match=r"reduce: dims takes a mesh dim name .*\(dims: gpus\)"):
+        a.reduce(0)
+    with pytest.raises(TensorError) as e:
+        m.shape
+    assert "failed on the controller" in str(e.value) and "rank None" not in str(e.value)
+    # a slice of a ProcMesh is still accepted
+    assert a.to_mesh(procs).shape == (4,)
