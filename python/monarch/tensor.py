@@ -594,6 +594,8 @@ def _wrap(meta, inputs, outs, view):
         return tp(_wrap(m, inputs, outs, view) for m in meta)
     if isinstance(meta, tuple) and hasattr(tp, "n_fields"):  # torch.return_types
         return tp([_wrap(m, inputs, outs, view) for m in meta])
+    if tp is dict:  # a remote function's {name: tensor}; the worker flattens it in this order
+        return {k: _wrap(m, inputs, outs, view) for k, m in meta.items()}
     return meta
 
 
@@ -1050,6 +1052,9 @@ def _flatten_out(x, acc):
         acc.append(x)
     elif isinstance(x, (tuple, list)):
         for y in x:
+            _flatten_out(y, acc)
+    elif isinstance(x, dict):  # in the dict's order, as _wrap on the controller
+        for y in x.values():
             _flatten_out(y, acc)
     return acc
 

@@ -59,3 +59,18 @@ def test_bad_arguments_get_messages_that_name_them(procs):
     assert "failed on the controller" in str(e.value) and "rank None" not in str(e.value)
     # a slice of a ProcMesh is still accepted
     assert a.to_mesh(procs).shape == (4,)
+
+
+@remote
+def _two_named(t):
+    return {"a": t + 1, "b": t * 3}
+
+
+def test_a_remote_function_may_return_a_dict_of_tensors(procs):
+    with procs.activate():
+        d = _two_named(torch.ones(2))
+    assert list(d) == ["a", "b"]
+    assert all(type(v).__name__ == "Tensor" and v.__module__ == "monarch.tensor"
+               for v in d.values())
+    assert inspect(d["a"], gpus=2).tolist() == [2.0, 2.0]
+    assert inspect(d["b"], gpus=3).tolist() == [3.0, 3.0]
