@@ -54,7 +54,10 @@ class TensorError(RuntimeError):
     def __init__(self, op, rank, coords, message):
         self.op, self.rank, self.coords, self.message = op, rank, dict(coords or {}), message
         where = ", ".join("%s=%s" % kv for kv in self.coords.items()) or "rank %s" % rank
-        super().__init__("op %s failed on proc %s (rank %s): %s" % (op, where, rank, message))
+        if rank is None and not self.coords:  # found on the controller (a shape query)
+            super().__init__("op %s failed on the controller: %s" % (op, message))
+        else:
+            super().__init__("op %s failed on proc %s (rank %s): %s" % (op, where, rank, message))
 
     def __reduce__(self):
         return (TensorError, (self.op, self.rank, self.coords, self.message))
@@ -233,7 +236,10 @@ def _session(pm) -> _Session:
         return s
 
 
-def _view_of(pm) -> _View:
+def _view_of(pm, what="activate()") -> _View:
+    if not isinstance(pm, _actor.ProcMesh):
+        raise TypeError("%s: expected a ProcMesh (or a slice of one), not %s"
+                        % (what, type(pm).__name__))
     return _session(pm).view(pm)
 
 
@@ -347,7 +353,7 @@ class Tensor(torch.Tensor):
         of this mesh goes to rank i of ``mesh``). The bytes travel through the controller, and
         this call waits for them (it is not pipelined)."""
         src = self._v
-        dst = _view_of(mesh)
+        dst = _view_of(mesh, "to_mesh")
         if list(src.extent.items()) != list(dst.extent.items()):
             raise ValueError("to_mesh: the target mesh has extent %s, this tensor's has %s"
                              % (dict(dst.extent), dict(src.extent)))
@@ -509,8 +515,12 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
                 if propagate is not None:
                     meta = propagate(*margs, **mkwargs)
                 elif not w.tensors:  # a factory: torch.rand(3, 4) and the like
+                    mk = dict(mkwargs, device="meta")
+                    dt = _factory_dtype(func, margs, mkwargs)
+                    if dt is not None:
+                        mk["dtype"] = dt
                     try:
-                        meta = func(*margs, **dict(mkwargs, device="meta"))
+                        meta = func(*margs, **mk)
                     except TypeError as e:
                         if "device" not in str(e):
                             raise
@@ -544,6 +554,24 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
     return result
 
 
+def _factory_dtype(func, args, kwargs):
+    """The dtype the workers' CPU run of a factory gives where torch 1.13's meta kernel gives
+    another (``torch.arange(4.)``: int64 on meta, float32 on CPU; ``torch.full((2,), 3)``: float32
+    on meta, int64 on CPU), else None. Without it the controller's dtype is wrong, and an op that
+    is a no-op for that dtype on meta (``.long()``) is taken as in place and overwrites the input
+    on the workers."""
+    if kwargs.get("dtype") is not None:
+        return None
+    if func is torch.full:
+        fill = args[1] if len(args) > 1 else kwargs.get("fill_value")
+        return None if fill is None else torch.full((), fill).dtype  # 0-dim: cheap
+    if func is torch.arange:
+        nums = [a for a in args if isinstance(a, (int, float))] + \
+            [kwargs[k] for k in ("start", "end", "step") if isinstance(kwargs.get(k), (int, float))]
+        return torch.tensor(nums).dtype if nums else None
+    return None
+
+
 def _has_tensor(x):
     if isinstance(x, torch.Tensor):
         return True
@@ -566,6 +594,8 @@ def _wrap(meta, inputs, outs, view):
         return tp(_wrap(m, inputs, outs, view) for m in meta)
     if isinstance(meta, tuple) and hasattr(tp, "n_fields"):  # torch.return_types
         return tp([_wrap(m, inputs, outs, view) for m in meta])
+    if tp is dict:  # a remote function's {name: tensor}; the worker flattens it in this order
+        return {k: _wrap(m, inputs, outs, view) for k, m in meta.items()}
     return meta
 
 
@@ -640,7 +670,7 @@ def fetch_shard(t: Tensor, **coords) -> Future:
         try:
             with _no_torch_function_mode():
                 vm = f._decode(raw)
-                return vm.values()[0]
+                value = vm.values()[0]
         except ActorError as e:
             if isinstance(e.exception, TensorError):
                 raise e.exception from None
@@ -649,6 +679,18 @@ def fetch_shard(t: Tensor, **coords) -> Future:
         except Exception:
             _raise_failure(s)
             raise
+        m = t._meta
+        if m is not None and isinstance(value, torch.Tensor) and \
+                (value.shape != m.shape or value.dtype != m.dtype):
+            # Never hand back a shard that is not what t.shape/t.dtype say: a propagate= that
+            # does not match its function, or an in-place op that changed the shape (resize_).
+            raise TensorError(
+                "fetch_shard", None, coords,
+                "the shard here has shape %s and dtype %s, but the controller's monarch.Tensor "
+                "says shape %s and dtype %s (a propagate= that does not match its function, or "
+                "an in-place op that changes the shape, such as resize_)"
+                % (tuple(value.shape), value.dtype, tuple(m.shape), m.dtype))
+        return value
 
     return Future(native=f._native, decode=decode)
 
@@ -671,10 +713,13 @@ def _reduce(t, dims, reduction, scatter, mesh, inplace):
     if not isinstance(t, Tensor):
         raise TypeError("reduce: %r is not a monarch.Tensor" % (type(t).__name__,))
     v = t._v
+    labels = list(v.extent)
     if isinstance(dims, str):
         dims = [dims]
+    if not isinstance(dims, (list, tuple)) or not all(isinstance(d, str) for d in dims):
+        raise TypeError("reduce: dims takes a mesh dim name or a list of names (dims: %s), "
+                        "not %r" % (", ".join(labels), dims))
     dims = list(dims)
-    labels = list(v.extent)
     if not dims:
         raise ValueError("reduce: give at least one mesh dim (dims: %s)" % ", ".join(labels))
     for d in dims:
@@ -1007,6 +1052,9 @@ def _flatten_out(x, acc):
         acc.append(x)
     elif isinstance(x, (tuple, list)):
         for y in x:
+            _flatten_out(y, acc)
+    elif isinstance(x, dict):  # in the dict's order, as _wrap on the controller
+        for y in x.values():
             _flatten_out(y, acc)
     return acc
 

@@ -1,0 +1,76 @@
+"""Distributed tensors at their edges, as a newcomer finds them (issue 19): the controller's
+shapes and dtypes must be the workers' ones, and a shard that disagrees is not handed back as if
+it matched."""
+
+import pytest
+import torch
+
+from monarch import inspect, remote
+from monarch.tensor import TensorError
+
+
+def test_factory_dtypes_match_the_workers_and_long_does_not_clobber(procs):
+    # torch 1.13's meta kernels give arange(4.) int64 and full((2,), 3) float32; the CPU runs on
+    # the workers give float32 and int64.
+    with procs.activate():
+        v = torch.arange(4.)
+        f = torch.full((2,), 3)
+        b = torch.full((2,), True)
+        k = torch.arange(0, 4)
+        i = v.long()
+    assert (v.dtype, f.dtype, b.dtype, k.dtype) == \
+        (torch.float32, torch.int64, torch.bool, torch.int64)
+    assert i.ref != v.ref
+    got = inspect(v, gpus=0)
+    assert got.dtype == torch.float32 and got.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert inspect(i, gpus=0).dtype == torch.int64
+    assert inspect(f, gpus=1).dtype == torch.int64
+    assert inspect(b, gpus=1).dtype == torch.bool
+
+
+@remote(propagate=lambda t: torch.empty(5, 5))
+def _doubles_but_claims_5x5(t):
+    return t * 2
+
+
+def test_a_shard_that_disagrees_with_the_controllers_shape_is_refused_at_fetch(procs):
+    with procs.activate():
+        a = torch.ones(2)
+        lie = _doubles_but_claims_5x5(a)
+    assert lie.shape == (5, 5)  # what propagate= said
+    with pytest.raises(TensorError) as e:
+        inspect(lie, gpus=1)
+    msg = str(e.value)
+    assert "fetch_shard" in msg and "gpus=1" in msg and "(2,)" in msg and "(5, 5)" in msg
+    assert "propagate=" in msg
+    assert inspect(a, gpus=1).tolist() == [1.0, 1.0]  # the rest stays usable
+
+
+def test_bad_arguments_get_messages_that_name_them(procs):
+    with procs.activate():
+        a = torch.ones(4)
+        m = a[a > 0]  # data-dependent: no meta kernel for nonzero
+    with pytest.raises(TypeError, match=r"to_mesh: expected a ProcMesh .*not str"):
+        a.to_mesh("procs")
+    with pytest.raises(TypeError, match=r"reduce: dims takes a mesh dim name .*\(dims: gpus\)"):
+        a.reduce(0)
+    with pytest.raises(TensorError) as e:
+        m.shape
+    assert "failed on the controller" in str(e.value) and "rank None" not in str(e.value)
+    # a slice of a ProcMesh is still accepted
+    assert a.to_mesh(procs).shape == (4,)
+
+
+@remote
+def _two_named(t):
+    return {"a": t + 1, "b": t * 3}
+
+
+def test_a_remote_function_may_return_a_dict_of_tensors(procs):
+    with procs.activate():
+        d = _two_named(torch.ones(2))
+    assert list(d) == ["a", "b"]
+    assert all(type(v).__name__ == "Tensor" and v.__module__ == "monarch.tensor"
+               for v in d.values())
+    assert inspect(d["a"], gpus=2).tolist() == [2.0, 2.0]
+    assert inspect(d["b"], gpus=3).tolist() == [3.0, 3.0]
