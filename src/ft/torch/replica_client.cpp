@@ -1,6 +1,7 @@
 #include "monarch/ft/torch/replica_client.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "monarch/config/config.hpp"
@@ -145,6 +146,24 @@ StepPlan ReplicaClient::start_quorum() {
       return m.plan;
     }
     must_vote = true;
+    // A healer sets its route to the donor up (same host: opens and maps the donor's shared
+    // memory, ~0.3-1 ms cold) on a helper thread while the new gloo group forms, so that the heal
+    // is only the copy. The mapping is cached per donor incarnation; the heal's reads still check,
+    // read by read, that the donor lives and has not dropped the state (a donor that dies
+    // meanwhile fails the heal, which is retried as before). Without a new group there is nothing
+    // to overlap with: the heal's first read sets the route up, inside heal_ms.
+    std::optional<std::jthread> prepare;
+    if (q.heal && q.donor_state && q.quorum_id != m.qid) {
+      prepare.emplace([&m, h = *q.donor_state] {
+        auto t = Clock::now();
+        try {
+          (void)rdma::route_for(h);
+        } catch (const std::exception&) {
+          // the heal's first read meets the same failure and names it
+        }
+        m.plan.heal_setup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+      });
+    }
     if (q.quorum_id != m.qid) {
       m.qid = -1;
       m.group.configure(m.o.store_host, m.o.store_port, m.o.store_namespace + "/" + q.store_prefix,
@@ -155,6 +174,7 @@ StepPlan ReplicaClient::start_quorum() {
       throw std::runtime_error("the allreduce group of quorum " + std::to_string(m.qid) +
                                " is closed");
     }
+    prepare.reset();  // joins: the route is set up (or failed; the heal tells)
     // Heal after joining the group (see the header).
     if (q.heal) m.heal(q);
     m.step0 = m.state.step();
