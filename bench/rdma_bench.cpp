@@ -25,16 +25,23 @@
 //       of 1 MiB reads, then copied into the state as FlatState::load_from does). Best of 3
 //       interleaved rounds, in the `local` group.
 //   ft_heal_read_cold   the same two heals as a restarted replica does them: each sample a fresh
-//       process (route setup, mapping and the first touch of every page included), medians of 5
-//       alternating samples of each; peer "memcpy" as above.
+//       process, its state allocated and touched first (as FlatState's constructor does), donors
+//       of exactly the state's size; medians of 5 alternating samples of each. "monarch" times the
+//       heal as ReplicaClient does (its route to the donor set up first: open + populated map of
+//       the donor's segment, which ReplicaClient overlaps with the forming of the gloo group);
+//       "monarch_with_setup" times route setup + heal (the page-table setup of the mapping is most
+//       of it: ~10 us per 64 KiB under load); both are broken down on stderr (times, page faults).
+//       Peer "memcpy" as above (cache-hot: the same warm source and destination each round).
 //
-// BENCH_RDMA_ONLY=ucx|channel|local runs one group of rows with its peers.
+// BENCH_RDMA_ONLY=ucx|channel|local runs one group of rows with its peers; =heal the ft_heal_read
+// rows alone (a part of `local`).
 //
 // Roles (this binary re-executed): no arguments = driver; `--client BACKEND` measures one backend
 // (MONARCH_RDMA_BACKEND is set for it); `--client local` the same-host routes; `--owner SIZE
 // [alloc]` registers SIZE bytes (alloc: RdmaBuffer::allocate) and prints its handle.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -109,9 +116,9 @@ int role_owner(size_t size, bool alloc) {
 }
 
 /// Starts an owner of kMax bytes; its handle, or nullopt (reported on stderr).
-std::optional<rdma::RdmaHandle> start_owner(std::unique_ptr<testing::Subprocess>& owner,
-                                            bool alloc) {
-  std::vector<std::string> args = {"--owner", std::to_string(kMax)};
+std::optional<rdma::RdmaHandle> start_owner(std::unique_ptr<testing::Subprocess>& owner, bool alloc,
+                                            size_t size = kMax) {
+  std::vector<std::string> args = {"--owner", std::to_string(size)};
   if (alloc) args.push_back("alloc");
   owner = std::make_unique<testing::Subprocess>(self_path(), args);
   auto l = owner->line(std::chrono::seconds(30));
@@ -141,8 +148,23 @@ int role_cold_heal(const std::string& hex, size_t size, const std::string& how) 
     dst = plain_state;
   }
   rdma::testing::fill(dst, 6);
+  auto faults = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return u.ru_minflt + u.ru_majflt;
+  };
+  auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+  };
+  long f0 = faults();
   auto t0 = Clock::now();
+  std::string route;
+  Clock::time_point t1 = t0;
+  long f1 = f0;
   if (how == "shm") {
+    route = rdma::route_for(h);  // the route setup (opens and maps the donor's segment)
+    t1 = Clock::now();
+    f1 = faults();
     h.read_into(dst.first(kChunk)).get();
     rdma::RdmaBatch rest;
     for (size_t off = kChunk; off < size; off += 4 * kChunk) {
@@ -159,17 +181,29 @@ int role_cold_heal(const std::string& hex, size_t size, const std::string& how) 
     rest.submit().get();
     std::memcpy(dst.data(), buf.data(), size);
   }
-  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("GBPS %.4f ROUTE %s\n", static_cast<double>(size) / secs / 1e9,
-              rdma::route_for(h).c_str());
+  auto t2 = Clock::now();
+  long f2 = faults();
+  double secs = std::chrono::duration<double>(t2 - t0).count();
+  if (route.empty()) route = rdma::route_for(h);
+  std::printf("GBPS %.4f ROUTE %s SETUP_US %.1f COPY_US %.1f FAULTS %ld %ld\n",
+              static_cast<double>(size) / secs / 1e9, route.c_str(), us(t0, t1), us(t1, t2),
+              f1 - f0, f2 - f1);
   return 0;
 }
 
-/// ft_heal_read rows (see the file comment): `shm` and `cma` are kMax-byte owners (allocate()d and
-/// plain), `src` a warm page-aligned kMax-byte buffer for the memcpy peer.
-int heal_rows(const rdma::RdmaHandle& shm, const rdma::RdmaHandle& cma, std::span<std::byte> src) {
+/// ft_heal_read rows (see the file comment): `src` is a warm page-aligned kMax-byte buffer for the
+/// memcpy peer.
+int heal_rows(std::span<std::byte> src) {
   constexpr size_t kChunk = 256 << 10;  // ft_train's --heal-chunk-bytes default
   for (size_t size : {size_t{2400000}, size_t{24} << 20}) {
+    // Donors of exactly the state's size, as in ft_train (how the healer maps a segment depends
+    // on its size: local.cpp).
+    std::unique_ptr<testing::Subprocess> shm_owner, cma_owner;
+    auto shm_h = start_owner(shm_owner, true, size);
+    auto cma_h = start_owner(cma_owner, false, size);
+    if (!shm_h || !cma_h) return 1;
+    const rdma::RdmaHandle& shm = *shm_h;
+    const rdma::RdmaHandle& cma = *cma_h;
     // The healer's own state: allocate()d like the donor's (FlatStateOptions::shared_memory).
     rdma::RdmaBuffer state = rdma::RdmaBuffer::allocate(size, "bench-healer-state");
     std::span<std::byte> dst = state.memory();
@@ -192,7 +226,8 @@ int heal_rows(const rdma::RdmaHandle& shm, const rdma::RdmaHandle& cma, std::spa
     }
     // Cold: each sample a fresh process (a restarted replica heals once), 5 alternating samples
     // of each way, medians.
-    std::vector<double> cold_shm, cold_staged;
+    std::vector<double> cold_shm, cold_staged, cold_heal, setup_us, copy_us, faults_setup,
+        faults_copy;
     for (int i = 0; i < 5; ++i) {
       for (bool use_shm : {true, false}) {
         testing::Subprocess p(self_path(),
@@ -200,7 +235,21 @@ int heal_rows(const rdma::RdmaHandle& shm, const rdma::RdmaHandle& cma, std::spa
                                std::to_string(size), use_shm ? "shm" : "staged"});
         auto l = p.line(std::chrono::seconds(30));
         while (l && !l->starts_with("GBPS ")) l = p.line(std::chrono::seconds(30));
-        if (l) (use_shm ? cold_shm : cold_staged).push_back(std::stod(l->substr(5)));
+        if (!l) continue;
+        (use_shm ? cold_shm : cold_staged).push_back(std::stod(l->substr(5)));
+        double setup = 0, cp = 0;
+        long fs = 0, fc = 0;
+        char route[16] = {};
+        if (use_shm && std::sscanf(l->c_str(),
+                                   "GBPS %*f ROUTE %15s SETUP_US %lf COPY_US %lf "
+                                   "FAULTS %ld %ld",
+                                   route, &setup, &cp, &fs, &fc) == 5) {
+          setup_us.push_back(setup);
+          copy_us.push_back(cp);
+          cold_heal.push_back(static_cast<double>(size) / cp / 1e3);
+          faults_setup.push_back(static_cast<double>(fs));
+          faults_copy.push_back(static_cast<double>(fc));
+        }
       }
     }
     auto median = [](std::vector<double> v) {
@@ -213,17 +262,29 @@ int heal_rows(const rdma::RdmaHandle& shm, const rdma::RdmaHandle& cma, std::spa
       auto [lo, hi] = std::minmax_element(v.begin(), v.end());
       return std::to_string(*lo).substr(0, 5) + ".." + std::to_string(*hi).substr(0, 5);
     };
-    bench::report("ft_heal_read_cold", "monarch", "bandwidth", median(cold_shm), "GB/s", "higher",
+    // "monarch": the heal as ReplicaClient times it (its route to the donor set up before, while
+    // the new gloo group forms); "monarch_with_setup": route setup + heal, one after the other.
+    bench::report("ft_heal_read_cold", "monarch", "bandwidth", median(cold_heal), "GB/s", "higher",
                   params(size));
+    bench::report("ft_heal_read_cold", "monarch_with_setup", "bandwidth", median(cold_shm), "GB/s",
+                  "higher", params(size));
     bench::report("ft_heal_read_cold", "staged_cma", "bandwidth", median(cold_staged), "GB/s",
                   "higher", params(size));
     bench::report("ft_heal_read_cold", "memcpy", "bandwidth", copy, "GB/s", "higher", params(size));
+    std::fprintf(
+        stderr,
+        "bench_rdma: ft_heal_read_cold %9zu B  shm heal (route set up before) %.2f GB/s "
+        "(%s), with the setup %.2f GB/s (%s)  staged cma %.2f GB/s (%s)  memcpy (cache-hot) "
+        "%.2f: ratios %.2f / %.2f / %.2f (medians of 5 fresh processes)\n",
+        size, median(cold_heal), spread(cold_heal).c_str(), median(cold_shm),
+        spread(cold_shm).c_str(), median(cold_staged), spread(cold_staged).c_str(), copy,
+        median(cold_heal) / copy, median(cold_shm) / copy, median(cold_staged) / copy);
     std::fprintf(stderr,
-                 "bench_rdma: ft_heal_read_cold %9zu B  shm %.2f GB/s (%s)  staged cma %.2f GB/s "
-                 "(%s)  memcpy %.2f: ratios %.2f / %.2f (medians of 5 fresh processes)\n",
-                 size, median(cold_shm), spread(cold_shm).c_str(), median(cold_staged),
-                 spread(cold_staged).c_str(), copy, median(cold_shm) / copy,
-                 median(cold_staged) / copy);
+                 "bench_rdma: ft_heal_read_cold %9zu B  shm breakdown (medians): route setup "
+                 "(open + map the donor's segment) %.0f us (%.0f page faults), copy %.0f us (%.0f "
+                 "page faults); memcpy of the size %.0f us\n",
+                 size, median(setup_us), median(faults_setup), median(copy_us), median(faults_copy),
+                 static_cast<double>(size) / copy / 1e3);
     bench::report("ft_heal_read", "monarch", "bandwidth", direct, "GB/s", "higher", params(size));
     bench::report("ft_heal_read", "memcpy", "bandwidth", copy, "GB/s", "higher", params(size));
     bench::report("ft_heal_read", "staged_cma", "bandwidth", before, "GB/s", "higher",
@@ -236,8 +297,9 @@ int heal_rows(const rdma::RdmaHandle& shm, const rdma::RdmaHandle& cma, std::spa
   return 0;
 }
 
-/// The same-host routes against memcpy, size by size (see the file comment).
-int role_local_client() {
+/// The same-host routes against memcpy, size by size (see the file comment); heal_only: the
+/// ft_heal_read rows alone (BENCH_RDMA_ONLY=heal).
+int role_local_client(bool heal_only) {
   std::unique_ptr<testing::Subprocess> shm_owner, cma_owner;
   auto shm = start_owner(shm_owner, true);
   auto cma = start_owner(cma_owner, false);
@@ -254,6 +316,7 @@ int role_local_client() {
   rdma::testing::fill(local, 2);
   rdma::testing::fill(other, 3);
   for (size_t size : kSizes) {
+    if (heal_only) break;
     std::span<std::byte> buf(local.data(), size);
     // Rounds interleave the five measurements so that a noisy moment hits them alike; each keeps
     // its best round. memcpy peer: reads land in `local` (like the transfers'), writes come from
@@ -282,7 +345,7 @@ int role_local_client() {
                    r.bench, size, r.value, r.memcpy, r.value / r.memcpy);
     }
   }
-  return heal_rows(*shm, *cma, other);
+  return heal_rows(other);
 }
 
 /// One unix stream socket between two processes; the forked child writes `size`-byte messages
@@ -330,7 +393,7 @@ double raw_socket_gbs(size_t size, std::span<const std::byte> src, std::span<std
 }
 
 int role_client(const std::string& backend) {
-  if (backend == "local") return role_local_client();
+  if (backend == "local" || backend == "heal") return role_local_client(backend == "heal");
   std::unique_ptr<testing::Subprocess> owner;
   auto handle = start_owner(owner, false);
   if (!handle) return 1;
@@ -460,7 +523,7 @@ void perftest_peer() {
 }
 
 int run_client(const std::string& backend) {
-  if (backend == "local") {
+  if (backend == "local" || backend == "heal") {
     ::setenv("MONARCH_RDMA_BACKEND", "channel", 1);
     ::setenv("MONARCH_RDMA_LOCAL_ROUTES", "true", 1);
   } else {
@@ -483,11 +546,11 @@ int main(int argc, char** argv) {
   if (role == "--client" && argc == 3) return role_client(argv[2]);
   if (role == "--cold-heal" && argc == 5)
     return role_cold_heal(argv[2], std::stoull(argv[3]), argv[4]);
-  // BENCH_RDMA_ONLY=ucx|channel|local runs one backend's rows and their peers.
+  // BENCH_RDMA_ONLY=ucx|channel|local runs one backend's rows and their peers; heal: the heal rows.
   const char* only_env = std::getenv("BENCH_RDMA_ONLY");
   std::string only = only_env != nullptr ? only_env : "";
-  if (!only.empty() && only != "ucx" && only != "channel" && only != "local") {
-    std::fprintf(stderr, "bench_rdma: BENCH_RDMA_ONLY=%s: expected ucx, channel or local\n",
+  if (!only.empty() && only != "ucx" && only != "channel" && only != "local" && only != "heal") {
+    std::fprintf(stderr, "bench_rdma: BENCH_RDMA_ONLY=%s: expected ucx, channel, local or heal\n",
                  only.c_str());
     return 2;
   }
@@ -500,6 +563,7 @@ int main(int argc, char** argv) {
 #endif
   if (want("channel")) run_client("channel");
   if (want("local")) run_client("local");
+  if (only == "heal") run_client("heal");
   if (want("ucx") || want("channel")) memcpy_peer();
   return 0;
 }

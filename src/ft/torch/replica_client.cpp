@@ -1,6 +1,7 @@
 #include "monarch/ft/torch/replica_client.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "monarch/config/config.hpp"
@@ -70,13 +71,18 @@ void ReplicaClient::Impl::heal(const QuorumResult& q) {
   // donates.
   std::span<std::byte> buf = state.bytes();
   auto t = Clock::now();
+  Clock::duration injected{0};  // in the fault point below
   rdma::TransferOptions topts{o.step_timeout};
   // The first chunk alone (fault point "heal.after_first_chunk" follows it), then the rest as one
   // batch of parallel reads.
   auto chunk = std::min<uint64_t>(std::max<uint64_t>(o.heal_chunk_bytes, 64), h.length);
   try {
     h.read_into(buf.first(chunk), 0, topts).get(o.step_timeout);
+    // Test machinery, not heal work: when armed, a blocking call to the controller, which kills
+    // the donor (1-3 ms, most of those heals' time in ft_train): kept out of heal_ms.
+    auto f0 = Clock::now();
     fault_point_kill_donor(o.replica_id, q.donor_id);
+    injected = Clock::now() - f0;
     rdma::RdmaBatch rest;
     for (uint64_t off = chunk; off < h.length; off += 4 * chunk) {
       uint64_t n = std::min<uint64_t>(4 * chunk, h.length - off);
@@ -96,7 +102,7 @@ void ReplicaClient::Impl::heal(const QuorumResult& q) {
   plan.healed = true;
   plan.donor = q.donor_id;
   plan.heal_bytes = h.length;
-  plan.heal_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  plan.heal_ms = std::chrono::duration<double, std::milli>(Clock::now() - t - injected).count();
 }
 
 ReplicaClient::ReplicaClient(ActorRef<Manager> manager, FlatState& state,
@@ -145,6 +151,24 @@ StepPlan ReplicaClient::start_quorum() {
       return m.plan;
     }
     must_vote = true;
+    // A healer sets its route to the donor up (same host: opens and maps the donor's shared
+    // memory, ~0.3-1 ms cold) on a helper thread while the new gloo group forms, so that the heal
+    // is only the copy. The mapping is cached per donor incarnation; the heal's reads still check,
+    // read by read, that the donor lives and has not dropped the state (a donor that dies
+    // meanwhile fails the heal, which is retried as before). Without a new group there is nothing
+    // to overlap with: the heal's first read sets the route up, inside heal_ms.
+    std::optional<std::jthread> prepare;
+    if (q.heal && q.donor_state && q.quorum_id != m.qid) {
+      prepare.emplace([&m, h = *q.donor_state] {
+        auto t = Clock::now();
+        try {
+          (void)rdma::route_for(h);
+        } catch (const std::exception&) {
+          // the heal's first read meets the same failure and names it
+        }
+        m.plan.heal_setup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+      });
+    }
     if (q.quorum_id != m.qid) {
       m.qid = -1;
       m.group.configure(m.o.store_host, m.o.store_port, m.o.store_namespace + "/" + q.store_prefix,
@@ -155,6 +179,7 @@ StepPlan ReplicaClient::start_quorum() {
       throw std::runtime_error("the allreduce group of quorum " + std::to_string(m.qid) +
                                " is closed");
     }
+    prepare.reset();  // joins: the route is set up (or failed; the heal tells)
     // Heal after joining the group (see the header).
     if (q.heal) m.heal(q);
     m.step0 = m.state.step();

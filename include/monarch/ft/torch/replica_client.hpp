@@ -90,7 +90,13 @@ struct StepPlan {
   bool healed = false;  ///< the state was read from `donor` this step
   std::string donor;
   uint64_t heal_bytes = 0;
+  /// Wall time of the heal on this rank's thread: the reads of the donor's state straight into
+  /// ours, the header and step checks and the sync. heal_bytes / heal_ms is heal_gbps.
   double heal_ms = 0;
+  /// Route setup to the donor (same host: open + map of its shared memory), run on a helper
+  /// thread while the new gloo group forms, before the heal; not part of heal_ms. 0 when the
+  /// heal needed no new group (its first read then sets the route up, inside heal_ms).
+  double heal_setup_ms = 0;
 };
 
 class ReplicaClient {
