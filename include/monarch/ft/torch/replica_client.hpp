@@ -91,7 +91,8 @@ struct StepPlan {
   std::string donor;
   uint64_t heal_bytes = 0;
   /// Wall time of the heal on this rank's thread: the reads of the donor's state straight into
-  /// ours, the header and step checks and the sync. heal_bytes / heal_ms is heal_gbps.
+  /// ours, the header and step checks and the sync; a heal.after_first_chunk fault point's call
+  /// to the controller is left out. heal_bytes / heal_ms is heal_gbps.
   double heal_ms = 0;
   /// Route setup to the donor (same host: open + map of its shared memory), run on a helper
   /// thread while the new gloo group forms, before the heal; not part of heal_ms. 0 when the
