@@ -90,9 +90,9 @@ std::pair<fs::path, std::uint32_t> cache_entry(const std::string& gz) {
   std::error_code ec;
   fs::path abs = fs::absolute(gz, ec);
   char name[160];
-  std::snprintf(name, sizeof name, "%016zx-%lld-%lld.%09ld-%08x", std::hash<std::string>{}(abs.string()),
-                static_cast<long long>(st.st_size), static_cast<long long>(st.st_mtim.tv_sec),
-                st.st_mtim.tv_nsec, crc);
+  std::snprintf(name, sizeof name, "%016zx-%lld-%lld.%09ld-%08x",
+                std::hash<std::string>{}(abs.string()), static_cast<long long>(st.st_size),
+                static_cast<long long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec, crc);
   return {dir / (fs::path(gz).stem().string() + "." + name), isize};
 }
 
