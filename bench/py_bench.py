@@ -27,6 +27,8 @@ import statistics
 import sys
 import time
 
+from bench_json import emit, emit_runs  # bench/ is the script's dir: on sys.path
+
 RUNS = int(os.environ.get("PY_BENCH_RUNS", "5"))
 RTT_ITERS = int(os.environ.get("PY_BENCH_RTT_ITERS", "3000"))
 RATE_CALLS = int(os.environ.get("PY_BENCH_RATE_CALLS", "20000"))
@@ -37,31 +39,9 @@ IN_FLIGHT = 64
 PROCS = 16
 
 
-def emit(bench, impl, metric, value, unit, better, spread=None, note=None, **params):
-    r = {"bench": bench, "impl": impl, "metric": metric, "value": round(value, 3), "unit": unit,
-         "better": better}
-    r.update(params)
-    if spread is not None:
-        r["spread"] = [round(spread[0], 3), round(spread[1], 3)]
-    if note is not None:
-        r["note"] = note
-    line = json.dumps(r)
-    print(line, flush=True)
-    out = os.environ.get("MONARCH_BENCH_OUT")
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
-
-
 def pct(v, q):
     v = sorted(v)
     return v[int(q * (len(v) - 1))]
-
-
-def emit_runs(bench, impl, metric, runs, unit, better, **params):
-    """The median of the per-run figures, with their [min, max] as the spread."""
-    emit(bench, impl, metric, statistics.median(runs), unit, better,
-         spread=(min(runs), max(runs)), **params)
 
 
 # --- the multiprocessing.Pipe peer -------------------------------------------------------------

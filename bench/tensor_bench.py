@@ -20,11 +20,12 @@ the other benches. Skips (exit 0, a line saying so) where monarch.tensor is miss
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/tensor_bench.py [BUILD]
 """
-import json
 import os
 import statistics
 import sys
 import time
+
+from bench_json import emit, emit_runs  # bench/ is the script's dir: on sys.path
 
 RUNS = int(os.environ.get("TENSOR_BENCH_RUNS", "3"))
 DISPATCH_OPS = int(os.environ.get("TENSOR_BENCH_OPS", "20000"))
@@ -32,27 +33,6 @@ MATMUL_STEPS = int(os.environ.get("TENSOR_BENCH_STEPS", "20"))
 PROCS = 4
 N = 1024
 TARGET_RATE = 20000.0
-
-
-def emit(bench, impl, metric, value, unit, better, spread=None, note=None, **params):
-    r = {"bench": bench, "impl": impl, "metric": metric, "value": round(value, 3), "unit": unit,
-         "better": better}
-    r.update(params)
-    if spread is not None:
-        r["spread"] = [round(spread[0], 3), round(spread[1], 3)]
-    if note is not None:
-        r["note"] = note
-    line = json.dumps(r)
-    print(line, flush=True)
-    out = os.environ.get("MONARCH_BENCH_OUT")
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
-
-
-def emit_runs(bench, impl, metric, runs, unit, better, **params):
-    emit(bench, impl, metric, statistics.median(runs), unit, better,
-         spread=(min(runs), max(runs)), **params)
 
 
 def _one_thread():
