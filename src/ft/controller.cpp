@@ -581,12 +581,15 @@ void ReplicaController::report(StepReport r) {
   // Bitwise equality: every rank that committed step s holds the same state.
   auto& s = steps_[r.step];
   if (s.reports == 0) {
-    s.hash = r.hash;
     s.participants = r.participants;
     s.healing = r.healing;
     s.quorum_id = r.quorum_id;
     s.t_ns = r.t_ns;
-  } else if (s.hash != r.hash) {
+  }
+  if (r.hashed && !s.hashed) {
+    s.hash = r.hash;
+    s.hashed = true;
+  } else if (r.hashed && s.hash != r.hash) {
     ++stats_.hash_mismatches;
     event("MISMATCH: " + r.replica_id + " committed step " + std::to_string(r.step) +
           " with a different state");

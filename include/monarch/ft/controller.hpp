@@ -126,16 +126,18 @@ struct StepReport {
   std::string donor;
   double heal_ms = 0;
   uint64_t heal_bytes = 0;
-  uint64_t hash = 0;   ///< FlatState::hash() after a commit (and in the final report)
-  int64_t t_ns = 0;    ///< steady_clock, ns (same host as the controller for timelines)
-  std::string error;   ///< why the step did not commit
-  double metric = -1;  ///< the model's quality metric when evaluated (-1: not this step)
-  bool final = false;  ///< the rank reached the last step and holds
+  uint64_t hash = 0;    ///< FlatState::hash() when `hashed`
+  bool hashed = false;  ///< `hash` is set: a commit of a step that is a multiple of hash_every,
+                        ///< and the final report
+  int64_t t_ns = 0;     ///< steady_clock, ns (same host as the controller for timelines)
+  std::string error;    ///< why the step did not commit
+  double metric = -1;   ///< the model's quality metric when evaluated (-1: not this step)
+  bool final = false;   ///< the rank reached the last step and holds
   uint64_t state_bytes = 0;
   template <class A>
   void serialize(A& ar) {
     ar(replica_id, incarnation, rank, step, committed, loss, quorum_id, participants, healing,
-       healed, donor, heal_ms, heal_bytes, hash, t_ns, error, metric, final, state_bytes);
+       healed, donor, heal_ms, heal_bytes, hash, t_ns, error, metric, final, state_bytes, hashed);
   }
 };
 
@@ -190,6 +192,8 @@ struct FaultRecord {
 /// What one committed step looked like across the groups that committed it.
 struct StepInfo {
   uint64_t hash = 0;
+  bool hashed = false;  ///< a report of this step carried a hash (steps that are multiples of
+                        ///< ReplicaClientOptions::hash_every)
   int64_t reports = 0;
   double loss_sum = 0;
   int64_t loss_n = 0;

@@ -24,6 +24,11 @@ struct ReplicaClient::Impl {
   StepPlan plan;
   int64_t step0 = -1;  // the step start_quorum() planned
   bool committed = false;
+  bool must_vote = false;  // planned a step: the group's other ranks wait for this rank's vote
+  const bool async_quorum;
+  const int64_t quorum_every;
+  bool clean = false;  // the last synchronous plan was a step of an intact quorum (no healing)
+  std::optional<Future<QuorumResult>> pending;  // async quorum: the answer for this step
   std::string error;
 
   Impl(ActorRef<Manager> m, FlatState& s, ReplicaClientOptions opts)
@@ -32,7 +37,12 @@ struct ReplicaClient::Impl {
         o(std::move(opts)),
         exposed(s.rdma_buffer() ? *s.rdma_buffer()
                                 : own.emplace(s.bytes(), o.replica_id + ".r" +
-                                                             std::to_string(o.rank) + ".state")) {}
+                                                             std::to_string(o.rank) + ".state")),
+        async_quorum(o.async_quorum < 0 ? config::global().flag("ft.async_quorum")
+                                        : o.async_quorum > 0),
+        quorum_every(std::max<int64_t>(
+            1, o.quorum_every > 0 ? o.quorum_every : config::global().integer("ft.quorum_every"))) {
+  }
 
   std::string where() const {
     return o.replica_id + " rank " + std::to_string(o.rank) + " step " +
@@ -41,16 +51,27 @@ struct ReplicaClient::Impl {
   void fail(const std::string& why) {
     error = why;
     commit_failed = true;
+    clean = false;
     group.abort();  // peers blocked on this group fail now, not at their timeout
     qid = -1;
   }
-  QuorumResult ask() {
-    return manager
-        .call(&Manager::quorum, o.rank, state.step(), commit_failed,
-              std::optional<rdma::RdmaHandle>(exposed.handle()))
-        .get(o.step_timeout);
+  Future<QuorumResult> ask_async() {
+    return manager.call(&Manager::quorum, o.rank, state.step(), commit_failed,
+                        std::optional<rdma::RdmaHandle>(exposed.handle()));
+  }
+  // Votes no at once, so the group's other ranks do not wait out step_timeout for this rank.
+  void vote_no() {
+    must_vote = false;
+    if (o.ranks == 1) return;  // a group of one: nobody waits for the vote
+    try {
+      (void)manager.call(&Manager::should_commit, o.rank, step0, false).get(o.step_timeout);
+    } catch (const std::exception&) {
+      // the Manager is gone too: the group's MeshFailure follows
+    }
   }
   void heal(const QuorumResult& q);
+  void apply(const QuorumResult& q);
+  void resolve();
 };
 
 void ReplicaClient::Impl::heal(const QuorumResult& q) {
@@ -130,82 +151,131 @@ const std::string& ReplicaClient::last_error() const noexcept {
   return impl_->error;
 }
 
+// The quorum's answer for this step: what the synchronous path does at once and the async path
+// when the step's allreduce (or vote) needs it. Reconfigures the gloo group on a new quorum id,
+// heals when behind and fills in the plan. A failure throws; the caller fails the step.
+void ReplicaClient::Impl::apply(const QuorumResult& q) {
+  plan.quorum_id = q.quorum_id;
+  plan.max_step = q.max_step;
+  plan.participants = q.participants;
+  plan.healing = q.healing;
+  plan.step = false;
+  plan.train = false;
+  plan.slot = -1;
+  plan.slots = 0;
+  if (o.max_steps > 0 && q.max_step >= o.max_steps) {
+    // The others finished and hold: catch up by healing only (they run no allreduce).
+    if (q.heal) heal(q);
+    commit_failed = false;
+    return;
+  }
+  must_vote = true;
+  // A healer sets its route to the donor up (same host: opens and maps the donor's shared
+  // memory, ~0.3-1 ms cold) on a helper thread while the new gloo group forms, so that the heal
+  // is only the copy. The mapping is cached per donor incarnation; the heal's reads still check,
+  // read by read, that the donor lives and has not dropped the state (a donor that dies
+  // meanwhile fails the heal, which is retried as before). Without a new group there is nothing
+  // to overlap with: the heal's first read sets the route up, inside heal_ms.
+  std::optional<std::jthread> prepare;
+  if (q.heal && q.donor_state && q.quorum_id != qid) {
+    prepare.emplace([this, h = *q.donor_state] {
+      auto t = Clock::now();
+      try {
+        (void)rdma::route_for(h);
+      } catch (const std::exception&) {
+        // the heal's first read meets the same failure and names it
+      }
+      plan.heal_setup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+    });
+  }
+  if (q.quorum_id != qid) {
+    qid = -1;
+    group.configure(o.store_host, o.store_port, o.store_namespace + "/" + q.store_prefix,
+                    static_cast<int>(q.global_rank), static_cast<int>(q.global_world_size),
+                    o.collective_timeout, AllreduceBackend::gloo, o.local_host);
+    qid = q.quorum_id;
+  } else if (!group.configured()) {
+    throw std::runtime_error("the allreduce group of quorum " + std::to_string(qid) + " is closed");
+  }
+  prepare.reset();  // joins: the route is set up (or failed; the heal tells)
+  // Heal after joining the group (see the header).
+  if (q.heal) heal(q);
+  step0 = state.step();
+  // Up-to-date groups share the global batch; healers contribute zeros this step.
+  plan.step = true;
+  plan.slots = static_cast<int>(q.up_to_date_groups * o.ranks);
+  if (!q.heal) {
+    int64_t i = 0;
+    for (const auto& p : q.participants) {
+      if (std::find(q.healing.begin(), q.healing.end(), p) != q.healing.end()) continue;
+      if (p == o.replica_id) plan.slot = static_cast<int>(i * o.ranks + o.rank);
+      ++i;
+    }
+  }
+  plan.train = plan.slot >= 0;
+}
+
+// Async quorum: the pending answer arrives; a plan that differs from the predicted one in what
+// this rank's gradients were computed for (train, slot, slots) fails the step: the gradients
+// are of another share of the batch. Throws (the caller fails the step).
+void ReplicaClient::Impl::resolve() {
+  if (!pending) return;
+  auto f = std::move(*pending);
+  pending.reset();
+  const StepPlan predicted = plan;
+  apply(f.get(o.step_timeout));
+  if (!plan.step) {
+    throw std::runtime_error("the quorum (" + std::to_string(plan.quorum_id) +
+                             ") has no step to run: every participant is at max_steps");
+  }
+  if (plan.train != predicted.train || plan.slot != predicted.slot ||
+      plan.slots != predicted.slots) {
+    if (!plan.train) return;  // a healer: contributes zeros, whatever it computed
+    throw std::runtime_error("the quorum (" + std::to_string(plan.quorum_id) + ") assigned share " +
+                             std::to_string(plan.slot) + " of " + std::to_string(plan.slots) +
+                             ", the step computed share " + std::to_string(predicted.slot) +
+                             " of " + std::to_string(predicted.slots) +
+                             " (async quorum); the next step asks first");
+  }
+}
+
 StepPlan ReplicaClient::start_quorum() {
   auto& m = *impl_;
+  const bool intact = m.clean && m.committed && !m.pending && m.group.configured() &&
+                      m.qid == m.plan.quorum_id &&
+                      (m.o.max_steps <= 0 || m.state.step() < m.o.max_steps);
+  const bool skip = intact && m.state.step() % m.quorum_every != 0;  // no request this step
+  const bool predict = intact && (skip || m.async_quorum);
+  const StepPlan last = m.plan;
   m.plan = StepPlan{};
   m.committed = false;
   m.error.clear();
   m.step0 = m.state.step();
-  bool must_vote = false;  // the group's other ranks wait for this rank's vote once it planned
+  m.must_vote = false;  // the group's other ranks wait for this rank's vote once it planned
   try {
     m.exposed.sync();  // the committed state (of the last commit or heal) is what healers read
-    QuorumResult q = m.ask();
-    m.plan.quorum_id = q.quorum_id;
-    m.plan.max_step = q.max_step;
-    m.plan.participants = q.participants;
-    m.plan.healing = q.healing;
-    if (m.o.max_steps > 0 && q.max_step >= m.o.max_steps) {
-      // The others finished and hold: catch up by healing only (they run no allreduce).
-      if (q.heal) m.heal(q);
-      m.commit_failed = false;
+    if (predict) {
+      // The last quorum was intact and this rank committed in it: the fast path will most likely
+      // answer the same plan. Train on it now; allreduce() waits for the answer and checks.
+      if (!skip) m.pending.emplace(m.ask_async());
+      m.plan.quorum_id = last.quorum_id;
+      m.plan.max_step = m.state.step();
+      m.plan.participants = last.participants;
+      m.plan.step = true;
+      m.plan.train = last.train;
+      m.plan.slot = last.slot;
+      m.plan.slots = last.slots;
+      m.plan.predicted = true;
+      m.must_vote = true;
       return m.plan;
     }
-    must_vote = true;
-    // A healer sets its route to the donor up (same host: opens and maps the donor's shared
-    // memory, ~0.3-1 ms cold) on a helper thread while the new gloo group forms, so that the heal
-    // is only the copy. The mapping is cached per donor incarnation; the heal's reads still check,
-    // read by read, that the donor lives and has not dropped the state (a donor that dies
-    // meanwhile fails the heal, which is retried as before). Without a new group there is nothing
-    // to overlap with: the heal's first read sets the route up, inside heal_ms.
-    std::optional<std::jthread> prepare;
-    if (q.heal && q.donor_state && q.quorum_id != m.qid) {
-      prepare.emplace([&m, h = *q.donor_state] {
-        auto t = Clock::now();
-        try {
-          (void)rdma::route_for(h);
-        } catch (const std::exception&) {
-          // the heal's first read meets the same failure and names it
-        }
-        m.plan.heal_setup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-      });
-    }
-    if (q.quorum_id != m.qid) {
-      m.qid = -1;
-      m.group.configure(m.o.store_host, m.o.store_port, m.o.store_namespace + "/" + q.store_prefix,
-                        static_cast<int>(q.global_rank), static_cast<int>(q.global_world_size),
-                        m.o.collective_timeout, AllreduceBackend::gloo, m.o.local_host);
-      m.qid = q.quorum_id;
-    } else if (!m.group.configured()) {
-      throw std::runtime_error("the allreduce group of quorum " + std::to_string(m.qid) +
-                               " is closed");
-    }
-    prepare.reset();  // joins: the route is set up (or failed; the heal tells)
-    // Heal after joining the group (see the header).
-    if (q.heal) m.heal(q);
-    m.step0 = m.state.step();
-    // Up-to-date groups share the global batch; healers contribute zeros this step.
-    m.plan.step = true;
-    m.plan.slots = static_cast<int>(q.up_to_date_groups * m.o.ranks);
-    if (!q.heal) {
-      int64_t i = 0;
-      for (const auto& p : q.participants) {
-        if (std::find(q.healing.begin(), q.healing.end(), p) != q.healing.end()) continue;
-        if (p == m.o.replica_id) m.plan.slot = static_cast<int>(i * m.o.ranks + m.o.rank);
-        ++i;
-      }
-    }
-    m.plan.train = m.plan.slot >= 0;
+    m.apply(m.ask_async().get(m.o.step_timeout));
+    m.clean = m.plan.step && m.plan.healing.empty();
     return m.plan;
   } catch (const std::exception& e) {
+    m.pending.reset();
     m.fail(std::string("start_quorum of ") + m.where() + ": " + e.what());
-    if (must_vote) {
-      try {  // vote no at once, so the group's other ranks do not wait out step_timeout
-        (void)m.manager.call(&Manager::should_commit, m.o.rank, m.step0, false)
-            .get(m.o.step_timeout);
-      } catch (const std::exception&) {
-        // the Manager is gone too: the group's MeshFailure follows
-      }
-    }
+    if (m.must_vote) m.vote_no();
     throw std::runtime_error(m.error);
   }
 }
@@ -214,6 +284,8 @@ void ReplicaClient::allreduce(std::span<float> data) {
   auto& m = *impl_;
   try {
     if (!m.plan.step) throw UsageError("allreduce without a planned step (start_quorum)");
+    m.resolve();  // async quorum: the answer this step's gradients were computed for
+    m.clean = m.plan.healing.empty();
     if (!m.plan.train) std::fill(data.begin(), data.end(), 0.0f);
     if (take_fault(kFaultAllreduceEnter))
       throw std::runtime_error("injected exception at fault point allreduce.enter");
@@ -228,15 +300,30 @@ void ReplicaClient::allreduce(std::span<float> data) {
 
 bool ReplicaClient::should_commit(bool ok) {
   auto& m = *impl_;
+  if (m.pending) {  // no allreduce this step (it failed before): the answer still sets the group
+    try {
+      m.resolve();
+    } catch (const std::exception& e) {
+      ok = false;
+      m.fail(std::string("should_commit of ") + m.where() + ": " + e.what());
+    }
+  }
+  m.must_vote = false;
   bool commit = false;
-  try {
-    commit = m.manager.call(&Manager::should_commit, m.o.rank, m.step0, ok).get(m.o.step_timeout);
-  } catch (const std::exception& e) {
-    m.fail(std::string("should_commit of ") + m.where() + ": " + e.what());
-    throw std::runtime_error(m.error);
+  if (m.o.ranks == 1) {
+    commit = ok;  // a group of one: its vote is its own
+  } else {
+    try {
+      commit = m.manager.call(&Manager::should_commit, m.o.rank, m.step0, ok).get(m.o.step_timeout);
+    } catch (const std::exception& e) {
+      m.fail(std::string("should_commit of ") + m.where() + ": " + e.what());
+      throw std::runtime_error(m.error);
+    }
   }
   if (!commit) {
-    std::string why = m.error.empty() ? "another rank of the group voted not to commit" : m.error;
+    std::string why = m.error.empty() ? (ok ? "another rank of the group voted not to commit"
+                                            : "this rank voted not to commit")
+                                      : m.error;
     m.fail(why);
   } else {
     m.commit_failed = false;
@@ -249,7 +336,7 @@ void ReplicaClient::hold() {
   auto& m = *impl_;
   try {
     m.exposed.sync();
-    (void)m.ask();
+    (void)m.ask_async().get(m.o.step_timeout);
   } catch (const std::exception&) {
     // a hold round that found no quorum (the job is ending, a group is being evicted): again
   }
@@ -273,7 +360,8 @@ void ReplicaClient::report(double loss, double metric, bool final) {
   r.donor = m.plan.donor;
   r.heal_ms = m.plan.heal_ms;
   r.heal_bytes = m.plan.heal_bytes;
-  if (r.committed || final) r.hash = m.state.hash();
+  r.hashed = final || (r.committed && m.state.step() % std::max<int64_t>(1, m.o.hash_every) == 0);
+  if (r.hashed) r.hash = m.state.hash();
   r.t_ns = Clock::now().time_since_epoch().count();
   r.error = final ? "" : m.error;
   r.metric = metric;

@@ -15,9 +15,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <thread>
 
+#include "monarch/actor/runtime.hpp"
 #include "monarch/config/config.hpp"
 #include "monarch/ft/controller.hpp"
 #include "monarch/mesh/process.hpp"
@@ -309,6 +312,150 @@ TEST(ReplicaClient, ChaosKindsFireAtTheirPointsAndRecover) {
   EXPECT_EQ(faults[2]["victims"].size(), 2u) << s.faults_json;
   for (auto& f : faults) EXPECT_FALSE(f["recovery_s"].is_null()) << f.dump() << "\n" << log;
   EXPECT_EQ(s.recovery_s.size(), 3u) << log;
+}
+
+// In one process: a lighthouse, one Manager per group and each group's ReplicaClient on a thread
+// of its own, over TinyModel (same seed: every group starts bitwise equal).
+struct Group {
+  std::string id;
+  ActorRef<ft::Manager> manager;
+  TinyModel model;
+  std::atomic<int64_t> step{0};  // committed steps, for the other threads
+  int64_t predicted = 0, failed = 0, healed = 0;
+  std::string first_error;
+};
+
+struct InProcessGroups {
+  monarch::Proc proc;
+  ft::StoreServer store;
+  ActorRef<ft::Lighthouse> lh = proc.spawn<ft::Lighthouse>(
+      "lighthouse",
+      ft::LighthouseOptions{.min_replicas = 1, .join_timeout = std::chrono::seconds(1)});
+  std::mutex mu;
+  std::condition_variable cv;  // a group committed a step
+
+  std::unique_ptr<Group> group(const std::string& id) {
+    auto g = std::make_unique<Group>();
+    g->id = id;
+    g->manager = proc.spawn<ft::Manager>("manager." + id, lh, id, 1, std::chrono::milliseconds(50));
+    lh.send(&ft::Lighthouse::heartbeat, id);  // known before its first request (FIFO per sender)
+    return g;
+  }
+  // Trains `g` to `steps`, then, with `hold`, holds (laggards heal from it) until `stop`.
+  void train(Group& g, ft::ReplicaClientOptions o, int64_t steps, const std::atomic<bool>& stop,
+             bool hold = true) {
+    o.replica_id = g.id;
+    o.store_host = store.host();
+    o.store_port = store.port();
+    o.max_steps = steps;
+    ft::FlatState& st = *g.model.state;
+    ft::ReplicaClient client(g.manager, st, o);
+    while (!stop && st.step() < steps) {
+      try {
+        ft::StepPlan plan = client.start_quorum();
+        g.predicted += plan.predicted;
+        if (plan.step) {
+          int64_t pos = st.data_position();
+          bool ok = true;
+          try {
+            if (plan.train) (void)g.model.forward_backward(pos, plan.slot, plan.slots);
+            client.allreduce(st.grads());
+          } catch (const std::exception&) {
+            ok = false;
+          }
+          if (client.should_commit(ok)) {
+            st.adam_step({.lr = 1e-2});
+            st.set_data_position(pos + kBatch);
+          }
+        }
+        g.healed += client.last_error().empty() && plan.healed;
+      } catch (const std::exception&) {
+      }
+      if (!client.last_error().empty()) {
+        if (g.first_error.empty()) g.first_error = client.last_error();
+        ++g.failed;
+      }
+      {
+        std::lock_guard lock(mu);
+        g.step = st.step();
+      }
+      cv.notify_all();
+    }
+    while (hold && !stop) client.hold();
+  }
+  // Waits (bounded) until `pred` holds; false at the deadline.
+  template <class P>
+  bool wait(P pred, std::chrono::seconds limit = std::chrono::seconds(60)) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, limit, pred);
+  }
+  std::map<std::string, int64_t> requested_steps() {
+    std::map<std::string, int64_t> r;
+    for (auto& x : lh.call(&ft::Lighthouse::status).get(std::chrono::seconds(5)).replicas)
+      r[x.replica_id] = x.step;
+    return r;
+  }
+};
+
+// Two groups, 40 steps: with the quorum every 4 steps and async, the lighthouse's last request is
+// at step 36 (a step-39 request would mean every step asked) and most plans are predicted; the
+// trained state is bitwise the one of the synchronous every-step protocol.
+TEST(ReplicaClientProtocol, QuorumEveryKStepsAsksOnlyAtMultiplesAndTrainsBitwiseAsEveryStep) {
+  std::map<int64_t, uint64_t> hash;
+  for (int64_t k : {int64_t{4}, int64_t{1}}) {
+    InProcessGroups env;
+    auto a = env.group("a"), b = env.group("b");
+    ft::ReplicaClientOptions o;
+    o.store_namespace = "k" + std::to_string(k);
+    o.quorum_every = k;
+    o.async_quorum = k > 1 ? 1 : 0;
+    std::atomic<bool> stop{false};  // no hold: both end at step 40 (the allreduce keeps lockstep)
+    std::thread ta([&] { env.train(*a, o, 40, stop, /*hold=*/false); });
+    env.train(*b, o, 40, stop, /*hold=*/false);
+    ta.join();
+    ASSERT_EQ(a->model.state->step(), 40) << a->first_error;
+    ASSERT_EQ(b->model.state->step(), 40) << b->first_error;
+    EXPECT_EQ(a->failed + b->failed, 0) << a->first_error << b->first_error;
+    EXPECT_EQ(a->model.state->hash(), b->model.state->hash());
+    auto asked = env.requested_steps();
+    EXPECT_EQ(asked["a"], k > 1 ? 36 : 39);
+    EXPECT_EQ(asked["b"], k > 1 ? 36 : 39);
+    // Predicted: every step after the first quorum (steps 1..39) when async, none when sync.
+    EXPECT_EQ(a->predicted, k > 1 ? 39 : 0);
+    hash[k] = a->model.state->hash();
+  }
+  EXPECT_EQ(hash[4], hash[1]);
+}
+
+// A third group joins (at step 0, behind) while two train with a predicted plan: its request waits
+// for their next multiple of K, it heals, and the two lose no step: a healer leaves their share
+// of the batch as it was. All three end bitwise equal.
+TEST(ReplicaClientProtocol, AJoinerHealsWhileThePredictedPlansOfTheOthersStayValid) {
+  InProcessGroups env;
+  auto a = env.group("a"), b = env.group("b");
+  ft::ReplicaClientOptions o;
+  o.store_namespace = "join";
+  o.quorum_every = 4;
+  o.async_quorum = 1;
+  constexpr int64_t kJoinSteps = 200;
+  std::atomic<bool> stop{false};
+  std::thread ta([&] { env.train(*a, o, kJoinSteps, stop); });
+  std::thread tb([&] { env.train(*b, o, kJoinSteps, stop); });
+  ASSERT_TRUE(env.wait([&] { return a->step >= 20; })) << a->first_error;
+  auto c = env.group("c");
+  std::thread tc([&] { env.train(*c, o, kJoinSteps, stop); });
+  bool done = env.wait(
+      [&] { return a->step >= kJoinSteps && b->step >= kJoinSteps && c->step >= kJoinSteps; });
+  stop = true;
+  for (auto* t : {&ta, &tb, &tc}) t->join();
+  ASSERT_TRUE(done) << "a " << a->step << " b " << b->step << " c " << c->step << ": "
+                    << c->first_error;
+  EXPECT_EQ(c->healed, 1) << c->first_error;
+  EXPECT_EQ(a->failed, 0) << a->first_error;
+  EXPECT_EQ(b->failed, 0) << b->first_error;
+  EXPECT_EQ(c->failed, 0) << c->first_error;
+  EXPECT_EQ(a->model.state->hash(), c->model.state->hash());
+  EXPECT_EQ(b->model.state->hash(), c->model.state->hash());
 }
 
 TEST(FaultPoints, ArmRejectsAnUnknownPointAndTakeConsumesOnce) {

@@ -68,10 +68,20 @@ struct ReplicaClientOptions {
   uint64_t heal_chunk_bytes = 256 << 10;  ///< heal reads: the first chunk, then batches of 4
   int64_t max_steps = 0;                  ///< > 0: the run ends at this step (see StepPlan::step)
   std::optional<ActorRef<ReplicaController>> controller{};  ///< where report() sends; none: no-op
+  /// Async quorum (torchft's use_async_quorum): 1 on, 0 off, -1 the config key ft.async_quorum
+  /// (default on). See ReplicaClient::start_quorum().
+  int async_quorum = -1;
+  /// While the quorum is intact, ask the lighthouse only at steps that are multiples of this
+  /// (0: the config key ft.quorum_every, default 8; 1: every step). See start_quorum().
+  int64_t quorum_every = 0;
+  /// report() hashes the state (FlatState::hash, ~0.15 ms for 2.4 MB) for the controller's
+  /// bitwise-equality check at commits of steps that are multiples of this, and at the end.
+  int64_t hash_every = 10;
   template <class A>
   void serialize(A& ar) {
     ar(replica_id, incarnation, rank, ranks, store_host, store_port, store_namespace, local_host,
-       collective_timeout, step_timeout, heal_chunk_bytes, max_steps, controller);
+       collective_timeout, step_timeout, heal_chunk_bytes, max_steps, controller, async_quorum,
+       quorum_every, hash_every);
   }
 };
 
@@ -87,6 +97,10 @@ struct StepPlan {
   bool train = false;  ///< this rank computes gradients on share `slot` of `slots`
   int slot = -1;
   int slots = 0;
+  /// Async quorum: the plan is the last quorum's, repeated before the lighthouse answered
+  /// (participants and max_step as predicted, healing empty); allreduce() checks it against the
+  /// answer and updates these fields. false: the answer itself.
+  bool predicted = false;
   bool healed = false;  ///< the state was read from `donor` this step
   std::string donor;
   uint64_t heal_bytes = 0;
@@ -115,20 +129,41 @@ class ReplicaClient {
   /// a failed heal naming the donor); the next start_quorum() then says commit_failed. A failure
   /// after the quorum answered also votes no for this step, so the group's other ranks do not
   /// wait out step_timeout.
+  ///
+  /// Async quorum (ReplicaClientOptions::async_quorum, default on): after a step that committed
+  /// in an intact quorum (nobody healing), the request goes out and the last quorum's plan comes
+  /// back at once (StepPlan::predicted), so the quorum round trip overlaps the forward/backward
+  /// pass instead of preceding it. allreduce() (or should_commit(), if the step never reached the
+  /// allreduce) waits for the answer and applies it as the synchronous path would (new gloo
+  /// group, heal). The step fails there, with a runtime_error naming both shares, only if the
+  /// answer gives this rank another share of the batch (a group left or finished healing); a
+  /// step that fails is followed by a synchronous start_quorum(). Invariants are unchanged: the
+  /// published state is the committed one, and the request is the one the synchronous path
+  /// would send at this point.
+  ///
+  /// Quorum every K steps (ReplicaClientOptions::quorum_every): after a step that committed in an
+  /// intact quorum, a step whose number (state.step()) is not a multiple of K sends no request
+  /// at all: the plan is the last quorum's (predicted) and the allreduce needs no answer. Every
+  /// member of a quorum is at the same step, so all of them ask at the same steps. A failure
+  /// still shows at once (the allreduce fails, the next step asks); what waits is a group that
+  /// asks to join: up to K - 1 steps of the others (the lighthouse holds its request, Q-3).
   StepPlan start_quorum();
   /// Sums `data` over the quorum's ranks in place, then divides by plan.slots. A rank that did
   /// not train (plan.train false) contributes zeros. Fault point "allreduce.enter" throws here.
-  /// On failure aborts the group (peers fail fast) and throws AllreduceError (naming the quorum
-  /// and the peer) or std::runtime_error; call should_commit(false) next.
+  /// A predicted plan first waits for the quorum (start_quorum()). On failure aborts the group
+  /// (peers fail fast) and throws AllreduceError (naming the quorum and the peer) or
+  /// std::runtime_error; call should_commit(false) next.
   void allreduce(std::span<float> data);
   /// The group's commit vote for the step start_quorum() planned: true only if every rank of the
-  /// group voted ok. `false` or a vote timeout aborts the gloo group; a timeout throws.
+  /// group voted ok (a group of one rank votes locally, no Manager round trip). `false` or a vote
+  /// timeout aborts the gloo group; a timeout throws.
   bool should_commit(bool ok);
   /// For a rank that finished (state.step() >= max_steps): one quorum round without training,
   /// so that groups still behind can heal from this one; errors are ignored. Paces itself (50 ms).
   void hold();
   /// Sends this step's StepReport to the controller (no-op without one): quorum and heal facts
-  /// of the last plan, whether it committed, the state's hash and step, the last error.
+  /// of the last plan, whether it committed, the state's step, the last error, and the state's
+  /// hash at steps that are multiples of hash_every and in the final report.
   /// `loss` < 0: did not train; `metric` < 0: not evaluated. `final`: the rank is done.
   void report(double loss, double metric = -1, bool final = false);
 
