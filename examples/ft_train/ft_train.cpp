@@ -291,6 +291,8 @@ static int run(int argc, char** argv) {
     const std::string metric = run.metric = probe->metric();
     probe.reset();
     auto& conf = monarch::config::global();
+    if (conf.source("ft.quorum_every") == "default")
+      cfg.client.quorum_every = defaults.quorum_every;
     double detect_s = static_cast<double>(std::max(conf.duration("ft.collective_timeout"),
                                                    conf.duration("ft.heartbeat_timeout"))
                                               .count()) /

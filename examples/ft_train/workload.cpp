@@ -51,8 +51,8 @@ std::unique_ptr<Workload> make_workload(const WorkloadOptions& options) {
 }
 
 WorkloadDefaults workload_defaults(const std::string& model) {
-  if (model == "mlp") return {2000, 256, 2000};
-  if (model == "llama-tiny") return {500, 36, 64};
+  if (model == "mlp") return {2000, 256, 2000, 8};
+  if (model == "llama-tiny") return {500, 36, 64, 1};
   throw UsageError("unknown model '" + model + "'; expected mlp or llama-tiny");
 }
 

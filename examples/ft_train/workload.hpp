@@ -48,10 +48,14 @@ struct WorkloadDefaults {
   std::int64_t steps = 0;         ///< committed training steps
   std::int64_t batch = 0;         ///< global batch, samples (images; sequences of 65 bytes)
   std::int64_t eval_samples = 0;  ///< quick evaluation subset
+  /// ReplicaClientOptions::quorum_every unless ft.quorum_every is set: K steps of the model should
+  /// stay well under a process start (a joiner waits up to K - 1 of them).
+  std::int64_t quorum_every = 1;
 };
-/// mlp: 2000 steps of 256 images, 2000 test images per quick evaluation. llama-tiny: 500 steps of
-/// 36 sequences (36 divides evenly among 1-4 up-to-date groups), 64 held-out windows. Throws
-/// UsageError on an unknown model.
+/// mlp: 2000 steps of 256 images, 2000 test images per quick evaluation, a quorum every 8 steps
+/// (~10 ms each). llama-tiny: 500 steps of 36 sequences (36 divides evenly among 1-4 up-to-date
+/// groups), 64 held-out windows, a quorum every step (~170 ms each: the quorum is ~1 % of it).
+/// Throws UsageError on an unknown model.
 WorkloadDefaults workload_defaults(const std::string& model);
 
 /// Builds the workload (loads its data: may take ~1 s). Throws UsageError on an unknown model,

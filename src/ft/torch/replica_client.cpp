@@ -28,6 +28,9 @@ struct ReplicaClient::Impl {
   const bool async_quorum;
   const int64_t quorum_every;
   bool clean = false;  // the last synchronous plan was a step of an intact quorum (no healing)
+  // Async quorum: the answer said to heal, but the caller read its data position (and trained)
+  // before it came: this step contributes zeros and does not commit; the next one heals.
+  bool deferred_heal = false;
   std::optional<Future<QuorumResult>> pending;  // async quorum: the answer for this step
   std::string error;
 
@@ -70,7 +73,7 @@ struct ReplicaClient::Impl {
     }
   }
   void heal(const QuorumResult& q);
-  void apply(const QuorumResult& q);
+  void apply(const QuorumResult& q, bool may_heal = true);
   void resolve();
 };
 
@@ -154,7 +157,8 @@ const std::string& ReplicaClient::last_error() const noexcept {
 // The quorum's answer for this step: what the synchronous path does at once and the async path
 // when the step's allreduce (or vote) needs it. Reconfigures the gloo group on a new quorum id,
 // heals when behind and fills in the plan. A failure throws; the caller fails the step.
-void ReplicaClient::Impl::apply(const QuorumResult& q) {
+void ReplicaClient::Impl::apply(const QuorumResult& q, bool may_heal) {
+  deferred_heal = q.heal && !may_heal;
   plan.quorum_id = q.quorum_id;
   plan.max_step = q.max_step;
   plan.participants = q.participants;
@@ -165,7 +169,7 @@ void ReplicaClient::Impl::apply(const QuorumResult& q) {
   plan.slots = 0;
   if (o.max_steps > 0 && q.max_step >= o.max_steps) {
     // The others finished and hold: catch up by healing only (they run no allreduce).
-    if (q.heal) heal(q);
+    if (q.heal && may_heal) heal(q);
     commit_failed = false;
     return;
   }
@@ -177,7 +181,7 @@ void ReplicaClient::Impl::apply(const QuorumResult& q) {
   // meanwhile fails the heal, which is retried as before). Without a new group there is nothing
   // to overlap with: the heal's first read sets the route up, inside heal_ms.
   std::optional<std::jthread> prepare;
-  if (q.heal && q.donor_state && q.quorum_id != qid) {
+  if (q.heal && may_heal && q.donor_state && q.quorum_id != qid) {
     prepare.emplace([this, h = *q.donor_state] {
       auto t = Clock::now();
       try {
@@ -199,7 +203,7 @@ void ReplicaClient::Impl::apply(const QuorumResult& q) {
   }
   prepare.reset();  // joins: the route is set up (or failed; the heal tells)
   // Heal after joining the group (see the header).
-  if (q.heal) heal(q);
+  if (q.heal && may_heal) heal(q);
   step0 = state.step();
   // Up-to-date groups share the global batch; healers contribute zeros this step.
   plan.step = true;
@@ -223,7 +227,8 @@ void ReplicaClient::Impl::resolve() {
   auto f = std::move(*pending);
   pending.reset();
   const StepPlan predicted = plan;
-  apply(f.get(o.step_timeout));
+  // No heal here: the caller's step already read the data position it will commit from.
+  apply(f.get(o.step_timeout), /*may_heal=*/false);
   if (!plan.step) {
     throw std::runtime_error("the quorum (" + std::to_string(plan.quorum_id) +
                              ") has no step to run: every participant is at max_steps");
@@ -252,6 +257,7 @@ StepPlan ReplicaClient::start_quorum() {
   m.error.clear();
   m.step0 = m.state.step();
   m.must_vote = false;  // the group's other ranks wait for this rank's vote once it planned
+  m.deferred_heal = false;
   try {
     m.exposed.sync();  // the committed state (of the last commit or heal) is what healers read
     if (predict) {
@@ -309,6 +315,7 @@ bool ReplicaClient::should_commit(bool ok) {
     }
   }
   m.must_vote = false;
+  if (m.deferred_heal) ok = false;  // zeros were contributed; the state is not the quorum's
   bool commit = false;
   if (m.o.ranks == 1) {
     commit = ok;  // a group of one: its vote is its own
@@ -320,7 +327,13 @@ bool ReplicaClient::should_commit(bool ok) {
       throw std::runtime_error(m.error);
     }
   }
-  if (!commit) {
+  if (!commit && m.deferred_heal) {
+    // Not a failure: the others commit; this group heals next step, in the same quorum.
+    m.deferred_heal = false;
+    m.clean = false;
+    m.error = "the quorum (" + std::to_string(m.plan.quorum_id) + ") said to heal after " +
+              m.where() + " was planned (async quorum): healing next step";
+  } else if (!commit) {
     std::string why = m.error.empty() ? (ok ? "another rank of the group voted not to commit"
                                             : "this rank voted not to commit")
                                       : m.error;

@@ -135,11 +135,14 @@ class ReplicaClient {
   /// back at once (StepPlan::predicted), so the quorum round trip overlaps the forward/backward
   /// pass instead of preceding it. allreduce() (or should_commit(), if the step never reached the
   /// allreduce) waits for the answer and applies it as the synchronous path would (new gloo
-  /// group, heal). The step fails there, with a runtime_error naming both shares, only if the
-  /// answer gives this rank another share of the batch (a group left or finished healing); a
-  /// step that fails is followed by a synchronous start_quorum(). Invariants are unchanged: the
-  /// published state is the committed one, and the request is the one the synchronous path
-  /// would send at this point.
+  /// group) but for a heal: an answer that says to heal (a rank frozen mid-step fell behind)
+  /// makes this step contribute zeros and not commit (should_commit() returns false, without
+  /// aborting the group; last_error() says why), and the next start_quorum() heals, because the
+  /// caller already read the data position it commits from. The step fails, with a runtime_error
+  /// naming both shares, if the answer gives this rank another share of the batch (a group joined
+  /// up to date); a step that fails is followed by a synchronous start_quorum(). Invariants are
+  /// unchanged: the published state is the committed one, and the request is the one the
+  /// synchronous path would send at this point.
   ///
   /// Quorum every K steps (ReplicaClientOptions::quorum_every): after a step that committed in an
   /// intact quorum, a step whose number (state.step()) is not a multiple of K sends no request
