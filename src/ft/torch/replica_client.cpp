@@ -246,7 +246,11 @@ void ReplicaClient::Impl::resolve() {
 
 StepPlan ReplicaClient::start_quorum() {
   auto& m = *impl_;
-  const bool intact = m.clean && m.committed && !m.pending && m.group.configured() &&
+  // An answer nobody consumed (the caller skipped allreduce() and should_commit()) is dropped,
+  // and this step asks and waits.
+  const bool unconsumed = m.pending.has_value();
+  m.pending.reset();
+  const bool intact = m.clean && m.committed && !unconsumed && m.group.configured() &&
                       m.qid == m.plan.quorum_id &&
                       (m.o.max_steps <= 0 || m.state.step() < m.o.max_steps);
   const bool skip = intact && m.state.step() % m.quorum_every != 0;  // no request this step
@@ -327,7 +331,7 @@ bool ReplicaClient::should_commit(bool ok) {
       throw std::runtime_error(m.error);
     }
   }
-  if (!commit && m.deferred_heal) {
+  if (!commit && m.deferred_heal && m.error.empty()) {
     // Not a failure: the others commit; this group heals next step, in the same quorum.
     m.deferred_heal = false;
     m.clean = false;
