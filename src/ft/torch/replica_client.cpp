@@ -27,7 +27,6 @@ struct ReplicaClient::Impl {
   bool must_vote = false;  // planned a step: the group's other ranks wait for this rank's vote
   const bool async_quorum;
   const int64_t quorum_every;
-  bool clean = false;  // the last synchronous plan was a step of an intact quorum (no healing)
   // Async quorum: the answer said to heal, but the caller read its data position (and trained)
   // before it came: this step contributes zeros and does not commit; the next one heals.
   bool deferred_heal = false;
@@ -54,7 +53,6 @@ struct ReplicaClient::Impl {
   void fail(const std::string& why) {
     error = why;
     commit_failed = true;
-    clean = false;
     group.abort();  // peers blocked on this group fail now, not at their timeout
     qid = -1;
   }
@@ -158,6 +156,7 @@ const std::string& ReplicaClient::last_error() const noexcept {
 // when the step's allreduce (or vote) needs it. Reconfigures the gloo group on a new quorum id,
 // heals when behind and fills in the plan. A failure throws; the caller fails the step.
 void ReplicaClient::Impl::apply(const QuorumResult& q, bool may_heal) {
+  const bool heal_now = q.heal && may_heal;
   deferred_heal = q.heal && !may_heal;
   plan.quorum_id = q.quorum_id;
   plan.max_step = q.max_step;
@@ -169,7 +168,7 @@ void ReplicaClient::Impl::apply(const QuorumResult& q, bool may_heal) {
   plan.slots = 0;
   if (o.max_steps > 0 && q.max_step >= o.max_steps) {
     // The others finished and hold: catch up by healing only (they run no allreduce).
-    if (q.heal && may_heal) heal(q);
+    if (heal_now) heal(q);
     commit_failed = false;
     return;
   }
@@ -181,7 +180,7 @@ void ReplicaClient::Impl::apply(const QuorumResult& q, bool may_heal) {
   // meanwhile fails the heal, which is retried as before). Without a new group there is nothing
   // to overlap with: the heal's first read sets the route up, inside heal_ms.
   std::optional<std::jthread> prepare;
-  if (q.heal && may_heal && q.donor_state && q.quorum_id != qid) {
+  if (heal_now && q.donor_state && q.quorum_id != qid) {
     prepare.emplace([this, h = *q.donor_state] {
       auto t = Clock::now();
       try {
@@ -203,7 +202,7 @@ void ReplicaClient::Impl::apply(const QuorumResult& q, bool may_heal) {
   }
   prepare.reset();  // joins: the route is set up (or failed; the heal tells)
   // Heal after joining the group (see the header).
-  if (q.heal && may_heal) heal(q);
+  if (heal_now) heal(q);
   step0 = state.step();
   // Up-to-date groups share the global batch; healers contribute zeros this step.
   plan.step = true;
@@ -250,8 +249,10 @@ StepPlan ReplicaClient::start_quorum() {
   // and this step asks and waits.
   const bool unconsumed = m.pending.has_value();
   m.pending.reset();
-  const bool intact = m.clean && m.committed && !unconsumed && m.group.configured() &&
-                      m.qid == m.plan.quorum_id &&
+  // Intact: the last step committed in a quorum (its final plan, after any async answer) that had
+  // nobody healing, and this rank's group is still the one of that quorum.
+  const bool intact = m.committed && m.plan.step && m.plan.healing.empty() && !unconsumed &&
+                      m.group.configured() && m.qid == m.plan.quorum_id &&
                       (m.o.max_steps <= 0 || m.state.step() < m.o.max_steps);
   const bool skip = intact && m.state.step() % m.quorum_every != 0;  // no request this step
   const bool predict = intact && (skip || m.async_quorum);
@@ -280,7 +281,6 @@ StepPlan ReplicaClient::start_quorum() {
       return m.plan;
     }
     m.apply(m.ask_async().get(m.o.step_timeout));
-    m.clean = m.plan.step && m.plan.healing.empty();
     return m.plan;
   } catch (const std::exception& e) {
     m.pending.reset();
@@ -295,7 +295,6 @@ void ReplicaClient::allreduce(std::span<float> data) {
   try {
     if (!m.plan.step) throw UsageError("allreduce without a planned step (start_quorum)");
     m.resolve();  // async quorum: the answer this step's gradients were computed for
-    m.clean = m.plan.healing.empty();
     if (!m.plan.train) std::fill(data.begin(), data.end(), 0.0f);
     if (take_fault(kFaultAllreduceEnter))
       throw std::runtime_error("injected exception at fault point allreduce.enter");
@@ -334,7 +333,6 @@ bool ReplicaClient::should_commit(bool ok) {
   if (!commit && m.deferred_heal && m.error.empty()) {
     // Not a failure: the others commit; this group heals next step, in the same quorum.
     m.deferred_heal = false;
-    m.clean = false;
     m.error = "the quorum (" + std::to_string(m.plan.quorum_id) + ") said to heal after " +
               m.where() + " was planned (async quorum): healing next step";
   } else if (!commit) {

@@ -58,6 +58,33 @@ struct TinyModel {
   std::unique_ptr<ft::FlatState> state;
 };
 
+// One step of the protocol (the header's loop). Returns the plan (empty when start_quorum threw);
+// `loss` gets the share's loss when this rank trained. Errors stay in client.last_error() and the
+// next call retries.
+ft::StepPlan train_step(ft::ReplicaClient& client, TinyModel& model, double* loss) {
+  ft::FlatState& st = *model.state;
+  ft::StepPlan plan;
+  try {
+    plan = client.start_quorum();
+    if (!plan.step) return plan;
+    int64_t pos = st.data_position();
+    bool ok = true;
+    try {
+      if (plan.train) *loss = model.forward_backward(pos, plan.slot, plan.slots);
+      client.allreduce(st.grads());
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (client.should_commit(ok)) {
+      st.adam_step({.lr = 1e-2});
+      st.set_data_position(pos + kBatch);
+    }
+  } catch (const std::exception&) {
+    // the next start_quorum retries (the error is in client.last_error())
+  }
+  return plan;
+}
+
 struct TinyTrainer : monarch::Actor {
   explicit TinyTrainer(ft::ReplicaClientOptions options) : options_(std::move(options)) {}
   void init() override { model_ = std::make_unique<TinyModel>(); }
@@ -78,28 +105,9 @@ struct TinyTrainer : monarch::Actor {
   void loop() {
     ft::FlatState& st = *model_->state;
     ft::ReplicaClient client(*manager_, st, options_);
-    ft::AdamOptions adam{.lr = 1e-2};
     while (!stop_ && st.step() < options_.max_steps) {
       double loss = -1;
-      try {
-        ft::StepPlan plan = client.start_quorum();
-        if (plan.step) {
-          int64_t pos = st.data_position();
-          bool ok = true;
-          try {
-            if (plan.train) loss = model_->forward_backward(pos, plan.slot, plan.slots);
-            client.allreduce(st.grads());
-          } catch (const std::exception&) {
-            ok = false;
-          }
-          if (client.should_commit(ok)) {
-            st.adam_step(adam);
-            st.set_data_position(pos + kBatch);
-          }
-        }
-      } catch (const std::exception&) {
-        // the next start_quorum retries (the error is in client.last_error())
-      }
+      (void)train_step(client, *model_, &loss);
       client.report(loss);
     }
     if (!stop_) client.report(-1, 1.0, /*final=*/true);
@@ -351,26 +359,10 @@ struct InProcessGroups {
     ft::FlatState& st = *g.model.state;
     ft::ReplicaClient client(g.manager, st, o);
     while (!stop && st.step() < steps) {
-      try {
-        ft::StepPlan plan = client.start_quorum();
-        g.predicted += plan.predicted;
-        if (plan.step) {
-          int64_t pos = st.data_position();
-          bool ok = true;
-          try {
-            if (plan.train) (void)g.model.forward_backward(pos, plan.slot, plan.slots);
-            client.allreduce(st.grads());
-          } catch (const std::exception&) {
-            ok = false;
-          }
-          if (client.should_commit(ok)) {
-            st.adam_step({.lr = 1e-2});
-            st.set_data_position(pos + kBatch);
-          }
-        }
-        g.healed += client.last_error().empty() && plan.healed;
-      } catch (const std::exception&) {
-      }
+      double loss = -1;
+      ft::StepPlan plan = train_step(client, g.model, &loss);
+      g.predicted += plan.predicted;
+      g.healed += client.last_error().empty() && plan.healed;
       if (!client.last_error().empty()) {
         if (g.first_error.empty()) g.first_error = client.last_error();
         ++g.failed;
