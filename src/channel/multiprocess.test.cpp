@@ -9,6 +9,7 @@
 
 #include "monarch/channel/channel.hpp"
 #include "test_util.hpp"
+#include "testing/freeze.hpp"
 #include "testing/subprocess.hpp"
 
 using namespace monarch::channel;
@@ -152,7 +153,7 @@ TEST_F(MultiProcess, FrozenReceiverPastDeliveryTimeoutReturnsEveryMessage) {  //
   s->send(Message{{bytes("warm-up")}});
   ASSERT_EQ(peer.line(10s).value_or(""), "MSG warm-up");
   ASSERT_TRUE(wait_until([&] { return s->pending() == 0; }, 10s));
-  peer.signal(SIGSTOP);  // fault injection: the receiver freezes
+  ASSERT_TRUE(monarch::testing::freeze(peer.pid()));  // fault injection: the receiver freezes
   for (int i = 0; i < 10; ++i) s->send(Message{{bytes("m" + std::to_string(i))}});
   {
     std::unique_lock lock(mu);

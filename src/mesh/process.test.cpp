@@ -22,6 +22,7 @@
 #include <set>
 
 #include "testing/config_override.hpp"
+#include "testing/freeze.hpp"
 #include "testing/mesh_failures.hpp"
 #include "testing/subprocess.hpp"
 
@@ -775,7 +776,7 @@ TEST(ProcessMesh, CastFanoutFromTheConfigShapesTheTree) {
     auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
     auto workers = procs.lookup<Worker>("worker");
     ASSERT_EQ(workers.slice("gpus", 2).call(&Worker::rank).get(10s)[0], 2u);  // warm links
-    ::kill(procs.pid(1), SIGSTOP);
+    ASSERT_TRUE(monarch::testing::freeze(procs.pid(1)));
     auto f = workers.slice("gpus", 2).call(&Worker::rank);
     if (fanout == 2) {
       // It cannot complete before proc 1 runs again (well within the heartbeat timeout).
@@ -859,11 +860,11 @@ TEST(ProcessMesh, CAST12_CastsRouteAroundADeadRootAndADeadInteriorNode) {
 
   // In flight: proc 3 freezes under a cast that proc 2 relays to it. Once the freeze is detected,
   // the cast resolves: proc 3's member holds a named error, the others answered (CAST-7, CAST-12).
-  ::kill(pids[3], SIGSTOP);
+  ASSERT_TRUE(monarch::testing::freeze(pids[3]));  // every thread: none answers after this
   auto frozen = workers.slice("gpus", Range(2, 8)).call(&Worker::rank);
   ASSERT_TRUE(failures.wait(3, 10s));
   auto got = frozen.get(o.channel.delivery_timeout);
-  EXPECT_THAT(got.failed_ranks(), ElementsAre(1u));
+  ASSERT_THAT(got.failed_ranks(), ElementsAre(1u));  // error(1) below must hold an error
   for (size_t r : {0u, 2u, 3u, 4u, 5u}) EXPECT_EQ(got[r], r + 2);
   try {
     std::rethrow_exception(got.error(1));

@@ -6,7 +6,6 @@
 // the spawn_remote calls compiled into this file, exactly as in a real job. Tests of the
 // supervision logic use in-process Procs on abstract unix addresses; crashes, freezes and "same
 // binary" spawns use real processes.
-#include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -24,6 +23,7 @@
 
 #include "monarch/actor/runtime.hpp"
 #include "remote_actors.hpp"
+#include "testing/freeze.hpp"
 #include "testing/subprocess.hpp"
 
 using namespace std::chrono_literals;
@@ -156,37 +156,6 @@ struct Worker {
   monarch::testing::Subprocess proc{self_exe(), {"--worker", unique_addr("worker")}};
   std::string addr = proc.listening();
 };
-
-/// Whether every thread of `pid` is stopped (state 'T' in /proc/<pid>/task/*/stat), polled until
-/// the deadline.
-bool wait_stopped(pid_t pid, std::chrono::milliseconds deadline) {
-  auto end = std::chrono::steady_clock::now() + deadline;
-  auto all_stopped = [&] {
-    std::string dir = "/proc/" + std::to_string(pid) + "/task";
-    DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) return false;
-    bool stopped = true;
-    while (dirent* e = ::readdir(d)) {
-      if (e->d_name[0] == '.') continue;
-      std::FILE* f = std::fopen((dir + "/" + e->d_name + "/stat").c_str(), "r");
-      if (f == nullptr) continue;
-      char buf[512] = {};
-      size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-      std::fclose(f);
-      std::string stat(buf, n);
-      auto close = stat.rfind(')');
-      if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'T')
-        stopped = false;
-    }
-    ::closedir(d);
-    return stopped;
-  };
-  while (std::chrono::steady_clock::now() < end) {
-    if (all_stopped()) return true;
-    std::this_thread::yield();
-  }
-  return false;
-}
 
 template <class E, class F>
 E expect_throws(F&& f) {
@@ -533,10 +502,7 @@ TEST(RemoteSpawn, StopOfAFrozenWorkerHonoursTheCallersDeadline) {
   Proc client(listening("client"));
   auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
   EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
-  w.proc.kill(SIGSTOP);
-  // kill() returns before every thread of the worker has stopped: wait until it has, so that no
-  // reply can still leave it.
-  ASSERT_TRUE(wait_stopped(w.proc.pid(), 5s)) << "worker did not stop";
+  ASSERT_TRUE(monarch::testing::freeze(w.proc.pid())) << "worker did not stop";
   auto t0 = std::chrono::steady_clock::now();
   auto stopped = a.stop();
   auto killed = a.kill();
@@ -573,8 +539,7 @@ TEST(RemoteSpawn, REM6_AnUnacknowledgedSendComesBackNamingTheDeclaredFailure) {
   Proc client(listening("client"));
   auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
   EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
-  w.proc.kill(SIGSTOP);
-  ASSERT_TRUE(wait_stopped(w.proc.pid(), 5s)) << "worker did not stop";
+  ASSERT_TRUE(monarch::testing::freeze(w.proc.pid())) << "worker did not stop";
   auto p = std::make_shared<monarch::Promise<std::string>>();
   auto bounced = p->get_future();
   auto bouncer = client.spawn<Bouncer>("bouncer", p);

@@ -13,6 +13,7 @@
 #include "rdma/engine.hpp"
 #include "rdma/testing/pattern.hpp"
 #include "rdma/testing/peers.hpp"
+#include "testing/freeze.hpp"
 
 using namespace monarch::rdma;
 namespace pat = monarch::rdma::testing;
@@ -149,7 +150,7 @@ TEST(RdmaProcesses, WriteToAFrozenOwnerFailsByItsTimeoutAndLetsGoOfTheSpan) {
   h.local = {};  // the backend's route, not a same-host copy
   std::vector<std::byte> warm(16);
   h.read_into(warm).get(10s);  // links are up
-  ::kill(owner.proc.pid(), SIGSTOP);
+  ASSERT_TRUE(monarch::testing::freeze(owner.proc.pid()));
   auto src = std::make_unique<std::vector<std::byte>>(8u << 20);
   TransferOptions o;
   o.timeout = 1000ms;
@@ -180,7 +181,7 @@ TEST(RdmaProcesses, OwnerFrozenThenKilledMidTransferFailsByTheTimeout) {  // RD-
   h.local = {};
   std::vector<std::byte> warm(16);
   h.read_into(warm).get(10s);  // links are up: the transfer below is really mid-way
-  ::kill(owner.proc.pid(), SIGSTOP);
+  ASSERT_TRUE(monarch::testing::freeze(owner.proc.pid()));
   std::vector<std::byte> dst(size);
   TransferOptions o;
   o.timeout = 1500ms;
