@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <csignal>
 #include <future>
 #include <mutex>
@@ -80,7 +81,22 @@ struct AllreduceGroup::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   AllreduceBackend backend = AllreduceBackend::gloo;
   std::chrono::milliseconds timeout{0};
+  // A second client connection to the same store, for the abort key alone: the first one may be
+  // busy (a peer address wait in the group's construction) when configure() polls or when a
+  // member that gives up publishes.
+  c10::intrusive_ptr<c10d::TCPStore> signal;
+  std::string published;  // the last prefix this member published as aborted
 };
+
+namespace {
+
+// The key a member that gives up on group `prefix` sets, so that members still configuring it
+// stop waiting for it (a PrefixStore key of the group's own prefix; gloo uses only rank numbers).
+std::string abort_key(const std::string& prefix) {
+  return prefix + "/monarch.aborted";
+}
+
+}  // namespace
 
 AllreduceGroup::AllreduceGroup() : impl_(std::make_unique<Impl>()) {
   // gloo writes to its pair sockets without MSG_NOSIGNAL: a member that writes after its peers
@@ -103,6 +119,15 @@ void AllreduceGroup::abort() noexcept {
   // is idle: every allreduce_sum waits for its work) and the gloo pairs close their sockets, so
   // peers blocked on a recv from us see "connection closed" at once.
   impl_->pg.reset();
+  // Members still inside configure() of this group wait for a peer address, not on a socket of
+  // ours: the abort key tells them (a member never rejoins a prefix it left).
+  if (prefix_.empty() || impl_->published == prefix_ || !impl_->signal) return;
+  impl_->published = prefix_;
+  try {
+    impl_->signal->set(abort_key(prefix_), std::vector<std::uint8_t>{1});
+  } catch (const std::exception&) {
+    // the store is gone (the job is ending): nobody is left configuring
+  }
 }
 
 void AllreduceGroup::configure(const std::string& store_host, std::uint16_t store_port,
@@ -121,17 +146,22 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
   try {
     if (!impl_->store || impl_->store_host != store_host || impl_->store_port != store_port) {
       impl_->store.reset();
+      impl_->signal.reset();
       c10d::TCPStoreOptions opts;
       opts.port = store_port;
       opts.isServer = false;
       opts.waitWorkers = false;
-      opts.timeout = timeout;
+      // Connecting: with a 300 ms timeout, c10d's connect failed at once in a test ("timed out
+      // after 0s", two clients connecting together); a live store answers within ms anyway.
+      opts.timeout = std::max(timeout, std::chrono::milliseconds(5000));
       impl_->store = c10::make_intrusive<c10d::TCPStore>(store_host, opts);
+      impl_->signal = c10::make_intrusive<c10d::TCPStore>(store_host, opts);
       impl_->store_host = store_host;
       impl_->store_port = store_port;
     }
     // The store timeout bounds the rendezvous (each get/wait of a peer's address).
     impl_->store->setTimeout(timeout);
+    impl_->signal->setTimeout(timeout);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, impl_->store);
     impl_->backend = backend;
     impl_->timeout = timeout;
@@ -152,10 +182,21 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
           made->set_exception(std::current_exception());
         }
       }).detach();
-      if (ready.wait_for(timeout + std::chrono::milliseconds(100)) != std::future_status::ready) {
-        throw AllreduceError(
-            prefix, rank, world_size,
-            "configure: not every member joined within " + std::to_string(timeout.count()) + " ms");
+      // Meanwhile, every few ms: has a member given up on this group (abort key)? Then the
+      // missing member is not coming either (it died, or left for a newer quorum).
+      const auto deadline =
+          std::chrono::steady_clock::now() + timeout + std::chrono::milliseconds(100);
+      while (ready.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          throw AllreduceError(prefix, rank, world_size,
+                               "configure: not every member joined within " +
+                                   std::to_string(timeout.count()) + " ms");
+        }
+        if (impl_->signal->check({abort_key(prefix)})) {
+          throw AllreduceError(prefix, rank, world_size,
+                               "configure: another member gave up on this group (its allreduce "
+                               "or configure failed, or it left for a newer quorum)");
+        }
       }
       impl_->pg = ready.get();
       return;
@@ -170,9 +211,10 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
                          "libtorch without CUDA (Debian's libtorch-dev has none); use gloo");
 #endif
   } catch (const AllreduceError&) {
+    abort();  // this member gives up on the group: the others stop waiting for it
     throw;
   } catch (const std::exception& e) {
-    impl_->pg.reset();
+    abort();
     throw AllreduceError(prefix, rank, world_size, "configure: " + describe(e));
   }
 }

@@ -2,7 +2,8 @@
 // this process. Covers: bitwise-identical sums at world 3; SIGKILL of one member -> the others
 // get AllreduceError fast, then reconfigure at world 2 and go on; abort() from one member makes
 // the others fail fast; SIGSTOP of one member -> the others fail after the timeout; a member that
-// never shows up -> configure fails within its timeout; world 1.
+// never shows up -> configure fails within its timeout, and ends the wait of a member still
+// configuring; world 1.
 #include "monarch/ft/torch/allreduce.hpp"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testing/subprocess.hpp"
@@ -201,6 +203,33 @@ TEST(AllreduceGroup, ConfigureFailsWithinTimeoutWhenAPeerNeverShowsUp) {
   EXPECT_FALSE(group.configured());
   std::vector<float> buf(4, 1.0f);
   EXPECT_THROW(group.allreduce_sum(buf), AllreduceError);
+}
+
+// Two members of three configure; the third never comes. The member with the short timeout
+// gives up, and its abort key must end the other's wait: without it, that one would fail only at
+// its own 30 s timeout, with the timeout's message.
+TEST(AllreduceGroup, ConfigureEndsWhenAnotherMemberGivesUp) {
+  StoreServer store;
+  AllreduceGroup patient, quitter;
+  std::string patient_error;
+  std::thread t([&] {
+    try {
+      patient.configure(store.host(), store.port(), "q9", 0, 3, 30000ms);
+    } catch (const AllreduceError& e) {
+      patient_error = e.what();
+    }
+  });
+  try {
+    quitter.configure(store.host(), store.port(), "q9", 1, 3, 300ms);
+    FAIL() << "configure returned without its third member";
+  } catch (const AllreduceError& e) {
+    EXPECT_NE(std::string(e.what()).find("'q9' (rank 1 of 3)"), std::string::npos) << e.what();
+  }
+  t.join();
+  EXPECT_NE(patient_error.find("'q9' (rank 0 of 3): configure: another member gave up"),
+            std::string::npos)
+      << patient_error;
+  EXPECT_FALSE(patient.configured());
 }
 
 TEST(AllreduceGroup, WorldOfOneIsTheIdentity) {

@@ -81,7 +81,9 @@ class AllreduceGroup {
   /// group used on the same store is an error that shows up as a hang until the timeout) as
   /// `rank` of `world_size` (0 <= rank < world_size). Drops the previous group first. Blocks
   /// until every member of the group has joined; throws AllreduceError if that takes longer than
-  /// `timeout` (a peer never showed up) or the store at `store_host`:`store_port` is unreachable.
+  /// `timeout` (a peer never showed up), if another member gave up on the group meanwhile (its
+  /// abort key, see abort(); seen within ~5 ms), or if the store at `store_host`:`store_port` is
+  /// unreachable. A configure that fails gives up on the group the same way.
   /// `timeout` also bounds every later allreduce_sum of this group. `local_host` is the address
   /// this member's gloo device binds and advertises (loopback for replicas on one host).
   void configure(const std::string& store_host, std::uint16_t store_port, const std::string& prefix,
@@ -97,10 +99,13 @@ class AllreduceGroup {
   /// (a stopped peer). After a throw the group is closed (see abort()).
   void allreduce_sum(std::span<float> data);
 
-  /// Closes the current group now: its sockets shut, so peers blocked in allreduce_sum (or
-  /// configure) on this group fail fast instead of waiting for their timeout. Use it when this
-  /// member gives up on a step (e.g. an exception before its allreduce). Idempotent; no-op when
-  /// not configured. Call it from the same thread as allreduce_sum, not concurrently.
+  /// Closes the current group now: its sockets shut, so peers blocked in allreduce_sum on this
+  /// group fail fast instead of waiting for their timeout. It also sets the group's abort key in
+  /// the store (one store round trip, once per prefix), so that peers still inside configure()
+  /// of this prefix, waiting for a member that will never come, fail within ~5 ms. Use it when
+  /// this member gives up on a step (e.g. an exception before its allreduce); configure() of the
+  /// next group and the destructor call it too. Idempotent. Call it from the same thread as
+  /// allreduce_sum, not concurrently.
   void abort() noexcept;
 
   /// True between a successful configure() and the next error or abort().
