@@ -7,8 +7,9 @@
 //       (ucp_get / ucp_put over the transport our ucx route uses) and "ucx_perftest_shm" (UCX's
 //       default choice, shared memory on UCX-allocated buffers); for channel "raw_socket" (one
 //       unix stream socket between two processes, blocking read/write of the same sizes),
-//       measured in the channel client interleaved with the transfers, size by size, each side
-//       the best of 3 rounds.
+//       measured in the channel client interleaved with the transfers, size by size, round by
+//       round: each side the median of 5 rounds (with "spread"), ratios the median of the
+//       per-round ratios.
 //   rdma_read_shm / rdma_write_shm / rdma_read_cma   the same-host routes (docs/data-plane.md):
 //       shm on an RdmaBuffer::allocate()d owner buffer, cma (reads) on a plain vector; writes to a
 //       plain vector take the backend's route (rows above). Peer "memcpy" is measured in the same
@@ -405,32 +406,51 @@ int role_client(const std::string& backend) {
     std::fprintf(stderr, "bench_rdma: asked for %s, running %s\n", backend.c_str(), active.c_str());
   }
   // channel: the raw socket peer is measured here too, interleaved with the transfers size by
-  // size, best of 3 rounds each, so that a busy moment of the (shared) machine hits both sides
-  // alike (measured minutes apart, their ratio swung 0.2x-1.9x in one run under load).
+  // size, round by round, so that a busy moment of the (shared) machine hits both sides alike
+  // (measured minutes apart, their ratio swung 0.2x-1.9x in one run under load). Each side's
+  // figure is the median of kRounds rounds, with its spread; the printed ratios are the medians
+  // of the per-round ratios (best-of-3 of each side, taken independently, swung 0.45-0.92x at
+  // 4 MiB writes between runs minutes apart).
   const bool with_socket = backend == "channel";
+  constexpr int kRounds = 5;
   std::vector<std::byte> sock_src(with_socket ? kMax : 0);
   if (with_socket) rdma::testing::fill(sock_src, 5);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  auto with_spread = [](size_t size, const std::vector<double>& v) {
+    nlohmann::json p = params(size);
+    p["spread"] = {*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
+    return p;
+  };
   for (size_t size : kSizes) {
     std::span<std::byte> dst(local.data(), size);
-    double r = 0, w = 0, sock = 0;
-    for (int round = 0; round < (with_socket ? 3 : 1); ++round) {
-      r = std::max(r, measure(size, [&] { h.read_into(dst).get(); }));
-      w = std::max(w, measure(size, [&] { h.write_from(dst).get(); }));
-      if (with_socket) sock = std::max(sock, raw_socket_gbs(size, sock_src, dst));
+    std::vector<double> r, w, sock, rr, wr;
+    for (int round = 0; round < (with_socket ? kRounds : 1); ++round) {
+      r.push_back(measure(size, [&] { h.read_into(dst).get(); }));
+      w.push_back(measure(size, [&] { h.write_from(dst).get(); }));
+      if (!with_socket) continue;
+      sock.push_back(raw_socket_gbs(size, sock_src, dst));
+      rr.push_back(sock.back() > 0 ? r.back() / sock.back() : 0);
+      wr.push_back(sock.back() > 0 ? w.back() / sock.back() : 0);
     }
-    bench::report("rdma_read_" + backend, "monarch", "bandwidth", r, "GB/s", "higher",
-                  params(size));
-    bench::report("rdma_write_" + backend, "monarch", "bandwidth", w, "GB/s", "higher",
-                  params(size));
+    bench::report("rdma_read_" + backend, "monarch", "bandwidth", median(r), "GB/s", "higher",
+                  with_spread(size, r));
+    bench::report("rdma_write_" + backend, "monarch", "bandwidth", median(w), "GB/s", "higher",
+                  with_spread(size, w));
     if (!with_socket) continue;
     for (const char* dir : {"read", "write"}) {
-      bench::report(std::string("rdma_") + dir + "_channel", "raw_socket", "bandwidth", sock,
-                    "GB/s", "higher", params(size));
+      bench::report(std::string("rdma_") + dir + "_channel", "raw_socket", "bandwidth",
+                    median(sock), "GB/s", "higher", with_spread(size, sock));
     }
     std::fprintf(stderr,
                  "bench_rdma: channel %9zu B  read %6.2f  write %6.2f  raw socket %6.2f GB/s  "
-                 "ratios %.2f %.2f\n",
-                 size, r, w, sock, r / sock, w / sock);
+                 "ratios %.2f [%.2f..%.2f] %.2f [%.2f..%.2f] (medians of %d rounds)\n",
+                 size, median(r), median(w), median(sock), median(rr),
+                 *std::min_element(rr.begin(), rr.end()), *std::max_element(rr.begin(), rr.end()),
+                 median(wr), *std::min_element(wr.begin(), wr.end()),
+                 *std::max_element(wr.begin(), wr.end()), kRounds);
   }
   std::fprintf(stderr, "bench_rdma: %s transport: %s\n", active.c_str(),
                rdma::active_transport().c_str());
