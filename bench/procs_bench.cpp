@@ -100,15 +100,21 @@ int main(int argc, char** argv) {
     std::printf("ready\n");
     return 0;
   }
-  // PROCS_BENCH_ONLY=caf runs only the CAF peer of cast_gather_procs.
+  // PROCS_BENCH_ONLY=caf runs only the CAF peer of cast_gather_procs; =gather1 only its monarch
+  // row at 1 actor per proc (py_bench alternates it with the Python front end's gather).
   const char* only = std::getenv("PROCS_BENCH_ONLY");
   if (only != nullptr && std::strcmp(only, "caf") == 0) {
     procs_bench::caf_cast_gather_procs(kProcs, kActorsPerProc, kWarmup, gather_iters);
     return 0;
   }
+  const bool gather1 = only != nullptr && std::strcmp(only, "gather1") == 0;
+  if (only != nullptr && !gather1) {
+    std::fprintf(stderr, "bench_procs: PROCS_BENCH_ONLY=%s: expected caf or gather1\n", only);
+    return 2;
+  }
   auto host = monarch::mesh::this_host();
   std::vector<double> monarch_ms, first_call_ms, peer_ms;
-  for (int run = 0; run < kRuns; ++run) {
+  for (int run = 0; run < (gather1 ? 0 : kRuns); ++run) {
     auto t0 = monarch::bench::Clock::now();
     auto procs = host.spawn_procs({{"gpus", kProcs}});
     auto probes = procs.lookup<Probe>("probe");
@@ -121,16 +127,19 @@ int main(int argc, char** argv) {
   nlohmann::json p = {{"procs", kProcs}, {"runs", kRuns}};
   using monarch::bench::percentile;
   using monarch::bench::report;
-  report("spawn_procs", "monarch", "p50", percentile(monarch_ms, 0.5), "ms", "lower", p);
-  report("spawn_procs", "monarch", "max", percentile(monarch_ms, 1.0), "ms", "lower", p);
-  report("spawn_procs_first_call", "monarch", "p50", percentile(first_call_ms, 0.5), "ms", "lower",
-         p);
-  report("spawn_procs", "posix_spawn", "p50", percentile(peer_ms, 0.5), "ms", "lower", p);
+  if (!gather1) {
+    report("spawn_procs", "monarch", "p50", percentile(monarch_ms, 0.5), "ms", "lower", p);
+    report("spawn_procs", "monarch", "max", percentile(monarch_ms, 1.0), "ms", "lower", p);
+    report("spawn_procs_first_call", "monarch", "p50", percentile(first_call_ms, 0.5), "ms",
+           "lower", p);
+    report("spawn_procs", "posix_spawn", "p50", percentile(peer_ms, 0.5), "ms", "lower", p);
+  }
 
   // Cast + gather / reduce over worker processes (issue 5 target: 4096 actors on 16 procs <= 2 ms
   // p50).
   auto procs = host.spawn_procs({{"procs", kProcs}});
   for (size_t k : kActorsPerProc) {
+    if (gather1 && k != 1) continue;
     auto mesh = procs.spawn<Probe>("probe" + std::to_string(k), {{"actors", k}});
     const int iters = gather_iters(k);
     std::vector<double> gather_us, reduce_us;
@@ -150,6 +159,7 @@ int main(int argc, char** argv) {
     report("reduce_procs", "monarch", "p50", percentile(reduce_us, 0.5), "us", "lower", q);
   }
   procs.stop();
+  if (gather1) return 0;
 
   // CAF peer of cast_gather_procs, after monarch's workers are gone (same counts).
   procs_bench::caf_cast_gather_procs(kProcs, kActorsPerProc, kWarmup, gather_iters);

@@ -11,8 +11,10 @@
                   calls/s. Peer mp_pipe: the same window of 64 B messages over the Pipe.
                   Target >= 30k calls/s.
   py_cast_gather  call() to 16 procs (one actor each) plus the gather into a ValueMesh (us; p50).
-                  Peer cpp_mesh: bench_procs' cast_gather_procs (16 procs, 1 actor each) of the same
-                  run. Target <= 2x cpp_mesh.
+                  Peer cpp_mesh: bench_procs' cast_gather_procs (16 procs, 1 actor each), run as
+                  BUILD/bench/bench_procs with PROCS_BENCH_ONLY=gather1 between the Python runs
+                  (alternating); the ratio is the median of the per-run ratios. Without that
+                  binary, the row of this make bench run is copied instead. Target <= 2x cpp_mesh.
 
 Each figure is the median over PY_BENCH_RUNS runs (default 5; monarch and its peer alternate run
 by run), and "spread" is [min, max] of the runs. Appends JSON lines to $MONARCH_BENCH_OUT like
@@ -24,7 +26,9 @@ import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 from bench_json import emit, emit_runs  # bench/ is the script's dir: on sys.path
@@ -124,6 +128,26 @@ def monarch_gather(mesh, iters):
     return v
 
 
+def cpp_gather_p50(build):
+    """One run of bench_procs' cast_gather_procs at 1 actor per proc (PROCS_BENCH_ONLY=gather1):
+    its p50 in us, or None where the binary is not built (MONARCH_BUILD_BENCH=OFF)."""
+    exe = os.path.join(build, "bench", "bench_procs")
+    if not os.access(exe, os.X_OK):
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "procs.jsonl")
+        env = dict(os.environ, PROCS_BENCH_ONLY="gather1", MONARCH_BENCH_OUT=out)
+        subprocess.run([exe], env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=300)
+        with open(out) as f:
+            for line in f:
+                r = json.loads(line)
+                if (r.get("bench"), r.get("metric"), r.get("actors_per_proc")) == (
+                        "cast_gather_procs", "p50", 1):
+                    return r["value"]
+    raise RuntimeError("bench_procs PROCS_BENCH_ONLY=gather1 wrote no cast_gather_procs p50 row")
+
+
 def cpp_row(bench, impl, metric, **params):
     """The value of a C++ bench's row in this run's results file, or None."""
     out = os.environ.get("MONARCH_BENCH_OUT")
@@ -200,23 +224,43 @@ def main():
     # py_cast_gather
     procs16 = host.spawn_procs(per_host={"procs": PROCS}, name="py_bench_gather")
     mesh = procs16.spawn("echo", Echo)
-    g50 = [pct(monarch_gather(mesh, GATHER_ITERS), 0.5) for _ in range(RUNS)]
+    build = sys.argv[1] if len(sys.argv) > 1 else "build"
+    g50, c50 = [], []
+    for _ in range(RUNS):  # alternating: a busy moment of the machine hits both sides alike
+        g50.append(pct(monarch_gather(mesh, GATHER_ITERS), 0.5))
+        c = cpp_gather_p50(build)
+        if c is not None:
+            c50.append(c)
     emit_runs("py_cast_gather", "monarch", "p50", g50, "us", "lower", procs=PROCS)
-    cpp = cpp_row("cast_gather_procs", "monarch", "p50", procs=PROCS, actors_per_proc=1)
-    if cpp is not None:
+    gather_ratio = None
+    if c50:
+        emit_runs("py_cast_gather", "cpp_mesh", "p50", c50, "us", "lower", procs=PROCS,
+                  note="bench_procs PROCS_BENCH_ONLY=gather1, alternating with the Python runs")
+        per_run = [g / c for g, c in zip(g50, c50)]
+        gather_ratio = (statistics.median(per_run), min(per_run), max(per_run))
+        cpp = statistics.median(c50)
+    else:
+        cpp = cpp_row("cast_gather_procs", "monarch", "p50", procs=PROCS, actors_per_proc=1)
+    if not c50 and cpp is not None:
         emit("py_cast_gather", "cpp_mesh", "p50", cpp, "us", "lower",
              note="bench_procs cast_gather_procs, 1 actor per proc, this run", procs=PROCS)
-    else:
+    elif not c50:
         print("py_bench: no cast_gather_procs row in $MONARCH_BENCH_OUT (bench_procs not run "
               "before this); py_cast_gather cpp_mesh left out")
     procs16.stop().get(timeout=60)
 
     rtt, pipe, rate = statistics.median(m50), statistics.median(p50), statistics.median(mr)
     gather = statistics.median(g50)
+    if gather_ratio is not None:
+        vs_cpp = ", %.2fx cpp_mesh [%.2f..%.2f] (median of %d alternating runs; target <= 2x)" % (
+            gather_ratio + (len(c50),))
+    elif cpp is not None:
+        vs_cpp = ", %.2fx cpp_mesh (target <= 2x)" % (gather / cpp)
+    else:
+        vs_cpp = ""
     print("py_bench: py_call_rtt p50 %.1f us (target <= 60), %.2fx mp_pipe (target <= 3x); "
           "py_call_rate %.0f calls/s (target >= 30000); py_cast_gather p50 %.0f us%s"
-          % (rtt, rtt / pipe, rate, gather,
-             "" if cpp is None else ", %.2fx cpp_mesh (target <= 2x)" % (gather / cpp)))
+          % (rtt, rtt / pipe, rate, gather, vs_cpp))
     return 0
 
 
