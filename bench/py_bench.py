@@ -232,32 +232,26 @@ def main():
         if c is not None:
             c50.append(c)
     emit_runs("py_cast_gather", "monarch", "p50", g50, "us", "lower", procs=PROCS)
-    gather_ratio = None
+    gather = statistics.median(g50)
     if c50:
         emit_runs("py_cast_gather", "cpp_mesh", "p50", c50, "us", "lower", procs=PROCS,
                   note="bench_procs PROCS_BENCH_ONLY=gather1, alternating with the Python runs")
         per_run = [g / c for g, c in zip(g50, c50)]
-        gather_ratio = (statistics.median(per_run), min(per_run), max(per_run))
-        cpp = statistics.median(c50)
+        vs_cpp = ", %.2fx cpp_mesh [%.2f..%.2f] (median of %d alternating runs; target <= 2x)" % (
+            statistics.median(per_run), min(per_run), max(per_run), len(per_run))
     else:
         cpp = cpp_row("cast_gather_procs", "monarch", "p50", procs=PROCS, actors_per_proc=1)
-    if not c50 and cpp is not None:
-        emit("py_cast_gather", "cpp_mesh", "p50", cpp, "us", "lower",
-             note="bench_procs cast_gather_procs, 1 actor per proc, this run", procs=PROCS)
-    elif not c50:
-        print("py_bench: no cast_gather_procs row in $MONARCH_BENCH_OUT (bench_procs not run "
-              "before this); py_cast_gather cpp_mesh left out")
+        if cpp is not None:
+            emit("py_cast_gather", "cpp_mesh", "p50", cpp, "us", "lower",
+                 note="bench_procs cast_gather_procs, 1 actor per proc, this run", procs=PROCS)
+            vs_cpp = ", %.2fx cpp_mesh (target <= 2x)" % (gather / cpp)
+        else:
+            print("py_bench: no cast_gather_procs row in $MONARCH_BENCH_OUT (bench_procs not run "
+                  "before this); py_cast_gather cpp_mesh left out")
+            vs_cpp = ""
     procs16.stop().get(timeout=60)
 
     rtt, pipe, rate = statistics.median(m50), statistics.median(p50), statistics.median(mr)
-    gather = statistics.median(g50)
-    if gather_ratio is not None:
-        vs_cpp = ", %.2fx cpp_mesh [%.2f..%.2f] (median of %d alternating runs; target <= 2x)" % (
-            gather_ratio + (len(c50),))
-    elif cpp is not None:
-        vs_cpp = ", %.2fx cpp_mesh (target <= 2x)" % (gather / cpp)
-    else:
-        vs_cpp = ""
     print("py_bench: py_call_rtt p50 %.1f us (target <= 60), %.2fx mp_pipe (target <= 3x); "
           "py_call_rate %.0f calls/s (target >= 30000); py_cast_gather p50 %.0f us%s"
           % (rtt, rtt / pipe, rate, gather, vs_cpp))

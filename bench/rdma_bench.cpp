@@ -55,6 +55,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/report.hpp"
@@ -76,6 +77,17 @@ std::string self_path() {
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
   if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
   return std::string(buf, static_cast<size_t>(n));
+}
+
+/// The median of samples (the upper one of an even count), 0 for none.
+double median(std::vector<double> v) {
+  return v.empty() ? 0.0 : bench::percentile(std::move(v), 0.5);
+}
+
+/// [min, max] of samples, which must not be empty.
+std::pair<double, double> range_of(const std::vector<double>& v) {
+  auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return {*lo, *hi};
 }
 
 /// Runs `f` enough times (>= 3, about 0.25 s or 2 GiB) and returns GB/s.
@@ -253,15 +265,10 @@ int heal_rows(std::span<std::byte> src) {
         }
       }
     }
-    auto median = [](std::vector<double> v) {
-      if (v.empty()) return 0.0;
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
     auto spread = [](const std::vector<double>& v) {
       if (v.empty()) return std::string("-");
-      auto [lo, hi] = std::minmax_element(v.begin(), v.end());
-      return std::to_string(*lo).substr(0, 5) + ".." + std::to_string(*hi).substr(0, 5);
+      auto [lo, hi] = range_of(v);
+      return std::to_string(lo).substr(0, 5) + ".." + std::to_string(hi).substr(0, 5);
     };
     // "monarch": the heal as ReplicaClient times it (its route to the donor set up before, while
     // the new gloo group forms); "monarch_with_setup": route setup + heal, one after the other.
@@ -415,13 +422,10 @@ int role_client(const std::string& backend) {
   constexpr int kRounds = 5;
   std::vector<std::byte> sock_src(with_socket ? kMax : 0);
   if (with_socket) rdma::testing::fill(sock_src, 5);
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   auto with_spread = [](size_t size, const std::vector<double>& v) {
     nlohmann::json p = params(size);
-    p["spread"] = {*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
+    auto [lo, hi] = range_of(v);
+    p["spread"] = {lo, hi};
     return p;
   };
   for (size_t size : kSizes) {
@@ -444,13 +448,13 @@ int role_client(const std::string& backend) {
       bench::report(std::string("rdma_") + dir + "_channel", "raw_socket", "bandwidth",
                     median(sock), "GB/s", "higher", with_spread(size, sock));
     }
+    auto [rlo, rhi] = range_of(rr);
+    auto [wlo, whi] = range_of(wr);
     std::fprintf(stderr,
                  "bench_rdma: channel %9zu B  read %6.2f  write %6.2f  raw socket %6.2f GB/s  "
                  "ratios %.2f [%.2f..%.2f] %.2f [%.2f..%.2f] (medians of %d rounds)\n",
-                 size, median(r), median(w), median(sock), median(rr),
-                 *std::min_element(rr.begin(), rr.end()), *std::max_element(rr.begin(), rr.end()),
-                 median(wr), *std::min_element(wr.begin(), wr.end()),
-                 *std::max_element(wr.begin(), wr.end()), kRounds);
+                 size, median(r), median(w), median(sock), median(rr), rlo, rhi, median(wr), wlo,
+                 whi, kRounds);
   }
   std::fprintf(stderr, "bench_rdma: %s transport: %s\n", active.c_str(),
                rdma::active_transport().c_str());
