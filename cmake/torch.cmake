@@ -11,13 +11,19 @@ if(NOT GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "gloo headers (needed by c10d ProcessGroupGloo.hpp) not found: run `make deps` "
                       "(installs libgloo-dev)")
 endif()
+# libgloo itself: AllreduceGroup ends a gloo op in flight through its TCP pairs
+# (gloo::transport::tcp::Pair::signalExceptionExternal), beyond what c10d exposes.
+find_library(GLOO_LIBRARY gloo)
+if(NOT GLOO_LIBRARY)
+  message(FATAL_ERROR "libgloo not found: run `make deps` (installs libgloo-dev)")
+endif()
 add_library(monarch_torch INTERFACE)
 add_library(monarch::torch ALIAS monarch_torch)
 # Installed and exported with the layers (monarch_ft_torch links it), as monarch::torch; the
 # installed monarchConfig.cmake finds Torch first (find_dependency) for its imported targets.
 set_target_properties(monarch_torch PROPERTIES EXPORT_NAME torch)
 set_property(GLOBAL APPEND PROPERTY MONARCH_INSTALL_TARGETS monarch_torch)
-target_link_libraries(monarch_torch INTERFACE ${TORCH_LIBRARIES})
+target_link_libraries(monarch_torch INTERFACE ${TORCH_LIBRARIES} ${GLOO_LIBRARY})
 target_include_directories(monarch_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS} ${GLOO_INCLUDE_DIR})
 # An NCCL collective path exists only when libtorch was built with CUDA (Debian's is CPU-only).
 if(TARGET torch_cuda)

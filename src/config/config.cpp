@@ -69,10 +69,11 @@ const std::vector<KeyInfo> kKeys = {
      "after an intact step, train on the last quorum's plan while the next quorum forms"},
     {"ft.quorum_every", Kind::Int, "8",
      "while the quorum is intact, ask the lighthouse only at steps that are multiples of this"},
-    {"ft.heartbeat_interval", Kind::Duration, "100ms",
+    {"ft.heartbeat_interval", Kind::Duration, "50ms",
      "replica groups heartbeat the lighthouse this often"},
-    {"ft.heartbeat_timeout", Kind::Duration, "1s",
-     "a group without a heartbeat for this long is left out of the next quorum"},
+    {"ft.heartbeat_timeout", Kind::Duration, "300ms",
+     "a group without a heartbeat for this long is left out of the next quorum, and its quorum's "
+     "other members stop waiting for it in the allreduce (Q-9)"},
     // rdma (data plane, docs/data-plane.md)
     {"rdma.backend", Kind::String, "auto",
      "data-plane backend: auto (ucx if it starts, else channel, with a warning), ucx, channel"},

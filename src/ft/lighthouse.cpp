@@ -79,8 +79,11 @@ void Lighthouse::cleanup(const std::optional<ActorSupervisionEvent>&) {
 }
 
 HeartbeatReply Lighthouse::heartbeat(std::string replica_id) {
-  state_.heartbeat(replica_id, Clock::now());
+  auto now = Clock::now();
   HeartbeatReply r{.epoch = epoch_, .kill = false};
+  if (const auto& prev = state_.previous()) r.quorum_id = prev->quorum_id;
+  r.silent = state_.silent(now, replica_id);  // Q-9, before this beat refreshes the view
+  state_.heartbeat(replica_id, now);
   if (auto it = kill_.find(replica_id); it != kill_.end()) {
     r.kill = true;
     kill_.erase(it);
@@ -264,6 +267,12 @@ void Manager::beat() {
     }
     moved = epoch_ != 0 && r.epoch != epoch_;
     epoch_ = r.epoch;
+    {
+      std::lock_guard lock(health_->mu);
+      health_->quorum_id = r.quorum_id;
+      health_->silent = std::move(r.silent);
+      health_->at = Clock::now();
+    }
     if (unreachable_->exchange(false))
       spdlog::info("manager {}: the lighthouse answers again", replica_id_);
   } catch (const DeliveryFailure& e) {
@@ -391,6 +400,18 @@ Future<QuorumResult> Manager::quorum(int64_t rank, int64_t step, bool commit_fai
   inflight_ = std::move(in);
   send_inflight();
   return f;
+}
+
+std::string Manager::quorum_health(int64_t quorum_id) const {
+  std::lock_guard lock(health_->mu);
+  if (health_->silent.empty() || health_->quorum_id != quorum_id) return {};
+  std::string who;
+  for (const auto& id : health_->silent) who += (who.empty() ? "" : ", ") + id;
+  auto age = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - health_->at);
+  return fmt::format(
+      "the lighthouse has not heard from {} of quorum {} within its heartbeat "
+      "timeout (Q-9; reply {} ms old)",
+      who, quorum_id, age.count());
 }
 
 Future<bool> Manager::should_commit(int64_t rank, int64_t step, bool ok) {

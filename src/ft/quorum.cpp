@@ -90,6 +90,19 @@ std::vector<std::string> QuorumState::healthy(Clock::time_point now) const {
   return out;
 }
 
+std::vector<std::string> QuorumState::silent(Clock::time_point now,
+                                             const std::string& asking) const {
+  std::vector<std::string> out;
+  if (!previous_ || !last_event_ || now - *last_event_ > rules_.heartbeat_timeout / 2) return out;
+  for (const auto& p : previous_->participants) {
+    if (p.replica_id == asking) continue;
+    auto it = last_heartbeat_.find(p.replica_id);
+    if (it == last_heartbeat_.end() || now - it->second > rules_.heartbeat_timeout)
+      out.push_back(p.replica_id);  // participants are sorted by replica_id
+  }
+  return out;
+}
+
 std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_not) {
   auto fail = [&](std::string why) -> std::optional<Quorum> {
     if (why_not) *why_not = std::move(why);

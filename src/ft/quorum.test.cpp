@@ -142,6 +142,51 @@ TEST_F(QuorumTest, AStaleHeartbeatIsNotHealthyAndItsRequestIsNoCandidate) {  // 
   EXPECT_EQ(s.healthy(t0 + 1500ms), (std::vector<std::string>{"a", "b"}));
 }
 
+// A frozen participant: the others hear, with their heartbeat replies, that it is silent, and the
+// quorum they ask for next forms at once without it.
+TEST_F(QuorumTest, AParticipantWithoutAFreshHeartbeatIsNamedSilent) {
+  EXPECT_TRUE(s.silent(t0).empty());                                   // no quorum yet
+  first_quorum();
+  // Everyone beats every 100 ms; c stops after t0 + 200 ms (SIGSTOP).
+  for (auto t = 100ms; t <= 1300ms; t += 100ms) {
+    for (auto id : {"a", "b", "c"}) {
+      if (std::string(id) == "c" && t > 200ms) continue;
+      auto now = t0 + t;
+      auto silent = s.silent(now, id);
+      // c's last beat was at 200 ms: fresh until 1200 ms (heartbeat_timeout 1000 ms)
+      if (t <= 1200ms) {
+        EXPECT_TRUE(silent.empty()) << "at " << t.count() << " ms for " << id;
+      } else {
+        EXPECT_EQ(silent, std::vector<std::string>{"c"}) << "at " << t.count() << " ms for " << id;
+      }
+      s.heartbeat(id, now);
+    }
+  }
+  // The asking group is never named, even when its own last beat is old (it just thawed).
+  EXPECT_TRUE(s.silent(t0 + 1300ms, "c").empty());
+  s.request(member("a", 9, /*failed=*/true), t0 + 1300ms);
+  s.request(member("b", 9, /*failed=*/true), t0 + 1300ms);
+  auto q = s.poll(t0 + 1300ms);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(q->reason, "all healthy joined");
+  EXPECT_TRUE(s.silent(t0 + 1300ms).empty());  // the new quorum has no silent member
+  // An evicted participant is silent at once.
+  s.evict("b");
+  EXPECT_EQ(s.silent(t0 + 1301ms, "a"), std::vector<std::string>{"b"});
+}
+
+// A lighthouse that observed nothing for longer than half the heartbeat timeout (it was frozen
+// or starved: the heartbeats are queued behind the one it answers) names nobody: its view is
+// old, not the groups.
+TEST_F(QuorumTest, AStaleViewNamesNobodySilent) {
+  first_quorum();
+  EXPECT_TRUE(s.silent(t0 + 1400ms, "a").empty());  // nothing observed since t0
+  s.heartbeat("a", t0 + 1400ms);
+  // Now the view is fresh again and b and c have not been heard from for 1.4 s.
+  EXPECT_EQ(s.silent(t0 + 1401ms, "a"), (std::vector<std::string>{"b", "c"}));
+}
+
 TEST_F(QuorumTest, SplitBrainGuardNeedsMoreThanHalfOfTheHealthy) {
   QuorumState four(QuorumRules{.min_replicas = 1, .join_timeout = 100ms, .heartbeat_timeout = 1s});
   for (auto id : {"a", "b", "c", "d"}) four.heartbeat(id, t0);

@@ -89,11 +89,15 @@ inline constexpr const char* kLighthouseName = "lighthouse";
 
 /// What a heartbeat learns from the lighthouse.
 struct HeartbeatReply {
-  uint64_t epoch = 0;  ///< the lighthouse's incarnation (random per Lighthouse actor)
-  bool kill = false;   ///< kill_replica() asked for this group: its Manager SIGKILLs its process
+  uint64_t epoch = 0;     ///< the lighthouse's incarnation (random per Lighthouse actor)
+  bool kill = false;      ///< kill_replica() asked for this group: its Manager SIGKILLs its process
+  int64_t quorum_id = 0;  ///< the last quorum formed (0: none yet)
+  /// Q-9 (quorum.hpp): participants of that quorum the lighthouse has not heard from within the
+  /// heartbeat timeout (or evicted), sorted; never the asking group.
+  std::vector<std::string> silent{};
   template <class A>
   void serialize(A& ar) {
-    ar(epoch, kill);
+    ar(epoch, kill, quorum_id, silent);
   }
 };
 
@@ -157,7 +161,8 @@ class Lighthouse : public Actor {
   void cleanup(const std::optional<ActorSupervisionEvent>& error) override;
 
   /// A group is alive. Called (or sent) from the group's heartbeat thread; the reply carries the
-  /// lighthouse's epoch and whether the group was asked to die (kill_replica).
+  /// lighthouse's epoch, whether the group was asked to die (kill_replica), and the last quorum's
+  /// silent participants.
   HeartbeatReply heartbeat(std::string replica_id);
   /// Joins the next quorum; completes when one forms (Q-1..Q-5). A newer request from the same
   /// group fails the older one with QuorumError. The caller bounds the wait (ft.step_timeout).
@@ -248,6 +253,12 @@ class Manager : public Actor {
                               std::optional<rdma::RdmaHandle> state);
   /// One vote per rank for step `step`; completes with true only if every rank voted ok.
   Future<bool> should_commit(int64_t rank, int64_t step, bool ok);
+  /// Whether quorum `quorum_id` lost a member, as the lighthouse's latest heartbeat reply says
+  /// "" when it did not, or when that reply was about another quorum; else a sentence
+  /// naming the silent groups and the reply's age. Answers from memory (no lighthouse round
+  /// trip, microseconds), so a rank may poll it while its allreduce waits
+  /// (ReplicaClient::allreduce does, every ReplicaClientOptions::silent_probe).
+  std::string quorum_health(int64_t quorum_id) const;
 
   /// Internal (the heartbeat thread): the lighthouse restarted or was re-resolved; re-send the
   /// pending quorum request to it.
@@ -255,7 +266,7 @@ class Manager : public Actor {
   /// A DeliveryFailure of a send is logged, never fatal (the lighthouse may be down for a while).
   void undeliverable(const DeliveryFailure& failure) override;
 
-  MONARCH_ENDPOINTS(Manager, quorum, should_commit, resend)
+  MONARCH_ENDPOINTS(Manager, quorum, should_commit, quorum_health, resend)
 
  private:
   struct QuorumAsk {
@@ -288,6 +299,15 @@ class Manager : public Actor {
   int64_t world_size_;
   std::chrono::milliseconds heartbeat_interval_;
   uint64_t epoch_ = 0;  // heartbeat thread only: the lighthouse incarnation last heard
+  // the latest heartbeat reply's quorum id and silent members (heartbeat thread writes,
+  // quorum_health reads).
+  struct Health {
+    std::mutex mu;
+    int64_t quorum_id = 0;
+    std::vector<std::string> silent;
+    Clock::time_point at{};
+  };
+  std::shared_ptr<Health> health_ = std::make_shared<Health>();
   std::shared_ptr<std::atomic<int64_t>> last_quorum_id_ = std::make_shared<std::atomic<int64_t>>(0);
   std::shared_ptr<std::atomic<bool>> unreachable_ = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<Inflight> inflight_;

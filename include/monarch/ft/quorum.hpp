@@ -36,6 +36,14 @@
 //      group that holds it. Such a quorum would retrain from an old step and diverge from what
 //      was committed (found by ft_train --chaos). If every such group is dead, no quorum forms
 //      (there is no checkpoint): the job's own deadline ends it.
+//  Q-9 A participant of the previous quorum that is not healthy (Q-1: no heartbeat within
+//      heartbeat_timeout, or evicted) is *silent*. Every heartbeat reply names the silent members
+//      of the previous quorum, so that the others stop waiting for them inside a collective (a
+//      frozen group never closes its sockets: without this they wait out the collective
+//      timeout) and ask again; by the next quorum leaves the silent ones out at once.
+//      A lighthouse whose own view may be stale (it observed nothing for more than half the
+//      heartbeat timeout: it was frozen or starved, so heartbeats are queued, not missing) names
+//      none. Naming a live group silent costs a failed step and a heal, never correctness.
 #pragma once
 
 #include <cereal/types/chrono.hpp>
@@ -128,6 +136,11 @@ class QuorumState {
   std::optional<Clock::time_point> recovering_until() const { return recovering_until_; }
   /// Groups with a fresh heartbeat at `now`, sorted.
   std::vector<std::string> healthy(Clock::time_point now) const;
+  /// the previous quorum's participants that are not healthy at `now`, sorted, leaving out
+  /// `asking` (the group whose heartbeat is being answered: it is alive). Empty when there is no
+  /// previous quorum, or when nothing was observed for more than heartbeat_timeout / 2 before
+  /// `now` (this state's view may be stale). Call it before recording the heartbeat at `now`.
+  std::vector<std::string> silent(Clock::time_point now, const std::string& asking = {}) const;
   size_t pending() const { return pending_.size(); }
   const QuorumRules& rules() const { return rules_; }
 

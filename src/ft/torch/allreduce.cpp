@@ -2,6 +2,7 @@
 #include "monarch/ft/torch/allreduce.hpp"
 
 #include <ATen/ATen.h>
+#include <gloo/context.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -12,6 +13,7 @@
 #endif
 
 #include <algorithm>
+#include <condition_variable>
 #include <csignal>
 #include <future>
 #include <mutex>
@@ -29,14 +31,58 @@ std::string describe(const std::exception& e) {
   return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
-// Groups whose collective is wedged past every timeout cannot be destroyed without blocking
-// (~ProcessGroupGloo joins its worker thread). They are parked here instead. Never expected in
-// practice: gloo's own timeout (the configure timeout) completes the work first.
+// Groups whose collective is still running when the caller gives up on it (a Watch abandoned it,
+// or the guard ran out) cannot be destroyed without blocking (~ProcessGroupGloo joins its worker
+// thread, which waits in gloo until the group timeout). They are parked here with their work,
+// their connections closed, and dropped once the work completed (at the next parking).
+struct Parked {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<c10d::Work> work;
+};
 std::mutex graveyard_mu;
-std::vector<c10::intrusive_ptr<c10d::ProcessGroup>>& graveyard() {
-  static auto* g = new std::vector<c10::intrusive_ptr<c10d::ProcessGroup>>();
+std::vector<Parked>& graveyard() {
+  static auto* g = new std::vector<Parked>();
   return *g;
 }
+
+void park(Parked p) {
+  std::vector<Parked> done;  // destroyed outside the lock: joins idle worker threads
+  {
+    std::lock_guard lock(graveyard_mu);
+    auto& g = graveyard();
+    for (auto& x : g)
+      if (!x.work || x.work->isCompleted()) done.push_back(std::move(x));
+    g.erase(std::remove_if(g.begin(), g.end(), [](const Parked& x) { return !x.pg; }), g.end());
+    g.push_back(std::move(p));
+  }
+}
+
+// ProcessGroupGloo whose connections can be closed while an op is in flight: contexts_ (the
+// gloo contexts, whose pairs are the connections to the peers) is protected there.
+class WatchableGloo : public c10d::ProcessGroupGloo {
+ public:
+  using ProcessGroupGloo::ProcessGroupGloo;
+  // Closes every pair (the connections to the peers): nothing more is read into or sent from
+  // the op's buffers (a reduction step already running finishes, in microseconds), and peers
+  // blocked on this member see the connection close and fail fast. An op waiting on a pair keeps
+  // waiting until gloo's own timeout.
+  void close_pairs() {
+    for (auto& ctx : contexts_) {
+      for (int i = 0; i < ctx->size; ++i) {
+        if (i == ctx->rank) continue;
+        if (auto& pair = ctx->getPair(i)) pair->close();
+      }
+    }
+  }
+};
+
+// Completion of a work, waited for in slices (Work::wait(timeout) throws a c10::Error with a
+// backtrace when it times out: too costly to poll with).
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+};
 
 }  // namespace
 
@@ -176,8 +222,7 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
       auto ready = made->get_future();
       std::thread([made, prefixed, rank, world_size, opts] {
         try {
-          made->set_value(
-              c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world_size, opts));
+          made->set_value(c10::make_intrusive<WatchableGloo>(prefixed, rank, world_size, opts));
         } catch (...) {
           made->set_exception(std::current_exception());
         }
@@ -219,12 +264,16 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
   }
 }
 
-void AllreduceGroup::allreduce_sum(std::span<float> data) {
+void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
   if (!impl_->pg) {
     throw AllreduceError(prefix_, rank_, world_size_,
                          "not configured (or closed by an earlier error/abort)");
   }
   if (world_size_ == 1 || data.empty()) return;
+  const bool watching = watch && watch->probe && watch->every.count() > 0;
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string abandoned;
+  auto c = std::make_shared<Completion>();
   try {
     auto cpu = at::from_blob(data.data(), {static_cast<int64_t>(data.size())},
                              at::TensorOptions().dtype(at::kFloat));
@@ -238,27 +287,59 @@ void AllreduceGroup::allreduce_sum(std::span<float> data) {
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     opts.timeout = impl_->timeout;
-    auto work = impl_->pg->allreduce(tensors, opts);
-    // gloo's own timeout (the configure timeout) completes the work with an error; the extra
-    // margin here only guards against a wedged backend.
-    if (!work->wait(impl_->timeout + std::chrono::seconds(5))) {
-      throw std::runtime_error("allreduce aborted");
+    work = impl_->pg->allreduce(tensors, opts);
+    // gloo's own timeout (the configure timeout) completes the work with an error; the guard
+    // here only covers a wedged backend.
+    const auto start = std::chrono::steady_clock::now();
+    const auto guard = start + impl_->timeout + std::chrono::seconds(5);
+    work->getFuture()->addCallback([c](c10::ivalue::Future&) {
+      std::lock_guard lock(c->mu);
+      c->done = true;
+      c->cv.notify_all();
+    });
+    auto next_probe = watching ? start + watch->after : guard;
+    std::unique_lock lock(c->mu);
+    while (!c->done) {
+      if (c->cv.wait_until(lock, std::min(guard, next_probe), [&] { return c->done; })) break;
+      if (std::chrono::steady_clock::now() >= guard) {
+        abandoned = "no completion within the group timeout + 5 s";
+        break;
+      }
+      lock.unlock();
+      try {
+        abandoned = watch->probe();
+      } catch (const std::exception&) {
+        abandoned.clear();  // a probe that fails reports nothing
+      }
+      lock.lock();
+      if (!abandoned.empty()) break;
+      next_probe = std::chrono::steady_clock::now() + watch->every;
     }
+    if (c->done) abandoned.clear();  // it completed meanwhile: use the result
+    lock.unlock();
+    if (abandoned.empty()) {
+      work->wait();  // completed: rethrows the collective's error
 #ifdef MONARCH_FT_HAVE_NCCL
-    if (on_gpu) cpu.copy_(tensors[0].cpu());
+      if (on_gpu) cpu.copy_(tensors[0].cpu());
 #endif
-  } catch (const std::exception& e) {
-    std::string cause = describe(e);
-    if (cause.find("Operation timed out") != std::string::npos) {
-      // Work::wait gave up while the worker may still be inside gloo: park the group instead of
-      // blocking in its destructor.
-      std::lock_guard lock(graveyard_mu);
-      graveyard().push_back(std::move(impl_->pg));
+      return;
     }
-    abort();
+  } catch (const std::exception& e) {
+    abort();  // the op ended (with this error): its worker is idle
     throw AllreduceError(prefix_, rank_, world_size_,
-                         "allreduce of " + std::to_string(data.size()) + " floats: " + cause);
+                         "allreduce of " + std::to_string(data.size()) + " floats: " + describe(e));
   }
+  // Given up on while gloo still runs it (a frozen peer never closes its sockets, so gloo would
+  // wait out its timeout): close the group's connections, so that nothing more arrives into
+  // `data` and the peers blocked on this member fail fast. The worker itself stays in its wait
+  // until gloo's timeout, so the group is parked rather than destroyed (which would join it).
+  auto* gloo = dynamic_cast<WatchableGloo*>(impl_->pg.get());
+  if (gloo) gloo->close_pairs();
+  park({std::move(impl_->pg), std::move(work)});
+  abort();
+  throw AllreduceError(
+      prefix_, rank_, world_size_,
+      "allreduce of " + std::to_string(data.size()) + " floats abandoned: " + abandoned);
 }
 
 }  // namespace monarch::ft

@@ -7,9 +7,12 @@
 #include "monarch/ft/torch/allreduce.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -184,6 +187,90 @@ TEST(AllreduceGroup, StoppedPeerFailsOthersAtTheTimeout) {
   auto woke = expect(*g.peers[2], "ERROR ");
   EXPECT_NE(woke.find("'q1' (rank 2 of 3)"), std::string::npos) << woke;
   std::printf("woken member: %s\n", woke.c_str());
+}
+
+// Q-9's mechanism: a stopped member never closes its sockets. Once something else says it is
+// silent (here a flag file: the test stands in for the lighthouse's report), the others give up
+// at their next probe, long before the group timeout (3 s; a timeout would name it instead of
+// "abandoned"). They close their connections, so nothing writes into their buffers afterwards,
+// not even when the stopped member wakes up and sends what it had; it fails on its own timeout.
+TEST(AllreduceGroup, AWatchGivesUpOnAStoppedPeerAndNothingWritesIntoTheBufferAfterwards) {
+  Group g(3);
+  const std::string flag = ::testing::TempDir() + "silent." + std::to_string(::getpid());
+  std::remove(flag.c_str());
+  g.configure("q1", {0, 1, 2}, 3000);
+  for (auto& p : g.peers) p->write_line("watched_loop 0 " + std::to_string(kFloats) + " 5 " + flag);
+  g.expect_iterations({0, 1, 2}, 20);
+  g.peers[2]->kill(SIGSTOP);
+  // Both others wait in an op with the stopped member and probe (with nothing to report yet).
+  for (int m : {0, 1}) {
+    while (true) {
+      auto w = words(expect(*g.peers[m], "PROBE "));
+      ASSERT_EQ(w.size(), 3u);
+      if (std::stol(w[2]) >= 3) break;
+    }
+  }
+  auto said_at = steady_ns();
+  { std::ofstream(flag) << "silent\n"; }
+  std::vector<std::string> after(2);
+  for (int m : {0, 1}) {
+    double s = g.error_after(m, said_at, "abandoned: the test says a member is silent", 20s);
+    std::printf("member %d gave up %.3f s after the report\n", m, s);
+    after[static_cast<size_t>(m)] = expect(*g.peers[m], "BUFFER ");
+  }
+  std::remove(flag.c_str());
+  g.peers[2]->kill(SIGCONT);  // it goes on with its op: sends, then waits for the others
+  auto woke = expect(*g.peers[2], "ERROR ", 20s);
+  EXPECT_NE(woke.find("'q1' (rank 2 of 3)"), std::string::npos) << woke;
+  for (int m : {0, 1}) {
+    g.peers[m]->write_line("rehash");
+    EXPECT_EQ(expect(*g.peers[m], "BUFFER "), after[static_cast<size_t>(m)]) << "member " << m;
+  }
+  // The two reconfigure without it and go on.
+  g.configure("q2", {0, 1}, 60000);
+  for (int m : {0, 1}) g.peers[m]->write_line("loop 10 " + std::to_string(kFloats));
+  g.expect_iterations({0, 1}, 10);
+}
+
+// A probe with nothing to report changes nothing: a member stopped for a while (long enough for
+// both others to probe several times) holds the op up, and after SIGCONT every member gets the
+// exact sums and the same bits.
+TEST(AllreduceGroup, AWatchWithNothingToReportWaitsForAStoppedPeer) {
+  Group g(3);
+  const std::string flag = ::testing::TempDir() + "never." + std::to_string(::getpid());
+  std::remove(flag.c_str());
+  g.configure("q1", {0, 1, 2}, 60000);
+  const long n = 40;
+  for (auto& p : g.peers)
+    p->write_line("watched_loop " + std::to_string(n) + " " + std::to_string(kFloats) + " 5 " +
+                  flag);
+  g.expect_iterations({0, 1, 2}, 20);
+  g.peers[2]->kill(SIGSTOP);
+  std::vector<std::string> last(3);  // the last OK line each member printed
+  for (int m : {0, 1}) {
+    while (true) {
+      auto l = expect(*g.peers[m], "");
+      if (l.starts_with("OK ")) last[static_cast<size_t>(m)] = l;
+      if (l.starts_with("ERROR ")) FAIL() << "member " << m << ": " << l;
+      if (l.starts_with("PROBE ") && std::stol(words(l)[2]) >= 3) break;
+    }
+  }
+  g.peers[2]->kill(SIGCONT);
+  for (int m : {0, 1, 2}) {
+    while (true) {
+      auto l = expect(*g.peers[m], "");
+      if (l.starts_with("ERROR ")) FAIL() << "member " << m << ": " << l;
+      if (l.starts_with("OK ")) last[static_cast<size_t>(m)] = l;
+      if (l == "DONE" || l.empty()) break;
+    }
+  }
+  for (int m : {0, 1, 2}) {
+    auto w = words(last[static_cast<size_t>(m)]);
+    ASSERT_EQ(w.size(), 4u) << last[static_cast<size_t>(m)];
+    EXPECT_EQ(w[1], std::to_string(n - 1));
+    EXPECT_EQ(w[2], std::to_string(expected_exact_hash(3, n - 1)));
+    EXPECT_EQ(w[3], words(last[0])[3]) << "member " << m << " got different bits";
+  }
 }
 
 TEST(AllreduceGroup, ConfigureFailsWithinTimeoutWhenAPeerNeverShowsUp) {

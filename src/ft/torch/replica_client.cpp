@@ -139,6 +139,9 @@ ReplicaClient::ReplicaClient(ActorRef<Manager> manager, FlatState& state,
   if (options.collective_timeout.count() <= 0)
     options.collective_timeout = cfg.duration("ft.collective_timeout");
   if (options.step_timeout.count() <= 0) options.step_timeout = cfg.duration("ft.step_timeout");
+  if (options.silent_probe.count() == 0)
+    options.silent_probe =
+        std::max(std::chrono::milliseconds(1), cfg.duration("ft.heartbeat_interval") / 2);
   impl_ = std::make_unique<Impl>(std::move(manager), state, std::move(options));
 }
 
@@ -298,7 +301,20 @@ void ReplicaClient::allreduce(std::span<float> data) {
     if (!m.plan.train) std::fill(data.begin(), data.end(), 0.0f);
     if (take_fault(kFaultAllreduceEnter))
       throw std::runtime_error("injected exception at fault point allreduce.enter");
-    m.group.allreduce_sum(data);
+    // a frozen member never closes its sockets; the lighthouse names it once its
+    // heartbeats stop, and the Manager keeps what the last heartbeat reply said.
+    AllreduceGroup::Watch watch;
+    if (m.o.silent_probe.count() > 0) {
+      watch.after = watch.every = m.o.silent_probe;
+      watch.probe = [&m, qid = m.plan.quorum_id]() -> std::string {
+        try {
+          return m.manager.call(&Manager::quorum_health, qid).get(m.o.silent_probe * 4);
+        } catch (const std::exception&) {
+          return {};  // the Manager is busy or gone: its group's failure shows otherwise
+        }
+      };
+    }
+    m.group.allreduce_sum(data, watch.probe ? &watch : nullptr);
     const float inv = 1.0f / static_cast<float>(std::max(1, m.plan.slots));
     for (float& x : data) x *= inv;
   } catch (const std::exception& e) {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -61,7 +62,8 @@ struct TinyModel {
 // One step of the protocol (the header's loop). Returns the plan (empty when start_quorum threw);
 // `loss` gets the share's loss when this rank trained. Errors stay in client.last_error() and the
 // next call retries.
-ft::StepPlan train_step(ft::ReplicaClient& client, TinyModel& model, double* loss) {
+ft::StepPlan train_step(ft::ReplicaClient& client, TinyModel& model, double* loss,
+                        const std::function<void()>& before_allreduce = {}) {
   ft::FlatState& st = *model.state;
   ft::StepPlan plan;
   try {
@@ -71,6 +73,7 @@ ft::StepPlan train_step(ft::ReplicaClient& client, TinyModel& model, double* los
     bool ok = true;
     try {
       if (plan.train) *loss = model.forward_backward(pos, plan.slot, plan.slots);
+      if (before_allreduce) before_allreduce();
       client.allreduce(st.grads());
     } catch (const std::exception&) {
       ok = false;
@@ -331,6 +334,7 @@ struct Group {
   std::atomic<int64_t> step{0};  // committed steps, for the other threads
   int64_t predicted = 0, failed = 0, healed = 0;
   std::string first_error;
+  std::function<void()> before_allreduce;  // a test's hook inside every step
 };
 
 struct InProcessGroups {
@@ -360,7 +364,7 @@ struct InProcessGroups {
     ft::ReplicaClient client(g.manager, st, o);
     while (!stop && st.step() < steps) {
       double loss = -1;
-      ft::StepPlan plan = train_step(client, g.model, &loss);
+      ft::StepPlan plan = train_step(client, g.model, &loss, g.before_allreduce);
       g.predicted += plan.predicted;
       g.healed += client.last_error().empty() && plan.healed;
       if (!client.last_error().empty()) {
@@ -448,6 +452,54 @@ TEST(ReplicaClientProtocol, AJoinerHealsWhileThePredictedPlansOfTheOthersStayVal
   EXPECT_EQ(c->failed, 0) << c->first_error;
   EXPECT_EQ(a->model.state->hash(), c->model.state->hash());
   EXPECT_EQ(b->model.state->hash(), c->model.state->hash());
+}
+
+// Q-9 end to end: group c freezes inside a step (its thread stops before its allreduce and its
+// Manager stops heartbeating, as in a SIGSTOPped process). a and b, blocked in the allreduce with
+// it, give up once the lighthouse names c silent, instead of waiting out the collective timeout
+// (60 s here, beyond the test's deadline), form a quorum without c and train on, bitwise equal.
+TEST(ReplicaClientProtocol, TheOthersStopWaitingForAFrozenGroupOnceTheLighthouseNamesItSilent) {
+  InProcessGroups env;
+  auto a = env.group("a"), b = env.group("b"), c = env.group("c");
+  ft::ReplicaClientOptions o;
+  o.store_namespace = "frozen";
+  o.collective_timeout = std::chrono::seconds(60);
+  o.step_timeout = std::chrono::seconds(90);
+  constexpr int64_t kFrozenSteps = 60;
+  std::atomic<bool> stop{false}, frozen{false};
+  c->before_allreduce = [&] {
+    if (c->model.state->step() < 10) return;
+    {
+      std::lock_guard lock(env.mu);
+      frozen = true;
+    }
+    env.cv.notify_all();
+    std::unique_lock lock(env.mu);
+    env.cv.wait(lock, [&] { return stop.load(); });
+    throw std::runtime_error("thawed at the end of the test");
+  };
+  std::thread ta([&] { env.train(*a, o, kFrozenSteps, stop); });
+  std::thread tb([&] { env.train(*b, o, kFrozenSteps, stop); });
+  std::thread tc([&] { env.train(*c, o, kFrozenSteps, stop, /*hold=*/false); });
+  ASSERT_TRUE(env.wait([&] { return frozen.load(); })) << c->first_error;
+  c->manager.stop().get(std::chrono::seconds(10));  // its heartbeats stop
+  bool done = env.wait([&] { return a->step >= kFrozenSteps && b->step >= kFrozenSteps; },
+                       std::chrono::seconds(30));
+  {
+    std::lock_guard lock(env.mu);
+    stop = true;
+  }
+  env.cv.notify_all();
+  for (auto* t : {&ta, &tb, &tc}) t->join();
+  ASSERT_TRUE(done) << "a " << a->step << " b " << b->step << ": " << a->first_error;
+  EXPECT_NE(a->first_error.find("abandoned: the lighthouse has not heard from c of quorum"),
+            std::string::npos)
+      << a->first_error;
+  EXPECT_NE(b->first_error.find("abandoned: the lighthouse has not heard from c of quorum"),
+            std::string::npos)
+      << b->first_error;
+  EXPECT_EQ(a->model.state->hash(), b->model.state->hash());
+  EXPECT_LT(c->model.state->step(), a->model.state->step());
 }
 
 TEST(FaultPoints, ArmRejectsAnUnknownPointAndTakeConsumesOnce) {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -91,13 +92,27 @@ class AllreduceGroup {
                  AllreduceBackend backend = AllreduceBackend::gloo,
                  const std::string& local_host = "127.0.0.1");
 
+  /// Who else may end a wait in allreduce_sum: while the op has not completed, `probe` is called
+  /// (on the caller's thread) `after` the op started and then every `every`; a non-empty answer
+  /// is the reason to give up on the op (a probe that throws reports nothing). ReplicaClient's
+  /// probe asks the group's Manager whether
+  /// the lighthouse reports a member of the quorum silent (a frozen peer: quorum.hpp, Q-9).
+  struct Watch {
+    std::chrono::milliseconds after{0};
+    std::chrono::milliseconds every{0};  ///< 0: no probing
+    std::function<std::string()> probe;
+  };
+
   /// In-place elementwise sum of `data` over all members (every member passes the same number of
   /// floats). All members get bitwise-identical results (gloo's ring allreduce reduces each chunk
   /// once, in one order, then broadcasts it). With world_size 1 it returns at once.
   /// Throws AllreduceError if the group is not configured, a peer died or aborted (typically
-  /// within milliseconds: its sockets close), or the op took longer than the configure timeout
-  /// (a stopped peer). After a throw the group is closed (see abort()).
-  void allreduce_sum(std::span<float> data);
+  /// within milliseconds: its sockets close), the op took longer than the configure timeout
+  /// (a stopped peer), or `watch`'s probe gave a reason ("... abandoned: <reason>"; the group's
+  /// connections are closed first, so that nothing more arrives into `data` and peers blocked on
+  /// this member fail fast too; gloo's worker, still waiting, is parked until its timeout).
+  /// After a throw the group is closed (see abort()) and `data` holds partial sums.
+  void allreduce_sum(std::span<float> data, const Watch* watch = nullptr);
 
   /// Closes the current group now: its sockets shut, so peers blocked in allreduce_sum on this
   /// group fail fast instead of waiting for their timeout. It also sets the group's abort key in

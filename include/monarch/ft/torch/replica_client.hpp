@@ -77,11 +77,16 @@ struct ReplicaClientOptions {
   /// report() hashes the state (FlatState::hash, ~0.15 ms for 2.4 MB) for the controller's
   /// bitwise-equality check at commits of steps that are multiples of this, and at the end.
   int64_t hash_every = 10;
+  /// While an allreduce has waited this long, and then every this long, allreduce() asks the
+  /// group's Manager whether the lighthouse reports a member of the quorum silent (Q-9: frozen,
+  /// or dead and evicted) and gives up on the op if so, instead of waiting out
+  /// collective_timeout. 0: half of ft.heartbeat_interval; negative: never.
+  std::chrono::milliseconds silent_probe{0};
   template <class A>
   void serialize(A& ar) {
     ar(replica_id, incarnation, rank, ranks, store_host, store_port, store_namespace, local_host,
        collective_timeout, step_timeout, heal_chunk_bytes, max_steps, controller, async_quorum,
-       quorum_every, hash_every);
+       quorum_every, hash_every, silent_probe);
   }
 };
 
@@ -155,7 +160,10 @@ class ReplicaClient {
   /// not train (plan.train false) contributes zeros. Fault point "allreduce.enter" throws here.
   /// A predicted plan first waits for the quorum (start_quorum()). On failure aborts the group
   /// (peers fail fast) and throws AllreduceError (naming the quorum and the peer) or
-  /// std::runtime_error; call should_commit(false) next.
+  /// std::runtime_error; call should_commit(false) next. A wait for a member the lighthouse
+  /// names silent (Q-9; ReplicaClientOptions::silent_probe) ends with an AllreduceError
+  /// "... abandoned: the lighthouse has not heard from <group> ...", about one heartbeat
+  /// timeout after that member froze, instead of after collective_timeout.
   void allreduce(std::span<float> data);
   /// The group's commit vote for the step start_quorum() planned: true only if every rank of the
   /// group voted ok (a group of one rank votes locally, no Manager round trip). `false` or a vote

@@ -8,9 +8,16 @@
 //           and "DONE" after a finite loop
 //   abort_after <iterations> <floats>  -> loops, then calls abort() and prints "ABORTED
 //   <steady_ns>"
+//   watched_loop <iterations> <floats> <probe_ms> <flag_file> -> as loop, with a Watch whose
+//        probe (every probe_ms, printing "PROBE <i> <k>" for the k-th probe of iteration i) gives
+//        a reason once <flag_file> exists; on an error also prints "BUFFER <hash of the buffer>"
+//   rehash -> "BUFFER <hash>" of the last watched_loop's buffer again (nothing may write into it
+//        after the op threw)
 // Each iteration sums a buffer whose first half holds small integers (exact sums, the test checks
 // the value) and second half pseudo-random floats (order-sensitive sums: hashes show every member
 // got the same bits). steady_ns is CLOCK_MONOTONIC, comparable across processes on one host.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -59,6 +66,7 @@ void fill(std::vector<float>& buf, int rank, long iter) {
 
 int main() {
   monarch::ft::AllreduceGroup group;
+  std::vector<float> watched;  // watched_loop's buffer, kept for rehash
   std::string line;
   std::cout << std::unitbuf;
   while (std::getline(std::cin, line)) {
@@ -91,6 +99,39 @@ int main() {
         } else {
           std::cout << "DONE\n";
         }
+      } else if (cmd == "watched_loop") {
+        long iterations = 0, probe_ms = 0;
+        std::size_t floats = 0;
+        std::string flag;
+        in >> iterations >> floats >> probe_ms >> flag;
+        watched.assign(floats, 0.0f);
+        auto& buf = watched;
+        long i = 0, k = 0;
+        monarch::ft::AllreduceGroup::Watch watch;
+        watch.after = watch.every = std::chrono::milliseconds(probe_ms);
+        watch.probe = [&]() -> std::string {
+          std::cout << "PROBE " << i << " " << ++k << "\n";
+          return ::access(flag.c_str(), F_OK) == 0 ? "the test says a member is silent" : "";
+        };
+        for (; iterations == 0 || i < iterations; ++i) {
+          fill(buf, group.rank(), i);
+          k = 0;
+          try {
+            group.allreduce_sum(buf, &watch);
+          } catch (const monarch::ft::AllreduceError& e) {
+            std::string what = e.what();
+            for (auto& c : what)
+              if (c == '\n') c = ' ';
+            std::cout << "ERROR " << steady_ns() << " " << what << "\n";
+            std::cout << "BUFFER " << fnv(buf.data(), floats) << "\n";
+            break;
+          }
+          std::cout << "OK " << i << " " << fnv(buf.data(), floats / 2) << " "
+                    << fnv(buf.data(), floats) << "\n";
+        }
+        if (iterations > 0 && i == iterations) std::cout << "DONE\n";
+      } else if (cmd == "rehash") {
+        std::cout << "BUFFER " << fnv(watched.data(), watched.size()) << "\n";
       } else if (cmd == "exit") {
         return 0;
       }
