@@ -66,6 +66,12 @@ bool take_fault(std::string_view point) {
   return true;
 }
 
+bool fault_armed(std::string_view point) {
+  auto& p = points();
+  std::lock_guard lock(p.mu);
+  return p.armed.count(std::string(point)) > 0;
+}
+
 void fault_point_kill_donor(const std::string& healer, const std::string& donor) {
   if (!take_fault(kFaultHealAfterFirstChunk)) return;
   std::optional<ActorRef<ReplicaController>> c;

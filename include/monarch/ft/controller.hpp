@@ -85,6 +85,8 @@ inline constexpr const char* kFaultQuorumAfterRequest = "quorum.after_request";
 void arm_fault(const std::string& point);
 /// True once per arm: consumes `point` when it is armed in this process (thread-safe).
 bool take_fault(std::string_view point);
+/// Whether `point` is armed in this process now, without consuming it (thread-safe).
+bool fault_armed(std::string_view point);
 /// Fault point "heal.after_first_chunk" of healer group `healer` reading from `donor`: when armed,
 /// asks the controller (blocks up to 10 s) to kill the donor or the healer. No-op otherwise.
 void fault_point_kill_donor(const std::string& healer, const std::string& donor);

@@ -32,6 +32,10 @@ struct ReplicaClient::Impl {
   bool deferred_heal = false;
   std::optional<Future<QuorumResult>> pending;  // async quorum: the answer for this step
   std::string error;
+  // A healer's route to its donor, set up on a helper thread while something else runs (see
+  // apply()); joined before the heal. Last member: joined before the others go.
+  double route_setup_ms = 0;  // written by route_setup, read after joining it
+  std::optional<std::jthread> route_setup;
 
   Impl(ActorRef<Manager> m, FlatState& s, ReplicaClientOptions opts)
       : manager(std::move(m)),
@@ -95,22 +99,22 @@ void ReplicaClient::Impl::heal(const QuorumResult& q) {
   auto t = Clock::now();
   Clock::duration injected{0};  // in the fault point below
   rdma::TransferOptions topts{o.step_timeout};
-  // The first chunk alone (fault point "heal.after_first_chunk" follows it), then the rest as one
-  // batch of parallel reads.
-  auto chunk = std::min<uint64_t>(std::max<uint64_t>(o.heal_chunk_bytes, 64), h.length);
+  // One read of the whole state (same host: one memcpy; the remote routes split it into their
+  // own chunks and streams). With fault point "heal.after_first_chunk" armed: the first chunk
+  // alone (the whole state if it is smaller), the point, then the rest.
+  const bool point = fault_armed(kFaultHealAfterFirstChunk);
+  const uint64_t chunk =
+      point ? std::min<uint64_t>(std::max<uint64_t>(o.heal_chunk_bytes, 64), h.length) : h.length;
   try {
     h.read_into(buf.first(chunk), 0, topts).get(o.step_timeout);
-    // Test machinery, not heal work: when armed, a blocking call to the controller, which kills
-    // the donor (1-3 ms, most of those heals' time in ft_train): kept out of heal_ms.
-    auto f0 = Clock::now();
-    fault_point_kill_donor(o.replica_id, q.donor_id);
-    injected = Clock::now() - f0;
-    rdma::RdmaBatch rest;
-    for (uint64_t off = chunk; off < h.length; off += 4 * chunk) {
-      uint64_t n = std::min<uint64_t>(4 * chunk, h.length - off);
-      rest.read_into(h, buf.subspan(off, n), off);
+    if (point) {
+      // Test machinery, not heal work: a blocking call to the controller, which kills the donor
+      // (1-3 ms, most of those heals' time in ft_train): kept out of heal_ms.
+      auto f0 = Clock::now();
+      fault_point_kill_donor(o.replica_id, q.donor_id);
+      injected = Clock::now() - f0;
     }
-    rest.submit(topts).get(o.step_timeout);
+    if (chunk < h.length) h.read_into(buf.subspan(chunk), chunk, topts).get(o.step_timeout);
     state.check_header();
   } catch (...) {
     state.set_step(-1);
@@ -176,22 +180,24 @@ void ReplicaClient::Impl::apply(const QuorumResult& q, bool may_heal) {
     return;
   }
   must_vote = true;
-  // A healer sets its route to the donor up (same host: opens and maps the donor's shared
-  // memory, ~0.3-1 ms cold) on a helper thread while the new gloo group forms, so that the heal
-  // is only the copy. The mapping is cached per donor incarnation; the heal's reads still check,
-  // read by read, that the donor lives and has not dropped the state (a donor that dies
-  // meanwhile fails the heal, which is retried as before). Without a new group there is nothing
-  // to overlap with: the heal's first read sets the route up, inside heal_ms.
-  std::optional<std::jthread> prepare;
-  if (heal_now && q.donor_state && q.quorum_id != qid) {
-    prepare.emplace([this, h = *q.donor_state] {
+  // A healer sets its route to the donor up (same host: opens, maps and touches the donor's
+  // shared memory, 0.3-3.5 ms cold) on a helper thread while something else runs, so that the
+  // heal is only the copy: the new gloo group forming, or, for a deferred heal (async quorum),
+  // the rest of this step, which contributes zeros. The mapping is cached per donor
+  // incarnation; the heal's reads still check, read by read, that the donor lives and has not
+  // dropped the state (a donor that dies meanwhile fails the heal, which is retried as before).
+  // With nothing to overlap with, the heal's first read sets the route up, inside heal_ms.
+  if (q.heal && q.donor_state && (deferred_heal || q.quorum_id != qid)) {
+    route_setup.reset();  // one at a time: joins an earlier one (a superseded donor's)
+    route_setup_ms = 0;
+    route_setup.emplace([this, h = *q.donor_state] {
       auto t = Clock::now();
       try {
         (void)rdma::route_for(h);
       } catch (const std::exception&) {
         // the heal's first read meets the same failure and names it
       }
-      plan.heal_setup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+      route_setup_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
     });
   }
   if (q.quorum_id != qid) {
@@ -203,9 +209,14 @@ void ReplicaClient::Impl::apply(const QuorumResult& q, bool may_heal) {
   } else if (!group.configured()) {
     throw std::runtime_error("the allreduce group of quorum " + std::to_string(qid) + " is closed");
   }
-  prepare.reset();  // joins: the route is set up (or failed; the heal tells)
   // Heal after joining the group (see the header).
-  if (heal_now) heal(q);
+  if (heal_now) {
+    if (route_setup) {
+      route_setup.reset();  // joins: the route is set up (or failed; the heal tells)
+      plan.heal_setup_ms = route_setup_ms;
+    }
+    heal(q);
+  }
   step0 = state.step();
   // Up-to-date groups share the global batch; healers contribute zeros this step.
   plan.step = true;

@@ -65,7 +65,7 @@ struct ReplicaClientOptions {
   std::string local_host = "127.0.0.1";
   std::chrono::milliseconds collective_timeout{0};  ///< 0: ft.collective_timeout
   std::chrono::milliseconds step_timeout{0};        ///< 0: ft.step_timeout (quorum, vote, heal)
-  uint64_t heal_chunk_bytes = 256 << 10;  ///< heal reads: the first chunk, then batches of 4
+  uint64_t heal_chunk_bytes = 256 << 10;  ///< with heal.after_first_chunk armed: the first read
   int64_t max_steps = 0;                  ///< > 0: the run ends at this step (see StepPlan::step)
   std::optional<ActorRef<ReplicaController>> controller{};  ///< where report() sends; none: no-op
   /// Async quorum (torchft's use_async_quorum): 1 on, 0 off, -1 the config key ft.async_quorum
@@ -113,9 +113,10 @@ struct StepPlan {
   /// ours, the header and step checks and the sync; a heal.after_first_chunk fault point's call
   /// to the controller is left out. heal_bytes / heal_ms is heal_gbps.
   double heal_ms = 0;
-  /// Route setup to the donor (same host: open + map of its shared memory), run on a helper
-  /// thread while the new gloo group forms, before the heal; not part of heal_ms. 0 when the
-  /// heal needed no new group (its first read then sets the route up, inside heal_ms).
+  /// Route setup to the donor (same host: open, map and touch its shared memory), run on a
+  /// helper thread ahead of the heal, while the new gloo group forms or (a deferred heal) while
+  /// the step before contributes zeros; not part of heal_ms. 0 when nothing ran ahead: the
+  /// heal's first read then sets the route up, inside heal_ms.
   double heal_setup_ms = 0;
 };
 
