@@ -532,7 +532,11 @@ void ReplicaController::flush_steps(int64_t before) {
   }
 }
 
-void ReplicaController::report(StepReport r) {
+void ReplicaController::report(std::vector<StepReport> reports) {
+  for (auto& r : reports) take_report(std::move(r));
+}
+
+void ReplicaController::take_report(StepReport r) {
   int64_t gi = group_of(r.replica_id, groups_.size());
   if (gi < 0 || r.incarnation != groups_[static_cast<size_t>(gi)].incarnation || finished_)
     return;  // from a replaced group, or late

@@ -303,8 +303,10 @@ class ReplicaController : public Actor {
   void finish_now();
   /// Stops every group's procs (and joins the helper threads).
   void shutdown();
-  /// A rank's step report (ReplicaClient::report sends it).
-  void report(StepReport r);
+  /// A rank's step reports, oldest first (ReplicaClient::report sends them: plain commits in
+  /// batches, anything else at once with the batch before it). Timelines use each report's own
+  /// t_ns, so a batch's delay moves only when the controller learns of a step.
+  void report(std::vector<StepReport> reports);
   /// Fault point "heal.after_first_chunk": once per open kill_donor_mid_heal fault of `healer`,
   /// SIGKILLs `donor`'s rank 0 (unless it is the last up-to-date group outside every open fault:
   /// then it spares it and says so); once per open kill_healer_mid_heal fault, SIGKILLs `healer`.
@@ -396,6 +398,7 @@ class ReplicaController : public Actor {
   void event(const std::string& what);
 
  private:
+  void take_report(StepReport r);  // one report of report()'s batch
   // One spawned mesh: procs, fault agents and the user's trainers (a group's or a spare).
   struct Unit {
     std::string mesh;

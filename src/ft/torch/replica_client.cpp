@@ -32,6 +32,7 @@ struct ReplicaClient::Impl {
   bool deferred_heal = false;
   std::optional<Future<QuorumResult>> pending;  // async quorum: the answer for this step
   std::string error;
+  std::vector<StepReport> reports;  // plain commits not sent yet (report())
   // A healer's route to its donor, set up on a helper thread while something else runs (see
   // apply()); joined before the heal. Last member: joined before the others go.
   double route_setup_ms = 0;  // written by route_setup, read after joining it
@@ -409,8 +410,13 @@ void ReplicaClient::report(double loss, double metric, bool final) {
   r.metric = metric;
   r.final = final;
   if (final) r.state_bytes = m.state.bytes().size();
-  (void)m.o.controller->call(&ReplicaController::report, std::move(r));  // a lost report is only a
-                                                                         // lost metric
+  const bool plain = r.committed && r.error.empty() && !r.healed && r.metric < 0 && !final;
+  m.reports.push_back(std::move(r));
+  if (!plain || static_cast<int64_t>(m.reports.size()) >= m.o.report_batch) {
+    // A lost report is only a lost metric.
+    (void)m.o.controller->call(&ReplicaController::report, std::move(m.reports));
+    m.reports.clear();
+  }
   if (final) m.plan.healed = false;
 }
 
