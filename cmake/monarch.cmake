@@ -56,5 +56,12 @@ function(monarch_add_test name)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
+  # An instrumented build runs the same work 2-3x slower (ASan's malloc is also libtorch's), and
+  # .ci/run runs it two tests at a time: ft_llama_test took over 120 s there beside
+  # ft_replica_client_test while it takes about 40 s uninstrumented. The limits are set for the
+  # plain build; a sanitizer build doubles them.
+  if(MONARCH_SANITIZE)
+    math(EXPR T_TIMEOUT "${T_TIMEOUT} * 2")
+  endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
 endfunction()

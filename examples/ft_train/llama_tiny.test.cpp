@@ -254,6 +254,11 @@ TEST_F(Llama, BadShapesAreRejected) {
 
 // Timing of one replica's share of a global batch of 32 sequences, for 1 and 4 replica groups.
 TEST_F(Llama, TimesForwardBackwardOfAShare) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // 8-14x slower under ASan (25 s of .ci/run's time) and no measure of the real code: the plain
+  // build (make test) prints these timings.
+  GTEST_SKIP() << "timings of an instrumented build";
+#endif
   auto m = make(1);
   for (int slots : {1, 4}) {
     m->forward_backward(0, 32, 0, slots);  // warm-up
