@@ -226,9 +226,13 @@ RunResult run_job(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> li
   auto done = c.call(&JobController::done);
   if (!done.wait_for(budget)) c.call(&JobController::finish_now).get(spawn_timeout);
   RunResult res{run.name, done.get(spawn_timeout)};
-  // The lighthouse first: holders waiting for a quorum get an error at once and see the stop.
-  if (own_lighthouse) lighthouse.stop().get(spawn_timeout);
+  // Every group finished: stop the groups before the lighthouse, so that no manager heartbeats a
+  // stopped one. A run cut short by finish_now may have ranks waiting for a quorum: the lighthouse
+  // first then, so that they get an error at once and see the stop.
+  const bool lighthouse_first = own_lighthouse && !res.s.error.empty();
+  if (lighthouse_first) lighthouse.stop().get(spawn_timeout);
   c.call(&JobController::shutdown).get(spawn_timeout * 2);
+  if (own_lighthouse && !lighthouse_first) lighthouse.stop().get(spawn_timeout);
   c.stop().get(spawn_timeout);
   return res;
 }

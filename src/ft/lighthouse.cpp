@@ -277,7 +277,7 @@ void Manager::beat() {
       spdlog::info("manager {}: the lighthouse answers again", replica_id_);
   } catch (const DeliveryFailure& e) {
     const auto& id = lh.id();
-    // Once per outage at warning level (a job's own lighthouse stops before its managers).
+    // Once per outage at warning level (a run cut short stops its lighthouse before its managers).
     spdlog::log(unreachable_->exchange(true) ? spdlog::level::debug : spdlog::level::warn,
                 "manager {}: heartbeat to the lighthouse failed ({}); looking it up again",
                 replica_id_, e.what());
