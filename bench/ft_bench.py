@@ -6,7 +6,8 @@ same seed with faults), so the two sides alternate: A B A B A B. BENCH_FT_REPS (
 repetitions; every figure is the median over them, printed with its spread [min..max].
 
 1. FT overhead per step with no faults: ft_train's fault-free step_ms_p50 against ddp_baseline's
-   (same model, data, batch and replicas). Target: <= 5 %.
+   (same model, data, batch and replicas; on both sides the median gap between consecutive step
+   ends, FT's being its commits). Target: <= 5 %.
 2. Goodput: committed samples/s under faults divided by the fault-free rate of the same
    ft_train invocation. Target: >= 95 %.
 3. Heal bandwidth (a donor's state read through RdmaBuffer) against memcpy of the same size.
