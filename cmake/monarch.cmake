@@ -58,7 +58,7 @@ function(monarch_add_test name)
   endif()
   # An instrumented build runs the same work 2-3x slower (ASan's malloc is also libtorch's), and
   # .ci/run runs it two tests at a time: ft_llama_test took over 120 s there beside
-  # ft_replica_client_test while it takes about 40 s uninstrumented. The limits are set for the
+  # ft_replica_client_test while it takes about 20 s uninstrumented. The limits are set for the
   # plain build; a sanitizer build doubles them.
   if(MONARCH_SANITIZE)
     math(EXPR T_TIMEOUT "${T_TIMEOUT} * 2")
