@@ -333,9 +333,9 @@ struct Group {
   TinyModel model;
   std::atomic<int64_t> step{0};  // committed steps, for the other threads
   int64_t predicted = 0, failed = 0, healed = 0;
-  std::string first_error;
   std::vector<std::string> errors;         // every step's error, in order
   std::function<void()> before_allreduce;  // a test's hook inside every step
+  std::string first_error() const { return errors.empty() ? "" : errors.front(); }
 };
 
 struct InProcessGroups {
@@ -369,7 +369,6 @@ struct InProcessGroups {
       g.predicted += plan.predicted;
       g.healed += client.last_error().empty() && plan.healed;
       if (!client.last_error().empty()) {
-        if (g.first_error.empty()) g.first_error = client.last_error();
         g.errors.push_back(client.last_error());
         ++g.failed;
       }
@@ -411,9 +410,9 @@ TEST(ReplicaClientProtocol, QuorumEveryKStepsAsksOnlyAtMultiplesAndTrainsBitwise
     std::thread ta([&] { env.train(*a, o, 40, stop, /*hold=*/false); });
     env.train(*b, o, 40, stop, /*hold=*/false);
     ta.join();
-    ASSERT_EQ(a->model.state->step(), 40) << a->first_error;
-    ASSERT_EQ(b->model.state->step(), 40) << b->first_error;
-    EXPECT_EQ(a->failed + b->failed, 0) << a->first_error << b->first_error;
+    ASSERT_EQ(a->model.state->step(), 40) << a->first_error();
+    ASSERT_EQ(b->model.state->step(), 40) << b->first_error();
+    EXPECT_EQ(a->failed + b->failed, 0) << a->first_error() << b->first_error();
     EXPECT_EQ(a->model.state->hash(), b->model.state->hash());
     auto asked = env.requested_steps();
     EXPECT_EQ(asked["a"], k > 1 ? 36 : 39);
@@ -439,7 +438,7 @@ TEST(ReplicaClientProtocol, AJoinerHealsWhileThePredictedPlansOfTheOthersStayVal
   std::atomic<bool> stop{false};
   std::thread ta([&] { env.train(*a, o, kJoinSteps, stop); });
   std::thread tb([&] { env.train(*b, o, kJoinSteps, stop); });
-  ASSERT_TRUE(env.wait([&] { return a->step >= 20; })) << a->first_error;
+  ASSERT_TRUE(env.wait([&] { return a->step >= 20; })) << a->first_error();
   auto c = env.group("c");
   std::thread tc([&] { env.train(*c, o, kJoinSteps, stop); });
   bool done = env.wait(
@@ -447,11 +446,11 @@ TEST(ReplicaClientProtocol, AJoinerHealsWhileThePredictedPlansOfTheOthersStayVal
   stop = true;
   for (auto* t : {&ta, &tb, &tc}) t->join();
   ASSERT_TRUE(done) << "a " << a->step << " b " << b->step << " c " << c->step << ": "
-                    << c->first_error;
-  EXPECT_EQ(c->healed, 1) << c->first_error;
-  EXPECT_EQ(a->failed, 0) << a->first_error;
-  EXPECT_EQ(b->failed, 0) << b->first_error;
-  EXPECT_EQ(c->failed, 0) << c->first_error;
+                    << c->first_error();
+  EXPECT_EQ(c->healed, 1) << c->first_error();
+  EXPECT_EQ(a->failed, 0) << a->first_error();
+  EXPECT_EQ(b->failed, 0) << b->first_error();
+  EXPECT_EQ(c->failed, 0) << c->first_error();
   EXPECT_EQ(a->model.state->hash(), c->model.state->hash());
   EXPECT_EQ(b->model.state->hash(), c->model.state->hash());
 }
@@ -483,7 +482,7 @@ TEST(ReplicaClientProtocol, TheOthersStopWaitingForAFrozenGroupOnceTheLighthouse
   std::thread ta([&] { env.train(*a, o, kFrozenSteps, stop); });
   std::thread tb([&] { env.train(*b, o, kFrozenSteps, stop); });
   std::thread tc([&] { env.train(*c, o, kFrozenSteps, stop, /*hold=*/false); });
-  ASSERT_TRUE(env.wait([&] { return frozen.load(); })) << c->first_error;
+  ASSERT_TRUE(env.wait([&] { return frozen.load(); })) << c->first_error();
   c->manager.stop().get(std::chrono::seconds(10));  // its heartbeats stop
   bool done = env.wait([&] { return a->step >= kFrozenSteps && b->step >= kFrozenSteps; },
                        std::chrono::seconds(30));
@@ -493,7 +492,7 @@ TEST(ReplicaClientProtocol, TheOthersStopWaitingForAFrozenGroupOnceTheLighthouse
   }
   env.cv.notify_all();
   for (auto* t : {&ta, &tb, &tc}) t->join();
-  ASSERT_TRUE(done) << "a " << a->step << " b " << b->step << ": " << a->first_error;
+  ASSERT_TRUE(done) << "a " << a->step << " b " << b->step << ": " << a->first_error();
   // (Any of their errors: on a loaded machine another group's late heartbeat may be named too.)
   for (auto* g : {a.get(), b.get()}) {
     std::string all;
