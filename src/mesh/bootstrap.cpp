@@ -1,11 +1,13 @@
 // The worker side of a process mesh: bootstrap() turns a process started by a host agent into a
 // worker (its Proc, the user's setup, heartbeats to the owner, WorkerControl's stop) and never
 // returns; elsewhere it returns at once.
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 
+#include "fork_server.hpp"
 #include "host_agent.hpp"
 #include "monarch/mesh/cast.hpp"
 
@@ -44,6 +46,11 @@ int run_worker(const WorkerSetup& setup) {
   const std::string controller_name = env_or("MONARCH_WORKER_CONTROLLER", "");
   WorkerInfo info{env_or("MONARCH_WORKER_MESH", "procs"),
                   std::stoull(env_or("MONARCH_WORKER_RANK", "0"))};
+  // The process's name (ps, top, /proc/PID/comm) says which worker it is: "<mesh>[<rank>]", cut
+  // to the kernel's 15 characters. Workers forked by one fork server share their command line,
+  // and their /proc/PID/environ shows the server's (the kernel keeps the environment of the exec).
+  const std::string title = info.mesh + "[" + std::to_string(info.rank) + "]";
+  ::prctl(PR_SET_NAME, title.substr(0, 15).c_str());
   const std::chrono::milliseconds interval{
       std::stoll(env_or("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS", "100"))};
   const std::chrono::milliseconds timeout{
@@ -134,6 +141,10 @@ int run_worker(const WorkerSetup& setup) {
 void bootstrap(int argc, char** argv, WorkerSetup setup) {
   (void)argc;
   (void)argv;
+  // A fork server (SpawnOptions::fork_server): it serves here, and returns only in a forked
+  // worker, whose environment then says what to be.
+  if (const char* fd = std::getenv(process_detail::kForkServerEnv))
+    process_detail::serve_forks(std::atoi(fd));
   if (std::getenv("MONARCH_WORKER_OWNER") == nullptr ||
       std::getenv("MONARCH_WORKER_CONTROLLER") == nullptr)
     return;

@@ -40,18 +40,19 @@ SpawnReply HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> controller)
     child.program = spec.program;
     child.args = spec.args;
     child.env = spec.env;
+    child.fork_server = spec.fork_server;
     std::string listen = listen_base_.starts_with("tcp://")
                              ? listen_base_ + ":0"
                              : listen_base_ + "-" + std::to_string(next_++);
-    child.env.push_back("MONARCH_WORKER_OWNER=" + controller.id().proc);
-    child.env.push_back("MONARCH_WORKER_CONTROLLER=" + spec.controller_name);
-    child.env.push_back("MONARCH_WORKER_MESH=" + spec.mesh);
-    child.env.push_back("MONARCH_WORKER_RANK=" + std::to_string(rank));
-    child.env.push_back("MONARCH_WORKER_LISTEN=" + listen);
-    child.env.push_back("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS=" +
-                        std::to_string(spec.heartbeat_interval_ms));
-    child.env.push_back("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS=" +
-                        std::to_string(spec.heartbeat_timeout_ms));
+    child.own_env.push_back("MONARCH_WORKER_OWNER=" + controller.id().proc);
+    child.own_env.push_back("MONARCH_WORKER_CONTROLLER=" + spec.controller_name);
+    child.own_env.push_back("MONARCH_WORKER_MESH=" + spec.mesh);
+    child.own_env.push_back("MONARCH_WORKER_RANK=" + std::to_string(rank));
+    child.own_env.push_back("MONARCH_WORKER_LISTEN=" + listen);
+    child.own_env.push_back("MONARCH_WORKER_HEARTBEAT_INTERVAL_MS=" +
+                            std::to_string(spec.heartbeat_interval_ms));
+    child.own_env.push_back("MONARCH_WORKER_HEARTBEAT_TIMEOUT_MS=" +
+                            std::to_string(spec.heartbeat_timeout_ms));
     auto on_line = [target, rank, gate = gate_](int stream, std::string line) {
       gate->with(target, [&](const ActorRef<MeshController>& c) {
         (void)c.call(&MeshController::log, rank, stream, std::move(line));

@@ -55,10 +55,11 @@ struct SpawnSpec {
   int64_t heartbeat_interval_ms = 0;
   int64_t heartbeat_timeout_ms = 0;
   std::string controller_name;  // registered name of the MeshController in the client Proc
+  bool fork_server = false;     // SpawnOptions::fork_server
   template <class Ar>
   void serialize(Ar& ar) {
     ar(mesh, program, args, env, first_rank, count, heartbeat_interval_ms, heartbeat_timeout_ms,
-       controller_name);
+       controller_name, fork_server);
   }
 };
 

@@ -20,7 +20,10 @@
 #include <future>
 #include <optional>
 #include <set>
+#include <sstream>
+#include <thread>
 
+#include "process_host.hpp"
 #include "testing/config_override.hpp"
 #include "testing/freeze.hpp"
 #include "testing/mesh_failures.hpp"
@@ -36,6 +39,14 @@ using monarch::ndslice::Extent;
 using monarch::ndslice::Range;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+
+// PH-7: a fork server needs a process with one thread at bootstrap(); TSan's runtime adds one.
+#if defined(__SANITIZE_THREAD__)
+#define SKIP_WITHOUT_FORK_SERVER() \
+  GTEST_SKIP() << "TSan runs a thread in every process: no fork server can serve"
+#else
+#define SKIP_WITHOUT_FORK_SERVER() (void)0
+#endif
 
 namespace {
 
@@ -701,8 +712,11 @@ int run_client(const std::string& mode) {
                                : monarch::mesh::this_host(fast());
   SpawnOptions so;
   so.name = "client";
+  so.fork_server = mode.starts_with("fork-");
   auto procs = host.spawn_procs(Extent{{"gpus", 3}}, so);
   for (size_t i = 0; i < procs.size(); ++i) std::printf("PID %d\n", procs.pid(i));
+  for (pid_t server : monarch::mesh::process_detail::ProcessHost::instance().fork_servers())
+    std::printf("SERVER %d\n", server);
   std::printf("READY\n");
   std::fflush(stdout);
   if (!mode.ends_with("sigkill")) {
@@ -710,7 +724,7 @@ int run_client(const std::string& mode) {
     while (::read(0, &c, 1) > 0) {  // until the test closes our stdin
     }
   }
-  if (mode == "exit") return 0;
+  if (mode.ends_with("exit")) return 0;
   if (mode == "throw") throw std::runtime_error("client threw");
   if (mode == "unhandled") {
     ::kill(procs.pid(1), SIGKILL);  // default fault hook: print and exit(1)
@@ -720,7 +734,8 @@ int run_client(const std::string& mode) {
 
 class NoOrphans : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {  // PH-1
+TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {  // PH-1 (and PH-7: nor its fork server)
+  if (GetParam().starts_with("fork-")) SKIP_WITHOUT_FORK_SERVER();
   std::optional<monarch::testing::Subprocess> agent;
   if (GetParam().starts_with("agent-")) {
     // Workers of a remote agent: the agent outlives the client; they must notice and exit.
@@ -736,14 +751,19 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {  // PH-1
   monarch::testing::Subprocess client(std::string(self, static_cast<size_t>(n)), {});
   ::unsetenv("MONARCH_TEST_CLIENT");
   ::unsetenv("MONARCH_TEST_AGENT");
-  std::vector<int> pids;
+  std::vector<int> pids, servers;
   while (true) {
     auto l = client.line(20s);
     ASSERT_TRUE(l.has_value()) << "client ended before READY";
     if (*l == "READY") break;
     if (l->starts_with("PID ")) pids.push_back(std::stoi(l->substr(4)));
+    if (l->starts_with("SERVER ")) servers.push_back(std::stoi(l->substr(7)));
   }
   ASSERT_EQ(pids.size(), 3u);
+  if (GetParam().starts_with("fork-")) {
+    ASSERT_EQ(servers.size(), 1u) << "no fork server";
+    pids.insert(pids.end(), servers.begin(), servers.end());
+  }
   for (int p : pids) EXPECT_TRUE(monarch::testing::process_alive(p));
   if (GetParam().ends_with("sigkill")) {
     client.kill(SIGKILL);
@@ -754,8 +774,8 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {  // PH-1
 }
 
 INSTANTIATE_TEST_SUITE_P(ClientEnds, NoOrphans,
-                         ::testing::Values("exit", "throw", "sigkill", "unhandled",
-                                           "agent-sigkill"),
+                         ::testing::Values("exit", "throw", "sigkill", "unhandled", "agent-sigkill",
+                                           "fork-sigkill", "fork-exit"),
                          [](const auto& p) {
                            std::string n = p.param;
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -893,6 +913,165 @@ TEST(ProcessMesh, AWorkerThatCannotStartFailsSpawnProcs) {
   }
 }
 
+// --- PH-7: fork servers (SpawnOptions::fork_server) ---
+
+using monarch::mesh::process_detail::ProcessHost;
+
+// The parent pid of `pid` (field 4 of /proc/PID/stat), or -1.
+int parent_of(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return -1;
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string state;
+  int ppid = -1;
+  rest >> state >> ppid;
+  return ppid;
+}
+
+// The fork servers started since `before` (a snapshot of ProcessHost::fork_servers()).
+std::vector<pid_t> new_servers(const std::vector<pid_t>& before) {
+  std::vector<pid_t> out;
+  for (pid_t p : ProcessHost::instance().fork_servers()) {
+    if (std::find(before.begin(), before.end(), p) == before.end()) out.push_back(p);
+  }
+  return out;
+}
+
+// Workers forked from a fork server are workers like exec'd ones: their ranks, environment,
+// output, exits and signals reach the mesh; the next spawn of the same program forks from the
+// same server.
+TEST(ForkServer, WorkersForkedFromItBehaveAsExecdOnes) {  // PH-7, PH-2, PH-4
+  SKIP_WITHOUT_FORK_SERVER();
+  auto host = monarch::mesh::this_host(fast());
+  auto before = ProcessHost::instance().fork_servers();
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::condition_variable cv;
+  Failures failures;
+  SpawnOptions so;
+  so.name = "logs-forked";  // worker_setup prints for "logs*" meshes
+  so.env = {"MONARCH_TEST_FORK=behave"};
+  so.fork_server = true;
+  so.on_failure = failures.handler();
+  so.log_sink = [&](const LogRecord& r) {
+    std::lock_guard lock(mu);
+    lines.push_back((r.stream == 2 ? "E " : "O ") + r.to_string());
+    cv.notify_all();
+  };
+  auto procs = host.spawn_procs(Extent{{"gpus", 3}}, so);
+  auto servers = new_servers(before);
+  ASSERT_EQ(servers.size(), 1u);
+  const pid_t server = servers[0];
+  auto pids = pids_of(procs);
+  for (int p : pids) {
+    EXPECT_NE(p, server);
+    EXPECT_EQ(parent_of(p), server) << "rank pid " << p << " was not forked by the server";
+  }
+  auto workers = procs.lookup<Worker>("worker");
+  auto ranks = workers.call(&Worker::rank).get(10s);
+  for (size_t r = 0; r < 3; ++r) EXPECT_EQ(ranks[r], r);
+  EXPECT_EQ(workers.call(&Worker::pid).get(10s)[2], pids[2]);
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return lines.size() >= 9; })) << lines.size();
+    for (size_t r = 0; r < 3; ++r) {
+      auto rs = std::to_string(r);
+      EXPECT_THAT(lines, ::testing::Contains("O [logs-forked " + rs + "] hello from rank " + rs));
+      EXPECT_THAT(lines, ::testing::Contains("E [logs-forked " + rs + "] warning from rank " + rs));
+    }
+  }
+  ::kill(pids[1], SIGKILL);
+  ASSERT_TRUE(failures.wait(1));
+  (void)workers.slice("gpus", 2).at(0).call(&Worker::crash, std::string("exit3"));
+  ASSERT_TRUE(failures.wait(2));
+  {
+    std::lock_guard lock(failures.mu);
+    EXPECT_THAT(failures.got[0].ranks, ElementsAre(1u));
+    EXPECT_THAT(failures.got[0].cause, HasSubstr("killed by signal 9 (SIGKILL)"));
+    EXPECT_THAT(failures.got[1].ranks, ElementsAre(2u));
+    EXPECT_THAT(failures.got[1].cause, HasSubstr("exited with code 3"));
+  }
+  EXPECT_EQ(workers.slice("gpus", 0).call_one(&Worker::rank).get(10s), 0u);
+  // A respawn: the same server forks it.
+  so.name = "forked-again";
+  so.log_sink = [](const LogRecord&) {};
+  auto again = host.spawn_procs(Extent{{"gpus", 2}}, so);
+  EXPECT_EQ(new_servers(before), servers);
+  for (int p : pids_of(again)) EXPECT_EQ(parent_of(p), server);
+  EXPECT_EQ(again.lookup<Worker>("worker").call(&Worker::rank).get(10s)[1], 1u);
+  EXPECT_TRUE(procs.stop());
+  EXPECT_TRUE(again.stop());
+  EXPECT_TRUE(all_dead(pids, 5s));
+  EXPECT_TRUE(all_dead(pids_of(again), 5s));
+}
+
+// A fork server that dies takes its workers with it (PDEATHSIG): they fail as killed, and the
+// next spawn starts a new server.
+TEST(ForkServer, AServerThatDiesTakesItsWorkersAndIsReplaced) {  // PH-7, PH-1
+  SKIP_WITHOUT_FORK_SERVER();
+  auto host = monarch::mesh::this_host(fast());
+  auto before = ProcessHost::instance().fork_servers();
+  Failures failures;
+  SpawnOptions so;
+  so.name = "server-dies";
+  so.env = {"MONARCH_TEST_FORK=dies"};
+  so.fork_server = true;
+  so.on_failure = failures.handler();
+  auto procs = host.spawn_procs(Extent{{"gpus", 2}}, so);
+  auto servers = new_servers(before);
+  ASSERT_EQ(servers.size(), 1u);
+  auto pids = pids_of(procs);
+  ::kill(servers[0], SIGKILL);
+  EXPECT_TRUE(all_dead(pids, 10s)) << "a worker outlived its fork server";
+  ASSERT_TRUE(failures.wait(2));
+  for (const auto& f : failures.snapshot()) {
+    EXPECT_THAT(f.cause, HasSubstr("killed by signal 9 (SIGKILL)")) << f.to_string();
+  }
+  so.name = "server-replaced";
+  so.on_failure = {};
+  auto again = host.spawn_procs(Extent{{"gpus", 2}}, so);
+  auto replaced = new_servers(before);
+  ASSERT_EQ(replaced.size(), 1u);
+  EXPECT_NE(replaced[0], servers[0]);
+  for (int p : pids_of(again)) EXPECT_EQ(parent_of(p), replaced[0]);
+  EXPECT_EQ(again.lookup<Worker>("worker").call(&Worker::rank).get(10s)[1], 1u);
+  EXPECT_TRUE(again.stop());
+}
+
+// A program that cannot serve forks still gets its workers, exec'd, with one warning naming why:
+// one that runs a thread before bootstrap() (this binary, told by MONARCH_TEST_THREAD_FIRST), and
+// one that does not exist.
+TEST(ForkServer, AProgramThatCannotServeForksIsExecdWithAWarning) {  // PH-7
+  auto host = monarch::mesh::this_host(fast());
+  auto before = ProcessHost::instance().fork_servers();
+  (void)g_warnings->take();
+  SpawnOptions so;
+  so.name = "threaded";
+  so.env = {"MONARCH_TEST_THREAD_FIRST=1"};
+  so.fork_server = true;
+  auto procs = host.spawn_procs(Extent{{"gpus", 2}}, so);
+  EXPECT_TRUE(new_servers(before).empty());
+  for (int p : pids_of(procs)) EXPECT_EQ(parent_of(p), ::getpid());
+  EXPECT_EQ(procs.lookup<Worker>("worker").call(&Worker::rank).get(10s)[1], 1u);
+  auto warnings = g_warnings->take();
+  EXPECT_THAT(warnings,
+              ::testing::Contains(HasSubstr("threads were running when bootstrap() started")));
+  EXPECT_TRUE(procs.stop());
+
+  so.name = "missing";
+  so.env = {};
+  so.program = "/nonexistent/worker";
+  so.log_sink = [](const LogRecord&) {};
+  try {
+    host.spawn_procs(Extent{{"gpus", 1}}, so);
+    FAIL() << "spawn_procs succeeded with a missing program";
+  } catch (const monarch::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("exited with code 127"));
+  }
+  EXPECT_THAT(g_warnings->take(), ::testing::Contains(HasSubstr("exited before bootstrap()")));
+}
+
 TEST(ProcTimeouts, ValidateNamesTheKey) {
   monarch::mesh::ProcTimeouts t;
   EXPECT_NO_THROW(t.validate());
@@ -914,6 +1093,12 @@ TEST(ProcTimeouts, ValidateNamesTheKey) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (std::getenv("MONARCH_TEST_THREAD_FIRST") != nullptr) {
+    // A thread before bootstrap(): this program cannot serve forks (ForkServer tests).
+    std::thread([] {
+      while (true) ::pause();
+    }).detach();
+  }
   monarch::mesh::bootstrap(argc, argv, worker_setup);  // a worker never returns from here
   if (const char* mode = std::getenv("MONARCH_TEST_CLIENT")) return run_client(mode);
   spdlog::default_logger()->sinks().push_back(g_warnings);  // before any thread logs

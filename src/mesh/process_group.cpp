@@ -106,6 +106,7 @@ void ProcessGroup::start() {
   spec.program = options.program.empty() ? self_exe() : options.program;
   spec.args = options.args;
   spec.env = options.env;
+  spec.fork_server = options.fork_server;
   spec.count = per_host;
   spec.heartbeat_interval_ms = t.heartbeat_interval.count();
   spec.heartbeat_timeout_ms = t.heartbeat_timeout.count();

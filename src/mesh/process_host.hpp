@@ -1,5 +1,7 @@
 // Internal: the process side of a host agent. Forks worker processes from one long-lived thread,
 // watches each with a pidfd, reaps it with waitid(P_PIDFD), and streams its stdout/stderr lines.
+// With ChildSpec::fork_server, a fork server (fork_server.hpp) forks the worker instead, and
+// reports its exit.
 //
 // It implements PH-1 (no orphans: PR_SET_PDEATHSIG bound to a spawner thread that lives as long
 // as the process) and PH-2 (exits seen at once through the pidfd, after the lines written before
@@ -30,6 +32,13 @@ struct ChildSpec {
   std::string program;            ///< path of the executable
   std::vector<std::string> args;  ///< argv[1..]
   std::vector<std::string> env;   ///< "KEY=VALUE" added to (and overriding) our environment
+  /// More "KEY=VALUE", this child's own (its rank...): added after `env`; unlike `env`, not
+  /// part of what selects its fork server.
+  std::vector<std::string> own_env;
+  /// Fork it from a fork server of this program, arguments and env (started on first use;
+  /// fork_server.hpp, PH-7) instead of exec'ing it. A program that cannot serve forks (it exits
+  /// before bootstrap(), or runs threads there) is exec'd instead, with one warning.
+  bool fork_server = false;
 };
 
 class ProcessHost {
@@ -48,8 +57,10 @@ class ProcessHost {
   pid_t spawn(const ChildSpec& spec, OnLine on_line, OnExit on_exit);
   /// Sends `sig` to the child `pid` if it was not reaped yet (PH-2). Returns false otherwise.
   bool signal(pid_t pid, int sig);
-  /// Children not yet reaped.
+  /// Children not yet reaped (fork servers included).
   size_t live() const;
+  /// The pids of the live fork servers (tests).
+  std::vector<pid_t> fork_servers() const;
 
   struct Impl;
 

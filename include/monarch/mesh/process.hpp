@@ -78,6 +78,14 @@ struct SpawnOptions {
   std::vector<std::string> args{};
   /// Extra environment of the workers, "KEY=VALUE".
   std::vector<std::string> env{};
+  /// Fork the workers from a fork server instead of exec'ing each (PH-7, docs/processes.md): the
+  /// first spawn_procs of this program, args and env on a host starts, besides the workers, one
+  /// idle process that loaded the program's libraries and waits in bootstrap(); this and later
+  /// spawns there (a respawned replica) fork from it in milliseconds, where an exec of a
+  /// libtorch program takes most of a second. The program must start no thread before
+  /// bootstrap(); if it does, or exits first, its workers are exec'd as without this flag (one
+  /// warning). The server lives as long as its host agent.
+  bool fork_server = false;
   /// Failure handler (see ProcMesh::on_failure); may also be set later. Left empty when
   /// spawn_procs is called inside an actor's handler, that actor owns the mesh: each MeshFailure
   /// goes to its supervise(const MeshFailure&) (false there fails the actor: fail fast).
