@@ -75,6 +75,30 @@ def processes(pred):
     return pids
 
 
+def comm_of(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def workers_of(job, mesh, rank=0):
+    """The processes of worker `rank` of `mesh` in SLURM job `job`. bootstrap() names a worker
+    "<mesh>[<rank>]" (its comm); its environment in /proc is not a guide, since a worker forked by
+    a fork server shows the server's."""
+    name = "%s[%d]" % (mesh, rank)
+    return [p for p in processes(lambda e: e.get("SLURM_JOB_ID") == job) if comm_of(p) == name]
+
+
+def agent_of(pid):
+    """The host agent above worker `pid`: its parent, or its fork server's parent."""
+    parent = parent_of(pid)
+    if "MONARCH_FORK_SERVER" in (env_of(parent) or {}):
+        parent = parent_of(parent)
+    return parent
+
+
 def parent_of(pid):
     with open("/proc/%d/stat" % pid) as f:
         stat = f.read()
@@ -192,15 +216,16 @@ def main():
                 fail("ft_train did not end within 60 s of SIGTERM", log())
             sigterm_checks(rc, job, log())
             return
-        workers = processes(lambda e: e.get("SLURM_JOB_ID") == job and
-                            e.get("MONARCH_WORKER_MESH") == "replica1-0")
+        workers = workers_of(job, "replica1-0")
         if len(workers) != 1:
             fail("expected 1 worker of replica1-0 in SLURM job %s, found %s" % (job, workers), log())
-        victim = workers[0] if a.kill == "worker" else parent_of(workers[0])
+        victim = workers[0] if a.kill == "worker" else agent_of(workers[0])
         if a.kill == "agent":
             agent_env = env_of(victim) or {}
-            if agent_env.get("SLURM_JOB_ID") != job or "MONARCH_WORKER_MESH" in agent_env:
-                fail("parent %d of worker %d is not an agent of job %s" % (victim, workers[0], job))
+            if (agent_env.get("SLURM_JOB_ID") != job or comm_of(victim) != "monarch" or
+                    "MONARCH_FORK_SERVER" in agent_env):
+                fail("process %d above worker %d is not an agent of job %s" %
+                     (victim, workers[0], job))
         os.kill(victim, signal.SIGKILL)
         print("killed group 1's %s (pid %d) of SLURM job %s at step >= %d" %
               (a.kill, victim, job, a.kill_at), flush=True)

@@ -141,6 +141,7 @@ struct RunOptions {
   ex::Launcher* launcher = nullptr;  // where the groups run (--launcher); outlives the runs
   std::string name = "faulty", metrics_path, metric = "accuracy";
   int64_t faults = 6, freeze_ms = 2000, spares = 0;
+  bool fork_server = true;       // --no-fork-server: exec every group's procs
   bool progress = true;          // events and progress at all (--no-progress: none)
   bool live = true;              // stdout is a terminal: one \r-rewritten progress line
   int64_t progress_every = 100;  // not a terminal: a plain progress line every this many steps
@@ -155,7 +156,7 @@ struct JobController : ex::ScheduledController {
       : ScheduledController(
             std::move(hosts), std::move(lighthouse),
             {cfg.replicas, cfg.ranks, cfg.steps, cfg.global_batch, run.name, run.metrics_path,
-             run.metric, run.spares},
+             run.metric, run.spares, run.fork_server},
             {cfg.seed, run.faults, std::chrono::milliseconds(run.freeze_ms), run.chaos}),
         cfg_(std::move(cfg)),
         run_(std::move(run)) {}
@@ -263,6 +264,8 @@ static int run(int argc, char** argv) {
   app.add_option("--data", cfg.data_dir, "the model's data (default: its Debian package's)");
   app.add_option("--spares", run.spares, "warm spare groups (a failed group's quick replacement)")
       ->check(CLI::Range(0, 16));
+  app.add_flag("!--no-fork-server", run.fork_server,
+               "exec every group's procs instead of forking them from a fork server per host");
   app.add_option("--freeze-ms", run.freeze_ms, "how long a SIGSTOP fault freezes its victim")
       ->check(CLI::Range(1, 5000));
   app.add_option("--json-summary", json_summary, "write the summary JSON here");

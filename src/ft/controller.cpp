@@ -332,7 +332,8 @@ ReplicaController::Unit ReplicaController::spawn_unit(const mesh::HostMesh& host
                                                       const std::string& name) {
   Unit u;
   u.mesh = name;
-  u.procs = host.spawn_procs({{"ranks", static_cast<size_t>(opts_.ranks)}}, {.name = name});
+  u.procs = host.spawn_procs({{"ranks", static_cast<size_t>(opts_.ranks)}},
+                             {.name = name, .fork_server = opts_.fork_server});
   u.agents = u.procs->spawn<FaultAgent>("ft.faults", self<ReplicaController>());
   return u;
 }

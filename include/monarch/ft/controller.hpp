@@ -265,9 +265,15 @@ struct ReplicaControllerOptions {
   /// that a failed group's replacement does not wait for process start. Each costs one group's
   /// procs (memory, and their start CPU, also when a refill runs during training).
   int64_t spares = 0;
+  /// Fork the groups' procs from a fork server per host (mesh::SpawnOptions::fork_server) rather
+  /// than exec each: a replacement's procs start in milliseconds instead of reloading the
+  /// trainer program's libraries (libtorch: most of a second), and unlike a spare nothing runs
+  /// meanwhile. The trainer program must start no thread before mesh::bootstrap().
+  bool fork_server = true;
   template <class A>
   void serialize(A& ar) {
-    ar(groups, ranks, steps, samples_per_step, run_name, metrics_path, metric_name, spares);
+    ar(groups, ranks, steps, samples_per_step, run_name, metrics_path, metric_name, spares,
+       fork_server);
   }
 };
 
