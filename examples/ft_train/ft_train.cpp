@@ -122,7 +122,7 @@ struct Trainer : monarch::Actor {
       // Replicas end bitwise equal: replica0 alone evaluates the whole held-out split.
       bool judge = cfg_.client.replica_id == "replica0" && cfg_.client.rank == 0;
       if (!stop_) client.report(-1, judge ? work_->evaluate(true) : -1, /*final=*/true);
-      while (!stop_) client.hold();  // laggards heal from this group until the job stops it
+      while (!stop_) client.hold(&stop_);  // laggards heal from this group until the job stops it
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ft_train: %s rank %lld: fatal: %s\n", cfg_.client.replica_id.c_str(),
                    static_cast<long long>(cfg_.client.rank), e.what());

@@ -375,15 +375,24 @@ bool ReplicaClient::should_commit(bool ok) {
   return commit;
 }
 
-void ReplicaClient::hold() {
+void ReplicaClient::hold(const std::atomic<bool>* stop) {
   auto& m = *impl_;
+  constexpr auto kSlice = std::chrono::milliseconds(50);  // also the pacing of the hold loop
+  auto stopped = [stop] { return stop != nullptr && stop->load(); };
   try {
     m.exposed.sync();
-    (void)m.ask_async().get(m.o.step_timeout);
+    auto answer = m.ask_async();
+    // A stopping job's quorum may never form (its groups stop one by one): the caller's stop
+    // flag, not step_timeout, ends the wait then.
+    const auto deadline = Clock::now() + m.o.step_timeout;
+    bool ready = false;
+    while (!(ready = answer.wait_for(kSlice)) && !stopped() && Clock::now() < deadline) {
+    }
+    if (ready) (void)answer.get(m.o.step_timeout);
   } catch (const std::exception&) {
     // a hold round that found no quorum (the job is ending, a group is being evicted): again
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // pacing of the hold loop
+  if (!stopped()) std::this_thread::sleep_for(kSlice);
 }
 
 void ReplicaClient::report(double loss, double metric, bool final) {

@@ -114,7 +114,7 @@ struct TinyTrainer : monarch::Actor {
       client.report(loss);
     }
     if (!stop_) client.report(-1, 1.0, /*final=*/true);
-    while (!stop_) client.hold();
+    while (!stop_) client.hold(&stop_);
   }
 
   ft::ReplicaClientOptions options_;

@@ -36,6 +36,7 @@
 // on the Manager, the allreduce and RDMA reads). The Manager and the RDMA engine run elsewhere.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -177,7 +178,9 @@ class ReplicaClient {
   bool should_commit(bool ok);
   /// For a rank that finished (state.step() >= max_steps): one quorum round without training,
   /// so that groups still behind can heal from this one; errors are ignored. Paces itself (50 ms).
-  void hold();
+  /// A round waits up to step_timeout for its quorum; `stop` (the caller's stop flag, set by
+  /// another thread) ends that wait within 50 ms, so that a finished group stops at once.
+  void hold(const std::atomic<bool>* stop = nullptr);
   /// Sends this step's StepReport to the controller (no-op without one): quorum and heal facts
   /// of the last plan, whether it committed, the state's step, the last error, and the state's
   /// hash at steps that are multiples of hash_every and in the final report. Plain commits wait
