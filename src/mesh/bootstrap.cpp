@@ -143,8 +143,7 @@ void bootstrap(int argc, char** argv, WorkerSetup setup) {
   (void)argv;
   // A fork server (SpawnOptions::fork_server): it serves here, and returns only in a forked
   // worker, whose environment then says what to be.
-  if (const char* fd = std::getenv(process_detail::kForkServerEnv))
-    process_detail::serve_forks(std::atoi(fd));
+  if (const char* fd = std::getenv(process_detail::kForkServerEnv)) process_detail::serve_forks(fd);
   if (std::getenv("MONARCH_WORKER_OWNER") == nullptr ||
       std::getenv("MONARCH_WORKER_CONTROLLER") == nullptr)
     return;

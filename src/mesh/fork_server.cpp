@@ -17,6 +17,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -82,7 +85,22 @@ void become_child(pid_t server, int sock, int sigfd, int out, int err,
 
 }  // namespace
 
-void serve_forks(int sock) {
+void serve_forks(const char* fd) {
+  char* end = nullptr;
+  const long number = std::strtol(fd, &end, 10);
+  int type = 0;
+  socklen_t type_len = sizeof type;
+  if (end == fd || *end != '\0' || number < 0 || number > INT32_MAX ||
+      ::getsockopt(static_cast<int>(number), SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 ||
+      type != SOCK_SEQPACKET) {
+    std::fprintf(stderr,
+                 "monarch: %s=%s names no fork server socket (only a host agent sets it); "
+                 "ignored\n",
+                 kForkServerEnv, fd);
+    ::unsetenv(kForkServerEnv);
+    return;
+  }
+  const int sock = static_cast<int>(number);
   const pid_t self = ::getpid();
   ForkMsg hello;
   hello.type = 'H';

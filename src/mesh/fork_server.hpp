@@ -35,8 +35,11 @@ struct ForkMsg {
   int32_t code = -1, signal = 0, core = 0;
 };
 
-/// The server's loop (the worker side, from bootstrap). Returns only in a forked child, whose
-/// stdio and environment are then the requested ones; the server itself exits with the agent.
-void serve_forks(int sock);
+/// The server's loop (the worker side, from bootstrap), on the socket whose number `fd` (the
+/// value of MONARCH_FORK_SERVER) names. Returns in a forked child, whose stdio and environment
+/// are then the requested ones; the server itself exits with the agent. Also returns, after a
+/// message on stderr and with the variable removed, when `fd` names no SOCK_SEQPACKET socket (set
+/// by hand, not by an agent): the process then goes on as if it had not been set.
+void serve_forks(const char* fd);
 
 }  // namespace monarch::mesh::process_detail

@@ -11,6 +11,7 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1070,6 +1071,29 @@ TEST(ForkServer, AProgramThatCannotServeForksIsExecdWithAWarning) {  // PH-7
     EXPECT_THAT(e.what(), HasSubstr("exited with code 127"));
   }
   EXPECT_THAT(g_warnings->take(), ::testing::Contains(HasSubstr("exited before bootstrap()")));
+}
+
+// MONARCH_FORK_SERVER set by hand (no agent's socket behind it) is refused with a message, and
+// the program runs on: no hang waiting on a descriptor that is not the agent's.
+TEST(ForkServer, AHandSetVariableIsRefusedAndTheProgramRunsOn) {  // PH-7
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  ASSERT_GT(n, 0);
+  for (const char* value : {"junk", "0"}) {
+    std::string cmd = std::string("MONARCH_FORK_SERVER=") + value + " '" +
+                      std::string(self, static_cast<size_t>(n)) +
+                      "' --gtest_filter=NoSuchTest 2>&1 </dev/null";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (size_t got = std::fread(buf, 1, sizeof buf, p)) out.append(buf, got);
+    int status = ::pclose(p);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << value << ": " << out;
+    EXPECT_THAT(out, HasSubstr(std::string("MONARCH_FORK_SERVER=") + value +
+                               " names no fork server socket"));
+    EXPECT_THAT(out, HasSubstr("0 tests"));  // gtest ran: the program went on
+  }
 }
 
 TEST(ProcTimeouts, ValidateNamesTheKey) {
