@@ -240,6 +240,18 @@ void Manager::init() {
 
 void Manager::cleanup(const std::optional<ActorSupervisionEvent>&) {
   heartbeat_.stop();
+  // A request still in flight ends here: the group is stopping, so its ranks get this error at
+  // once, and the request's later failure (this proc's shutdown returns it as undeliverable) is
+  // not reported as a lost lighthouse.
+  if (auto in = inflight_) {
+    std::lock_guard lock(in->mu);
+    if (!in->done) {
+      in->done = true;
+      auto stopped = std::make_exception_ptr(
+          QuorumError("manager " + replica_id_ + " stopped with its quorum request in flight"));
+      for (auto& [rank, ask] : in->asks) ask.reply.set_error(stopped);
+    }
+  }
 }
 
 ActorRef<Lighthouse> Manager::lighthouse() const {
