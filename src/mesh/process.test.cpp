@@ -899,19 +899,25 @@ TEST(ProcessMesh, CAST12_CastsRouteAroundADeadRootAndADeadInteriorNode) {
   EXPECT_TRUE(all_dead(pids, 5s));
 }
 
+// spawn_procs of `n` procs of a program that does not exist fails, naming the mesh and the exec
+// failure (exit 127).
+void expect_missing_program_fails(const monarch::mesh::HostMesh& host, SpawnOptions so, size_t n) {
+  so.program = "/nonexistent/worker";
+  so.log_sink = [](const LogRecord&) {};
+  try {
+    host.spawn_procs(Extent{{"gpus", n}}, so);
+    FAIL() << "spawn_procs succeeded with a missing program";
+  } catch (const monarch::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("mesh " + so.name + ": rank ["));
+    EXPECT_THAT(e.what(), HasSubstr("exited with code 127"));
+  }
+}
+
 TEST(ProcessMesh, AWorkerThatCannotStartFailsSpawnProcs) {
   auto host = monarch::mesh::this_host(fast());
   SpawnOptions so;
   so.name = "nostart";
-  so.program = "/nonexistent/worker";
-  so.log_sink = [](const LogRecord&) {};
-  try {
-    host.spawn_procs(Extent{{"gpus", 2}}, so);
-    FAIL() << "spawn_procs succeeded with a missing program";
-  } catch (const monarch::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("mesh nostart: rank ["));
-    EXPECT_THAT(e.what(), HasSubstr("exited with code 127"));
-  }
+  expect_missing_program_fails(host, so, 2);
 }
 
 // --- PH-7: fork servers (SpawnOptions::fork_server) ---
@@ -1062,14 +1068,7 @@ TEST(ForkServer, AProgramThatCannotServeForksIsExecdWithAWarning) {  // PH-7
 
   so.name = "missing";
   so.env = {};
-  so.program = "/nonexistent/worker";
-  so.log_sink = [](const LogRecord&) {};
-  try {
-    host.spawn_procs(Extent{{"gpus", 1}}, so);
-    FAIL() << "spawn_procs succeeded with a missing program";
-  } catch (const monarch::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("exited with code 127"));
-  }
+  expect_missing_program_fails(host, so, 1);
   EXPECT_THAT(g_warnings->take(), ::testing::Contains(HasSubstr("exited before bootstrap()")));
 }
 

@@ -90,6 +90,16 @@ void set_nonblock(int fd) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
+// A child's stdout and stderr pipes (close-on-exec); throws naming `program` when out of fds.
+void output_pipes(const std::string& program, int out[2], int err[2]) {
+  if (::pipe2(out, O_CLOEXEC) != 0) throw Error("spawning " + program + ": pipe failed");
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    throw Error("spawning " + program + ": pipe failed");
+  }
+}
+
 }  // namespace
 
 struct ProcessHost::Impl {
@@ -409,12 +419,7 @@ struct ProcessHost::Impl {
     argv.push_back(nullptr);
 
     int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) throw Error("spawning " + spec.program + ": pipe failed");
-    if (::pipe2(err, O_CLOEXEC) != 0) {
-      ::close(out[0]);
-      ::close(out[1]);
-      throw Error("spawning " + spec.program + ": pipe failed");
-    }
+    output_pipes(spec.program, out, err);
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const pid_t parent = ::getpid();
     const char* program = spec.program.c_str();
@@ -560,12 +565,7 @@ struct ProcessHost::Impl {
       msg += '\0';
     }
     int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) throw Error("spawning " + spec.program + ": pipe failed");
-    if (::pipe2(err, O_CLOEXEC) != 0) {
-      ::close(out[0]);
-      ::close(out[1]);
-      throw Error("spawning " + spec.program + ": pipe failed");
-    }
+    output_pipes(spec.program, out, err);
     auto c = std::make_shared<Child>();
     c->out[1] = out[0];
     c->out[2] = err[0];
