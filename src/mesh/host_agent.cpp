@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 namespace monarch::mesh {
@@ -28,7 +29,12 @@ std::string worker_listen_base(const std::string& agent_addr) {
 HostAgent::HostAgent(std::string listen_base, std::shared_ptr<CallbackGate> gate)
     : listen_base_(std::move(listen_base)),
       gate_(std::move(gate)),
-      incarnation_(std::random_device{}() | 1) {}
+      incarnation_(std::random_device{}() | 1),
+      wire_version_(kAgentWireVersion) {
+  if (const char* v = std::getenv("MONARCH_TESTING_AGENT_WIRE_VERSION")) {
+    wire_version_ = static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
+  }
+}
 
 SpawnReply HostAgent::spawn(SpawnSpec spec, ActorRef<MeshController> controller) {
   SpawnReply reply{incarnation_, {}};

@@ -4,7 +4,8 @@
 //   client -> agent   HostAgent::spawn(spec, controller) -> {incarnation, pids};
 //                     HostAgent::kill(pid, sig); HostAgent::incarnation() (pinged every
 //                     heartbeat_interval: an answer other than the incarnation that spawned a
-//                     mesh's procs (a restart), or none (a lost agent), fails that host's ranks)
+//                     mesh's procs (a restart), or none (a lost agent), fails that host's ranks);
+//                     HostAgent::wire_version(), once at attach_to_workers (PH-8)
 //   agent -> client   MeshController::exited(rank, code, signal, core) at once on exit (pidfd);
 //                     MeshController::log(rank, stream, line)
 //   worker -> client  MeshController::ready(rank, addr, pid, control, comm); heartbeat(rank) every
@@ -147,6 +148,12 @@ struct CallbackGate {
   }
 };
 
+/// The version of this protocol's messages. attach_to_workers asks each agent for its version and
+/// refuses one that differs, or one too old to answer (PH-8 in docs/processes.md): a spawn
+/// between builds would otherwise fail to decode ("malformed input"). Bump it whenever SpawnSpec,
+/// SpawnReply or an endpoint of these actors changes.
+inline constexpr uint32_t kAgentWireVersion = 2;
+
 /// The host agent actor (registered as "monarch.agent" by run_agent; embedded for this_host()).
 class HostAgent : public Actor {
  public:
@@ -155,12 +162,16 @@ class HostAgent : public Actor {
   SpawnReply spawn(SpawnSpec spec, ActorRef<MeshController> controller);
   bool kill(int64_t pid, int sig);
   uint64_t incarnation() const { return incarnation_; }
-  MONARCH_ENDPOINTS(HostAgent, spawn, kill, incarnation)
+  /// kAgentWireVersion; for tests, MONARCH_TESTING_AGENT_WIRE_VERSION (an integer) in the agent's
+  /// environment makes it claim another version.
+  uint32_t wire_version() const { return wire_version_; }
+  MONARCH_ENDPOINTS(HostAgent, spawn, kill, incarnation, wire_version)
 
  private:
   std::string listen_base_;
   std::shared_ptr<CallbackGate> gate_;
   uint64_t incarnation_;
+  uint32_t wire_version_;
   uint64_t next_ = 0;
 };
 

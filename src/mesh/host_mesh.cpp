@@ -65,15 +65,36 @@ HostMesh attach_to_workers(const std::vector<std::string>& agents, HostOptions o
   auto s = make_host_state(options, listen);
   s->extent = ndslice::Extent({"hosts"}, {agents.size()});
   for (const auto& addr : agents) {
+    std::string mismatch;
     try {
       auto ref = s->client->lookup_remote<process_detail::HostAgent>(addr, "monarch.agent")
                      .get(options.timeouts.spawn_timeout);
       s->incarnations.push_back(
           ref.call(&process_detail::HostAgent::incarnation).get(options.timeouts.spawn_timeout));
+      // PH-8: one protocol version on both sides (incarnation() above is answered by every build).
+      try {
+        uint32_t v =
+            ref.call(&process_detail::HostAgent::wire_version).get(options.timeouts.spawn_timeout);
+        if (v != process_detail::kAgentWireVersion) {
+          mismatch = "speaks agent wire version " + std::to_string(v) + ", this program " +
+                     std::to_string(process_detail::kAgentWireVersion);
+        }
+      } catch (const DeliveryFailure& e) {
+        if (e.reason().find("no registered endpoint") == std::string::npos) throw;
+        mismatch =
+            "is from an older monarch build (it does not report its wire version; this "
+            "program speaks " +
+            std::to_string(process_detail::kAgentWireVersion) + ")";
+      }
       s->agents.push_back(ref);
       s->agent_addrs.push_back(addr);
     } catch (const std::exception& e) {
       throw Error("attach_to_workers: host agent " + addr + " unreachable: " + e.what());
+    }
+    if (!mismatch.empty()) {
+      throw UsageError("attach_to_workers: host agent " + addr + " " + mismatch +
+                       ": start the agents (`monarch agent`) from the same monarch build as "
+                       "this program");
     }
   }
   return HostMesh(s);

@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "host_agent.hpp"
 #include "process_host.hpp"
 #include "testing/config_override.hpp"
 #include "testing/freeze.hpp"
@@ -606,6 +607,33 @@ TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0,
             fast().timeouts.stop_timeout);  // not waiting on the dead
   EXPECT_TRUE(all_dead(pids, 5s));
+}
+
+// PH-8: an agent of another protocol version (another monarch build) is refused when the client
+// attaches, with an error that names the agent and both versions, instead of attaching and failing
+// the first spawn with "malformed input". An agent of this build attaches and spawns.
+TEST(ProcessMesh, AnAgentOfAnotherWireVersionIsRefusedAtAttach) {
+  std::string stem = "unix://@monarch-agent-version-" + std::to_string(::getpid());
+  const std::string theirs = std::to_string(monarch::mesh::process_detail::kAgentWireVersion + 1);
+  monarch::testing::Subprocess other(
+      "/usr/bin/env", {"MONARCH_TESTING_AGENT_WIRE_VERSION=" + theirs, MONARCH_CLI, "agent",
+                       "--listen", stem + "-other"});
+  monarch::testing::Subprocess same(MONARCH_CLI, {"agent", "--listen", stem + "-same"});
+  const std::string a_other = other.listening(), a_same = same.listening();
+  try {
+    (void)monarch::mesh::attach_to_workers({a_same, a_other}, fast());
+    FAIL() << "attached to an agent of wire version " << theirs;
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("host agent " + a_other + " speaks agent wire version " + theirs +
+                          ", this program " +
+                          std::to_string(monarch::mesh::process_detail::kAgentWireVersion)));
+    EXPECT_THAT(e.what(), HasSubstr("same monarch build"));
+  }
+  auto hosts = monarch::mesh::attach_to_workers({a_same}, fast());
+  auto procs = hosts.spawn_procs(Extent{{"gpus", 1}}, {.name = "versioned"});
+  EXPECT_EQ(procs.lookup<Worker>("worker").call(&Worker::rank).get(10s)[0], 0u);
+  EXPECT_TRUE(procs.stop());
 }
 
 // PH-3: the agent is killed (-9) and a new one serves the same address. The client must not take
