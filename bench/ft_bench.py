@@ -12,7 +12,9 @@ same seed with faults), so the two sides alternate: A B A B A B... BENCH_FT_REPS
 2. Goodput: committed samples/s under faults divided by the fault-free rate of the same
    ft_train invocation. Target: >= 95 %.
 3. Heal bandwidth (a donor's state read through RdmaBuffer) against memcpy of the same size.
-   Target: >= 0.5x.
+   Target: >= 0.5x of the hot loop (memcpy_gbps: 50 copies of one buffer). Printed next to it,
+   with no target: the ratio to one cold copy of the same size (memcpy_cold_gbps), which is what
+   a heal is.
 4. Recovery (injection -> the victim commits again) p50, SIGKILL faults and all faults. Targets:
    <= 1.0 s and <= 1.5 s.
 Appends JSON lines to $MONARCH_BENCH_OUT like the C++ benchmarks."""
@@ -82,6 +84,8 @@ def main(build):
     mc = [f["memcpy_gbps"] for _, f in runs]
     row("ft_heal", "GB_s", "monarch", heal, "GB/s", "higher", bytes=runs[0][1]["state_bytes"])
     row("ft_heal", "GB_s", "memcpy", mc, "GB/s", "higher", bytes=runs[0][1]["state_bytes"])
+    cold = [f.get("memcpy_cold_gbps", 0) for _, f in runs]
+    row("ft_heal", "GB_s", "memcpy_cold", cold, "GB/s", "higher", bytes=runs[0][1]["state_bytes"])
     rec_kill, rec_all = [], []
     for _, f in runs:
         ks = [x["recovery_s"] for x in f["faults"] if x.get("recovery_s") is not None and x["fault"] == "sigkill"]
@@ -96,6 +100,7 @@ def main(build):
          unit="s", better="lower", faults="all", target=1.5, **p)
     overhead = [f / d - 1 for f, d in zip(ft_step, ddp_step)]
     heal_ratio = [h / m for h, m in zip([f["heal_gbps"] for _, f in runs], mc) if h > 0]
+    heal_cold = [h / m for h, m in zip([f["heal_gbps"] for _, f in runs], cold) if h > 0 and m > 0]
 
     def pct(xs):
         return f"{med(xs) * 100:+.1f} % [{min(xs) * 100:+.1f}..{max(xs) * 100:+.1f}]"
@@ -105,7 +110,9 @@ def main(build):
           f"  goodput under {faults:g} faults {med(goodput) * 100:.1f} % [{min(goodput) * 100:.1f}..{max(goodput) * 100:.1f}]"
           f" of fault-free (target >= 95 %)\n"
           f"  heal {med(heal_ratio):.2f}x memcpy [{min(heal_ratio, default=0):.2f}..{max(heal_ratio, default=0):.2f}]"
-          f" (target >= 0.5x)\n"
+          f" (target >= 0.5x; the peer is a hot loop: 50 copies of one buffer)\n"
+          f"  heal {med(heal_cold):.2f}x a cold memcpy [{min(heal_cold, default=0):.2f}..{max(heal_cold, default=0):.2f}]"
+          f" (one copy of the same size after evicting the caches, as a heal is; no target)\n"
           f"  recovery p50 sigkill {med(rec_kill):.2f} s (target <= 1.0), all faults {med(rec_all):.2f} s (target <= 1.5)")
     return 0
 

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -203,6 +204,29 @@ double memcpy_gbps(size_t bytes) {
   }
   double s = std::chrono::duration<double>(Clock::now() - t).count();
   return b[7] == 7 ? static_cast<double>(bytes) * reps / s / 1e9 : 0;
+}
+
+double memcpy_cold_gbps(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 4096);
+  long llc = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0) llc = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+  const size_t evict_bytes = std::min<size_t>(
+      std::max<size_t>(2 * static_cast<size_t>(std::max(llc, 0L)), 64u << 20), 512u << 20);
+  std::vector<char> a(bytes, 1), b(bytes, 0), evict(evict_bytes, 1);
+  std::vector<double> gbps;
+  for (int i = 0; i < 9; ++i) {
+    // Reads (not writes) evict: the lines left behind are clean, so the copy pays no write-backs
+    // of the eviction buffer.
+    unsigned sum = 0;
+    for (size_t k = 0; k < evict.size(); k += 64) sum += static_cast<unsigned char>(evict[k]);
+    a[static_cast<size_t>(i)] = static_cast<char>(sum + static_cast<unsigned>(i));
+    auto t = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    double s = std::chrono::duration<double>(Clock::now() - t).count();
+    if (b[static_cast<size_t>(i)] != a[static_cast<size_t>(i)]) return 0;
+    gbps.push_back(static_cast<double>(bytes) / std::max(s, 1e-9) / 1e9);
+  }
+  return percentile(std::move(gbps), 0.5);
 }
 
 double percentile(std::vector<double> v, double q) {

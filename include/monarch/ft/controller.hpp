@@ -243,8 +243,14 @@ struct RunStats {
   }
 };
 
-/// memcpy bandwidth (GB/s) of a buffer of `bytes` (at least 4 KiB): the bound for a heal.
+/// memcpy bandwidth (GB/s) of a buffer of `bytes` (at least 4 KiB), hot: the same copy 50
+/// times in a row, source, destination and TLB warm (the heal target's peer, docs/ft.md).
 double memcpy_gbps(size_t bytes);
+/// memcpy bandwidth (GB/s) of one copy of `bytes` (at least 4 KiB) between buffers evicted from
+/// the caches (a read of twice the last-level cache, at least 64 MiB, before each copy): the
+/// median of 9. A heal is one such copy. Takes about 0.1-0.5 s; allocates the eviction buffer for
+/// the call. Any thread.
+double memcpy_cold_gbps(size_t bytes);
 /// q-quantile (0..1, linear interpolation) of `v`; 0 when empty.
 double percentile(std::vector<double> v, double q);
 
