@@ -78,7 +78,9 @@ const std::vector<KeyInfo> kKeys = {
     {"rdma.backend", Kind::String, "auto",
      "data-plane backend: auto (ucx if it starts, else channel, with a warning), ucx, channel"},
     {"rdma.timeout", Kind::Duration, "30s", "a read_into/write_from not complete by then fails"},
-    {"rdma.chunk_bytes", Kind::Bytes, "4MiB", "channel backend: bytes per chunk message"},
+    {"rdma.chunk_bytes", Kind::Bytes, "4MiB",
+     "channel backend: bytes per chunk message (at most: a smaller transfer is cut evenly over the "
+     "streams)"},
     {"rdma.streams", Kind::Int, "2", "channel backend: parallel links per owner"},
     {"rdma.ack_every", Kind::Int, "1",
      "channel backend: links acknowledge after this many messages (chunks are sent from the "
