@@ -30,8 +30,6 @@ json run_json(const ft::RunStats& s, const std::string& metric, double detect_s)
           {"committed_samples_per_s", s.committed_samples_per_s},
           {"heal_gbps", s.heal_gbps},
           {"state_bytes", s.state_bytes},
-          {"memcpy_gbps", ft::memcpy_gbps(s.state_bytes)},
-          {"memcpy_cold_gbps", ft::memcpy_cold_gbps(s.state_bytes)},
           {"step_ms_p50", s.step_ms_p50},
           {"step_ms_p95", s.step_ms_p95},
           {"steps", s.steps},
