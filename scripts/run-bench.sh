@@ -14,7 +14,7 @@ for b in "$BUILD"/bench/bench_*; do
   "$b" > "$BUILD/bench/$(basename "$b").log"
 done
 echo "== bench_ft (fault-tolerant training)"
-python3 "$(dirname "$0")/../bench/ft_bench.py" "$BUILD"
+/usr/bin/python3 "$(dirname "$0")/../bench/ft_bench.py" "$BUILD"
 # The Python front end (issue 17), after the C++ benches: py_bench.py copies their cpp_actor and
 # cast_gather_procs figures from this run's results. Debian's interpreter (the one the package is
 # built for), not a python3 earlier on PATH. py_rdma_bench.py and the tensor engine's
@@ -29,4 +29,4 @@ if ls "$BUILD"/python/monarch/_native*.so >/dev/null 2>&1; then
 else
   echo "== py_bench: $BUILD/python has no monarch._native (MONARCH_BUILD_PYTHON=OFF?); skipped"
 fi
-python3 "$(dirname "$0")/bench-report.py" "$out"
+/usr/bin/python3 "$(dirname "$0")/bench-report.py" "$out"
