@@ -10,7 +10,10 @@
 #include <httplib.h>
 #include <openssl/crypto.h>
 #include <signal.h>
+#include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -76,9 +79,21 @@ json to_json(const ft::LighthouseStatus& s) {
           {"recent_changes", changes}};
 }
 
+// A JSON response body. Strings from the request (a path, a replica id) need not be UTF-8:
+// invalid bytes become U+FFFD instead of throwing out of a handler (which aborted the process:
+// `GET /%ff`).
+std::string json_body(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
 void reply_error(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
-  res.set_content(json{{"error", message}}.dump() + "\n", "application/json");
+  res.set_content(json_body(json{{"error", message}}), "application/json");
+}
+
+// A replica group id as the managers send it: printable ASCII, no spaces or slashes.
+bool plausible_replica_id(const std::string& id) {
+  return std::all_of(id.begin(), id.end(), [](char c) { return c > ' ' && c < 0x7f && c != '/'; });
 }
 
 // The status page: polls /status twice a second; no external resources.
@@ -189,7 +204,7 @@ int run_lighthouse(const LighthouseFlags& flags) {
   http.Get("/status", [&](const httplib::Request&, httplib::Response& res) {
     try {
       auto s = lh.call(&ft::Lighthouse::status).get(deadline);
-      res.set_content(to_json(s).dump() + "\n", "application/json");
+      res.set_content(json_body(to_json(s)), "application/json");
     } catch (const std::exception& e) {
       reply_error(res, 503, std::string("the lighthouse did not answer: ") + e.what());
     }
@@ -201,8 +216,11 @@ int run_lighthouse(const LighthouseFlags& flags) {
       return reply_error(res, 403, "this lighthouse has no job secret: the kill endpoint is off");
     }
     auto auth = req.get_header_value("Authorization");
-    const std::string bearer = "Bearer ";
-    if (auth.rfind(bearer, 0) != 0) {
+    const std::string bearer = "bearer ";  // the scheme is case-insensitive (RFC 9110 11.1)
+    if (auth.size() < bearer.size() ||
+        !std::equal(bearer.begin(), bearer.end(), auth.begin(), [](char a, char b) {
+          return a == std::tolower(static_cast<unsigned char>(b));
+        })) {
       res.set_header("WWW-Authenticate", "Bearer");
       return reply_error(res, 401, "the kill endpoint needs 'Authorization: Bearer <job secret>'");
     }
@@ -211,6 +229,8 @@ int run_lighthouse(const LighthouseFlags& flags) {
         CRYPTO_memcmp(given.data(), secret.data(), secret.size()) != 0) {
       return reply_error(res, 403, "wrong job secret");
     }
+    if (!plausible_replica_id(id))
+      return reply_error(res, 404, "unknown replica group '" + id + "'");
     try {
       if (!lh.call(&ft::Lighthouse::kill_replica, id).get(deadline))
         return reply_error(res, 404, "unknown replica group '" + id + "'");
@@ -218,7 +238,7 @@ int run_lighthouse(const LighthouseFlags& flags) {
       return reply_error(res, 503, std::string("the lighthouse did not answer: ") + e.what());
     }
     std::fprintf(stderr, "monarch lighthouse: kill of %s requested over HTTP\n", id.c_str());
-    res.set_content(json{{"killing", id}}.dump() + "\n", "application/json");
+    res.set_content(json_body(json{{"killing", id}}), "application/json");
   };
   http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     const std::string prefix = "/replica/", suffix = "/kill";
@@ -242,13 +262,35 @@ int run_lighthouse(const LighthouseFlags& flags) {
         res.status = 405;
         res.set_header("Allow", req.path.rfind("/replica/", 0) == 0 ? "POST" : "GET");
         res.set_content(
-            json{{"error", "method " + req.method + " not allowed on " + req.path}}.dump() + "\n",
+            json_body(json{{"error", "method " + req.method + " not allowed on " + req.path}}),
             "application/json");
       } else {
-        res.set_content(json{{"error", "no such path: " + req.path}}.dump() + "\n",
+        res.set_content(json_body(json{{"error", "no such path: " + req.path}}),
                         "application/json");
       }
+    } else if (res.status >= 400 && res.body.empty()) {  // refused by the parser (bad request)
+      res.set_content(
+          json_body(json{{"error", "request refused (HTTP " + std::to_string(res.status) + ")"}}),
+          "application/json");
     }
+  });
+  // Whatever a handler throws is an error reply, never the end of the process.
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        reply_error(res, 500, "internal error: " + what);
+      });
+  // cpp-httplib's default sets SO_REUSEPORT, which lets a second lighthouse bind the same HTTP
+  // port and share its requests (kills included). SO_REUSEADDR only: a second bind fails.
+  http.set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
   int bound = http_port == 0 ? http.bind_to_any_port(http_host) : http_port;
   if (http_port != 0 && !http.bind_to_port(http_host, http_port)) bound = -1;

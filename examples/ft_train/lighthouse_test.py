@@ -82,10 +82,10 @@ class Lighthouse:
         if self.url is None:
             fail("monarch lighthouse printed no LISTENING/HTTP line")
 
-    def request(self, method, path, token=None):
+    def request(self, method, path, token=None, scheme="Bearer"):
         req = urllib.request.Request(self.url + path, method=method)
         if token is not None:
-            req.add_header("Authorization", "Bearer " + token)
+            req.add_header("Authorization", scheme + " " + token)
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 return r.status, r.read().decode()
@@ -240,16 +240,22 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
                 ("GET", "/replica/%s/kill" % victim, SECRET, 405),
                 ("GET", "/no/such/path", None, 404),
                 ("DELETE", "/status", None, 405),
+                # Not UTF-8: the error body must still be JSON (this aborted the lighthouse).
+                ("GET", "/%ff", None, 404),
+                ("POST", "/replica/%ff/kill", SECRET, 404),
             ]
             for method, path, token, want in checks:
                 code, body = lh.request(method, path, token)
                 if code != want or "error" not in json.loads(body):
                     fail("%s %s -> %d %s, expected %d with an error body" %
                          (method, path, code, body, want))
+            if lh.proc.poll() is not None:
+                fail("the lighthouse exited (%s) on a bad request" % lh.proc.poll())
             if lh.status()["members"] != st["members"]:
                 fail("a refused kill changed the quorum")
         incarnations = lh.status()["quorum_id"]
-        code, body = lh.request("POST", "/replica/%s/kill" % victim, SECRET)
+        # The scheme is case-insensitive (RFC 9110).
+        code, body = lh.request("POST", "/replica/%s/kill" % victim, SECRET, scheme="bearer")
         if code != 200:
             fail("kill with the secret -> %d %s" % (code, body))
         # From the lighthouse's record of quorum changes, not its current members: on a fast box
@@ -294,12 +300,19 @@ def test_flags(monarch, workdir):
          "cannot read --secret-file"),
         ([], "--listen is required"),
     ]
-    for args, want in cases:
-        r = subprocess.run([monarch, "lighthouse"] + args, capture_output=True, text=True,
-                           timeout=20)
-        if r.returncode == 0 or want not in r.stderr + r.stdout:
-            fail("monarch lighthouse %s: exit %d, output %r; expected a failure saying %r" %
-                 (" ".join(args), r.returncode, r.stderr + r.stdout, want))
+    # A second lighthouse must not share a live one's HTTP port (kills would reach either).
+    first = Lighthouse(monarch, "tcp://127.0.0.1:0")
+    try:
+        cases.append((["--listen", "tcp://127.0.0.1:0", "--http",
+                       first.url.split("//", 1)[1]], "cannot bind the HTTP server"))
+        for args, want in cases:
+            r = subprocess.run([monarch, "lighthouse"] + args, capture_output=True, text=True,
+                               timeout=20)
+            if r.returncode == 0 or want not in r.stderr + r.stdout:
+                fail("monarch lighthouse %s: exit %d, output %r; expected a failure saying %r" %
+                     (" ".join(args), r.returncode, r.stderr + r.stdout, want))
+    finally:
+        first.stop()
     print("PASS")
 
 
