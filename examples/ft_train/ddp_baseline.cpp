@@ -23,6 +23,7 @@
 #include "model.hpp"
 #include "monarch/ft/torch/allreduce.hpp"
 #include "monarch/run_main.hpp"
+#include "plot.hpp"
 
 extern char** environ;
 
@@ -134,7 +135,10 @@ int worker(const Options& o) {
         {"params", state.num_params()},
     };
     std::cout << summary.dump(2) << std::endl;
-    if (!o.json_summary.empty()) std::ofstream(o.json_summary) << summary.dump(2) << "\n";
+    if (!o.json_summary.empty()) {
+      const std::string text = summary.dump(2) + "\n";
+      ex::write_file("--json-summary", o.json_summary, &text);
+    }
   }
   return equal ? 0 : 3;
 }
@@ -162,6 +166,7 @@ static int run(int argc, char** argv) {
     if (o.worker) return worker(o);
     // Fail early (and readably) when the data is missing, before spawning workers.
     ex::load_fashion_mnist(o.data_dir, ex::Split::test);
+    if (!o.json_summary.empty()) ex::write_file("--json-summary", o.json_summary, nullptr);
     monarch::ft::StoreServer store;
     std::vector<pid_t> pids;
     for (int r = 0; r < o.replicas; ++r) {

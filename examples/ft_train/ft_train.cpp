@@ -14,9 +14,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -235,6 +236,8 @@ RunResult run_job(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> li
   c.call(&JobController::shutdown).get(spawn_timeout * 2);
   if (own_lighthouse && !lighthouse_first) lighthouse.stop().get(spawn_timeout);
   c.stop().get(spawn_timeout);
+  if (!res.s.error.empty())
+    throw std::runtime_error("the " + run.name + " run failed: " + res.s.error);
   return res;
 }
 
@@ -260,7 +263,11 @@ static int run(int argc, char** argv) {
   app.add_flag("--no-faults", no_faults, "run only the fault-free run");
   app.add_option("--batch", cfg.global_batch, "global batch (samples per step, all groups)")
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--lr", cfg.lr, "Adam learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", cfg.lr, "Adam learning rate")
+      ->check([](const std::string& v) {
+        return std::isfinite(std::strtod(v.c_str(), nullptr)) ? "" : "not a finite number: " + v;
+      })
+      ->check(CLI::PositiveNumber);
   app.add_option("--data", cfg.data_dir, "the model's data (default: its Debian package's)");
   app.add_option("--spares", run.spares, "warm spare groups (a failed group's quick replacement)")
       ->check(CLI::Range(0, 16));
@@ -285,9 +292,13 @@ static int run(int argc, char** argv) {
                       {&cfg.global_batch, defaults.batch},
                       {&cfg.eval_samples, defaults.eval_samples}})
     *v = *v ? *v : d;
-  if (cfg.global_batch < cfg.replicas * cfg.ranks) {
-    std::fprintf(stderr, "ft_train: --batch %lld is smaller than replicas x ranks\n",
-                 static_cast<long long>(cfg.global_batch));
+  const bool faults = !no_faults && (run.faults > 0 || run.chaos.on);
+  if (cfg.global_batch < cfg.replicas * cfg.ranks || (faults && cfg.replicas < 2)) {
+    std::fprintf(stderr, "ft_train: %s\n",
+                 faults && cfg.replicas < 2
+                     ? "one replica group cannot heal a fault (no peer holds the state): "
+                       "--replicas 2 or more, or --no-faults"
+                     : "--batch is smaller than replicas x ranks");
     return 2;
   }
   try {
@@ -309,6 +320,7 @@ static int run(int argc, char** argv) {
     if (std::chrono::milliseconds(run.freeze_ms) + 2s > conf.duration("mesh.heartbeat_timeout"))
       conf.set("mesh.heartbeat_timeout", std::to_string(run.freeze_ms + 3000) + "ms");
     std::filesystem::create_directories(out_dir);
+    if (!json_summary.empty()) ex::write_file("--json-summary", json_summary, nullptr);
     ex::Launcher launcher(lo);
     ft::StoreServer store(launcher.advertise_host());
     std::vector<mesh::HostMesh> hosts = launcher.start_hosts(cfg.replicas);
@@ -369,7 +381,8 @@ static int run(int argc, char** argv) {
       }
     }
     if (!json_summary.empty()) {
-      std::ofstream(json_summary) << summary.dump(2) << "\n";
+      const std::string text = summary.dump(2) + "\n";
+      ex::write_file("--json-summary", json_summary, &text);
       std::printf("  summary: %s\n", json_summary.c_str());
     }
     return summary["replicas_bitwise_equal"] == true && main_run.s.survivor_restarts == 0 ? 0 : 1;

@@ -7,7 +7,9 @@
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR http      /status fields, refused kills, bad paths;
                                                         a kill with the secret kills the group and
                                                         the job heals it
-  lighthouse_test.py MONARCH FT_TRAIN WORKDIR flags     bad flags are refused with a clear message
+  lighthouse_test.py MONARCH FT_TRAIN WORKDIR flags     bad flags (lighthouse's and ft_train's) are
+                                                        refused with a clear message; a job that
+                                                        cannot form a quorum fails, naming why
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR chromium  the page in headless Chromium shows the
                                                         members change when a group is killed
 
@@ -63,8 +65,8 @@ def wait_for_change(lh, what, after_qid, pred, timeout, job):
 
 
 class Lighthouse:
-    def __init__(self, monarch, listen, http="127.0.0.1:0", secret_file=None):
-        args = [monarch, "lighthouse", "--listen", listen, "--http", http]
+    def __init__(self, monarch, listen, http="127.0.0.1:0", secret_file=None, extra=()):
+        args = [monarch, "lighthouse", "--listen", listen, "--http", http] + list(extra)
         args += os.environ.get("LIGHTHOUSE_TEST_ARGS", "").split()  # e.g. to try --recovery-wait-ms 0
         if secret_file:
             args += ["--secret-file", secret_file]
@@ -291,6 +293,40 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
     print("PASS")
 
 
+def test_job_fails_clearly(monarch, ft_train, workdir):
+    """Bad ft_train input fails before training; a job that can never form a quorum ends with an
+    error naming what the lighthouse waits for (ft.progress_timeout), not a hang."""
+    cases = [
+        (["--lr", "nan"], "not a finite number"),
+        (["--replicas", "1"], "one replica group cannot heal a fault"),
+        (["--no-faults", "--json-summary", workdir], "cannot write --json-summary"),
+    ]
+    for args, want in cases:
+        r = subprocess.run([ft_train, "--steps", "5"] + args, capture_output=True, text=True,
+                           timeout=60)
+        if r.returncode == 0 or want not in r.stderr + r.stdout:
+            fail("ft_train %s: exit %d, output %r; expected a failure saying %r" %
+                 (" ".join(args), r.returncode, (r.stderr + r.stdout)[-2000:], want))
+    lh = Lighthouse(monarch, "tcp://127.0.0.1:0", extra=["--min-replicas", str(REPLICAS + 2)])
+    try:
+        env = dict(os.environ, MONARCH_FT_PROGRESS_TIMEOUT="3s")
+        t0 = time.monotonic()
+        r = subprocess.run([ft_train, "--lighthouse", lh.addr, "--no-faults", "--steps", "50",
+                            "--replicas", str(REPLICAS), "--no-progress",
+                            "--out", os.path.join(workdir, "stalled")],
+                           capture_output=True, text=True, timeout=120, env=env)
+        out = r.stderr + r.stdout
+        want = "min_replicas is %d" % (REPLICAS + 2)
+        if r.returncode == 0 or "ft.progress_timeout" not in out or want not in out:
+            fail("a job below the lighthouse's min_replicas: exit %d after %.1f s, output %r; "
+                 "expected a failure naming ft.progress_timeout and %r" %
+                 (r.returncode, time.monotonic() - t0, out[-2000:], want))
+        print("stalled job: exit %d after %.1f s: %s" %
+              (r.returncode, time.monotonic() - t0, out.strip().splitlines()[-1]))
+    finally:
+        lh.stop()
+
+
 def test_flags(monarch, workdir):
     cases = [
         (["--listen", "garbage"], "bad channel address 'garbage'"),
@@ -342,6 +378,7 @@ def main():
     os.environ["MONARCH_SECRET"] = SECRET  # ft_train and its workers dial the TCP lighthouse
     if mode == "flags":
         test_flags(monarch, WORKDIR)
+        test_job_fails_clearly(monarch, ft_train, WORKDIR)
     elif mode == "freeze":
         test_freeze(monarch, ft_train, WORKDIR, secret_file)
     else:

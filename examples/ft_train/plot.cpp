@@ -1,7 +1,9 @@
 // gnuplot chart of two metrics runs (plot.hpp).
 #include "plot.hpp"
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -112,6 +114,16 @@ void plot_loss_accuracy(const std::string& fault_free_jsonl, const std::string& 
   }
   const std::string cmd = "gnuplot " + shell_quoted(script) + " 2>&1";
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("plot: `" + cmd + "` failed");
+}
+
+void write_file(const std::string& flag, const std::string& path, const std::string* text) {
+  // Append mode for the check: it creates a missing file but does not truncate one.
+  std::ofstream f(path, text ? std::ios::trunc : std::ios::app);
+  if (f && text) f << *text;
+  if (f) f.flush();
+  if (!f) {
+    throw std::runtime_error("cannot write " + flag + " '" + path + "': " + std::strerror(errno));
+  }
 }
 
 }  // namespace monarch::ft::example

@@ -25,4 +25,10 @@ void plot_loss_accuracy(const std::string& fault_free_jsonl, const std::string& 
                         const std::string& png_path, const std::string& title = "ft_train",
                         const std::string& metric = "accuracy");
 
+/// Writes `text` to `path` (truncating it), or, with `text` null, only checks that it can: run
+/// at start-up so that a bad --json-summary fails before training, not after. Throws
+/// std::runtime_error naming `flag`, `path` and the reason (a directory, a missing parent, no
+/// permission, a full disk). Any thread.
+void write_file(const std::string& flag, const std::string& path, const std::string* text);
+
 }  // namespace monarch::ft::example

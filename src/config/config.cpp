@@ -62,6 +62,9 @@ const std::vector<KeyInfo> kKeys = {
     // ft
     {"ft.collective_timeout", Kind::Duration, "1s", "an allreduce that takes longer fails"},
     {"ft.step_timeout", Kind::Duration, "10s", "a training step (quorum + allreduce) deadline"},
+    {"ft.progress_timeout", Kind::Duration, "60s",
+     "a run in which no replica group commits a step for this long fails, naming what the "
+     "lighthouse waits for (0: off)"},
     {"ft.quorum_join_timeout", Kind::Duration, "500ms",
      "how long the lighthouse waits for stragglers before forming a quorum"},
     {"ft.min_replicas", Kind::Int, "1", "a quorum needs at least this many replica groups"},

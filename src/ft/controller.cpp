@@ -260,6 +260,7 @@ ReplicaController::ReplicaController(std::vector<mesh::HostMesh> hosts,
 }
 
 ReplicaController::~ReplicaController() {
+  watchdog_.stop();
   for (auto& t : helpers_) {
     if (t.joinable()) t.join();
   }
@@ -318,6 +319,51 @@ void ReplicaController::start_all() {
   }
   started_ = now_ns();
   for (int64_t r = 0; r < opts_.groups; ++r) start_group(r);
+  progress_timeout_ = opts_.progress_timeout.count() != 0
+                          ? opts_.progress_timeout
+                          : config::global().duration("ft.progress_timeout");
+  if (progress_timeout_.count() > 0) {
+    progress_since_ns_ = last_check_ns_ = started_;
+    auto period = std::clamp(progress_timeout_ / 10, std::chrono::milliseconds(10),
+                             std::chrono::milliseconds(1000));
+    // call(), not send(): a check that reaches a stopped controller just fails its future.
+    watchdog_.start(period, [self = self<ReplicaController>()] {
+      (void)self.call(&ReplicaController::check_progress);
+    });
+  }
+}
+
+void ReplicaController::check_progress() {
+  if (finished_ || progress_timeout_.count() <= 0) return;
+  const int64_t now = now_ns();
+  const auto period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::clamp(progress_timeout_ / 10, std::chrono::milliseconds(10),
+                                        std::chrono::milliseconds(1000)))
+                             .count();
+  // Checks come every period. A much longer gap means this process was stopped or starved (the
+  // groups may have been waiting on it, not the other way round): that time does not count.
+  if (now - last_check_ns_ > 4 * period_ns + 1'000'000'000)
+    progress_since_ns_ += now - last_check_ns_;
+  last_check_ns_ = now;
+  const int64_t since = std::max(progress_since_ns_, last_commit_ns_);
+  if (now - since < std::chrono::duration_cast<std::chrono::nanoseconds>(progress_timeout_).count())
+    return;
+  std::string why = "(no answer)";
+  try {
+    auto st = lighthouse_.call(&Lighthouse::status).get(std::chrono::seconds(2));
+    why = st.waiting_for.empty() ? "nothing (no request pending)" : st.waiting_for;
+  } catch (const std::exception& e) {
+    why = std::string("(no answer: ") + e.what() + ")";
+  }
+  stats_.error = "no replica group committed a step for " +
+                 std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                    std::chrono::nanoseconds(now - since))
+                                    .count()) +
+                 " s (ft.progress_timeout " + std::to_string(progress_timeout_.count()) +
+                 " ms; the last committed step is " + std::to_string(max_committed_) +
+                 "); the lighthouse is waiting for: " + why;
+  event(stats_.error);
+  finish(false);
 }
 
 Future<RunStats> ReplicaController::done() {

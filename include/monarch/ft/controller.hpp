@@ -276,10 +276,17 @@ struct ReplicaControllerOptions {
   /// trainer program's libraries (libtorch: most of a second), and unlike a spare nothing runs
   /// meanwhile. The trainer program must start no thread before mesh::bootstrap().
   bool fork_server = true;
+  /// The run fails (RunStats::error, done() completes) when no group has committed a step for
+  /// this long, naming what the lighthouse waits for: a job whose state is lost (every group that
+  /// held it died), or a lighthouse that is gone or misconfigured, ends with an error instead of
+  /// waiting forever. Counted from start_all() and from each new highest commit; time the
+  /// controller itself was stopped (SIGSTOP of its process) does not count. 0: ft.progress_timeout
+  /// (0 there: off); negative: off. Keep it above any freeze the run injects.
+  std::chrono::milliseconds progress_timeout{0};
   template <class A>
   void serialize(A& ar) {
     ar(groups, ranks, steps, samples_per_step, run_name, metrics_path, metric_name, spares,
-       fork_server);
+       fork_server, progress_timeout);
   }
 };
 
@@ -330,11 +337,14 @@ class ReplicaController : public Actor {
   void respawn(int64_t group);
   /// Spawns spares until options.spares are ready or spawning (promotions send it).
   void refill_spares();
+  /// The progress watchdog (options.progress_timeout): its own thread sends it once a second or
+  /// so from start_all() on; ends the run with an error when no step committed in time.
+  void check_progress();
   bool supervise(const mesh::MeshFailure& failure) override;
   void undeliverable(const DeliveryFailure& failure) override;
 
   MONARCH_ENDPOINTS(ReplicaController, spawn_all, start_all, done, finish_now, shutdown, report,
-                    kill_donor, kill_in_quorum, respawn, refill_spares)
+                    kill_donor, kill_in_quorum, respawn, refill_spares, check_progress)
 
  protected:
   /// Where group `group` runs; default hosts[group % hosts.size()]. A launcher that replaces
@@ -472,6 +482,10 @@ class ReplicaController : public Actor {
   RunStats stats_;
   bool finished_ = false;
   std::optional<Promise<RunStats>> done_;
+  std::chrono::milliseconds progress_timeout_{0};  // resolved; <= 0: off
+  int64_t progress_since_ns_ = 0;                  // the watchdog's baseline
+  int64_t last_check_ns_ = 0;                      // its previous check
+  detail::Periodic watchdog_;
 };
 
 }  // namespace monarch::ft
@@ -480,4 +494,5 @@ class ReplicaController : public Actor {
 /// processes call report/kill_donor through an ActorRef<ReplicaController>) plus C's own.
 #define MONARCH_FT_CONTROLLER_ENDPOINTS(C, ...)                                              \
   MONARCH_ENDPOINTS(C, spawn_all, start_all, done, finish_now, shutdown, report, kill_donor, \
-                    kill_in_quorum, respawn, refill_spares __VA_OPT__(, ) __VA_ARGS__)
+                    kill_in_quorum, respawn, refill_spares,                                  \
+                    check_progress __VA_OPT__(, ) __VA_ARGS__)

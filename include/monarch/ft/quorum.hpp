@@ -35,7 +35,8 @@
 //      up-to-date group is frozen or between requests) does not form; the lighthouse waits for a
 //      group that holds it. Such a quorum would retrain from an old step and diverge from what
 //      was committed (found by ft_train --chaos). If every such group is dead, no quorum forms
-//      (there is no checkpoint): the job's own deadline ends it.
+//      (there is no checkpoint): the controller's progress watchdog (ft.progress_timeout) ends
+//      the run with an error that quotes this rule's waiting_for.
 //  Q-9 A participant of the previous quorum that is not healthy (Q-1: no heartbeat within
 //      heartbeat_timeout, or evicted) is *silent*. Every heartbeat reply names the silent members
 //      of the previous quorum, so that the others stop waiting for them inside a collective (a
