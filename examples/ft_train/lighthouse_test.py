@@ -8,8 +8,10 @@
                                                         a kill with the secret kills the group and
                                                         the job heals it
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR flags     bad flags (lighthouse's and ft_train's) are
-                                                        refused with a clear message; a job that
-                                                        cannot form a quorum fails, naming why
+                                                        refused with a clear message
+  lighthouse_test.py MONARCH FT_TRAIN WORKDIR jobs      jobs one after the other on one lighthouse
+                                                        (Q-10); a job that cannot form a quorum
+                                                        fails, naming why
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR chromium  the page in headless Chromium shows the
                                                         members change when a group is killed
 
@@ -293,9 +295,8 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
     print("PASS")
 
 
-def test_job_fails_clearly(monarch, ft_train, workdir):
-    """Bad ft_train input fails before training; a job that can never form a quorum ends with an
-    error naming what the lighthouse waits for (ft.progress_timeout), not a hang."""
+def test_ft_train_flags(ft_train, workdir):
+    """Bad ft_train input fails before training, naming the flag."""
     cases = [
         (["--lr", "nan"], "not a finite number"),
         (["--replicas", "1"], "one replica group cannot heal a fault"),
@@ -307,24 +308,56 @@ def test_job_fails_clearly(monarch, ft_train, workdir):
         if r.returncode == 0 or want not in r.stderr + r.stdout:
             fail("ft_train %s: exit %d, output %r; expected a failure saying %r" %
                  (" ".join(args), r.returncode, (r.stderr + r.stdout)[-2000:], want))
+    print("PASS")
+
+
+def run_ft_train(args, workdir, name, env=None, timeout=120):
+    t0 = time.monotonic()
+    r = subprocess.run(args + ["--no-progress", "--out", os.path.join(workdir, name)],
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    return r, r.stderr + r.stdout, time.monotonic() - t0
+
+
+def test_jobs(monarch, ft_train, workdir):
+    """One lighthouse, several jobs one after the other (Q-10): ft_train's two runs (fault-free,
+    then faulty) and a second ft_train, each from step 0, healed and equal. Then a job that can
+    never form a quorum ends with an error naming what the lighthouse waits for
+    (ft.progress_timeout), not a hang."""
+    lh = Lighthouse(monarch, "tcp://127.0.0.1:0")
+    try:
+        for name, extra in (("two_runs", ["--faults", "2"]), ("second_job", ["--no-faults"])):
+            summary = os.path.join(workdir, name + ".json")
+            r, out, secs = run_ft_train([ft_train, "--lighthouse", lh.addr, "--replicas", "2",
+                                         "--steps", "40", "--json-summary", summary] + extra,
+                                        workdir, name)
+            if r.returncode != 0:
+                fail("%s on a lighthouse that served a job before: exit %d after %.1f s: %s" %
+                     (name, r.returncode, secs, out[-3000:]))
+            with open(summary) as f:
+                s = json.load(f)
+            if not s["replicas_bitwise_equal"] or s["steps"] != 40:
+                fail("%s: %s" % (name, json.dumps(s)[:2000]))
+            if extra[0] == "--faults" and s["faults_injected"] < 1:
+                fail("%s injected no fault: %s" % (name, json.dumps(s)[:2000]))
+            print("%s: exit 0 in %.1f s, %d fault(s), replicas equal" %
+                  (name, secs, s["faults_injected"]))
+    finally:
+        lh.stop()
     lh = Lighthouse(monarch, "tcp://127.0.0.1:0", extra=["--min-replicas", str(REPLICAS + 2)])
     try:
         env = dict(os.environ, MONARCH_FT_PROGRESS_TIMEOUT="3s")
-        t0 = time.monotonic()
-        r = subprocess.run([ft_train, "--lighthouse", lh.addr, "--no-faults", "--steps", "50",
-                            "--replicas", str(REPLICAS), "--no-progress",
-                            "--out", os.path.join(workdir, "stalled")],
-                           capture_output=True, text=True, timeout=120, env=env)
-        out = r.stderr + r.stdout
+        r, out, secs = run_ft_train([ft_train, "--lighthouse", lh.addr, "--no-faults", "--steps",
+                                     "50", "--replicas", str(REPLICAS)], workdir, "stalled", env)
         want = "min_replicas is %d" % (REPLICAS + 2)
         if r.returncode == 0 or "ft.progress_timeout" not in out or want not in out:
             fail("a job below the lighthouse's min_replicas: exit %d after %.1f s, output %r; "
                  "expected a failure naming ft.progress_timeout and %r" %
-                 (r.returncode, time.monotonic() - t0, out[-2000:], want))
+                 (r.returncode, secs, out[-2000:], want))
         print("stalled job: exit %d after %.1f s: %s" %
-              (r.returncode, time.monotonic() - t0, out.strip().splitlines()[-1]))
+              (r.returncode, secs, [l for l in out.splitlines() if "progress_timeout" in l][0]))
     finally:
         lh.stop()
+    print("PASS")
 
 
 def test_flags(monarch, workdir):
@@ -367,7 +400,7 @@ def dump_dom(url):
 
 def main():
     global WORKDIR
-    if len(sys.argv) != 5 or sys.argv[4] not in ("freeze", "http", "chromium", "flags"):
+    if len(sys.argv) != 5 or sys.argv[4] not in ("freeze", "http", "chromium", "flags", "jobs"):
         print(__doc__)
         return 2
     monarch, ft_train, WORKDIR, mode = sys.argv[1:]
@@ -378,7 +411,9 @@ def main():
     os.environ["MONARCH_SECRET"] = SECRET  # ft_train and its workers dial the TCP lighthouse
     if mode == "flags":
         test_flags(monarch, WORKDIR)
-        test_job_fails_clearly(monarch, ft_train, WORKDIR)
+        test_ft_train_flags(ft_train, WORKDIR)
+    elif mode == "jobs":
+        test_jobs(monarch, ft_train, WORKDIR)
     elif mode == "freeze":
         test_freeze(monarch, ft_train, WORKDIR, secret_file)
     else:

@@ -1,5 +1,6 @@
 #include "monarch/ft/controller.hpp"
 
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <random>
 
 #include "monarch/config/config.hpp"
 
@@ -253,6 +255,9 @@ ReplicaController::ReplicaController(std::vector<mesh::HostMesh> hosts,
     throw UsageError("ReplicaController: spares (" + std::to_string(opts_.spares) +
                      ") must be >= 0");
   groups_.resize(static_cast<size_t>(opts_.groups));
+  // this run's name on the lighthouse, unique per run (a lighthouse outlives runs).
+  std::random_device rd;
+  job_ = fmt::format("{}-{:08x}{:08x}", opts_.run_name, rd(), rd());
   if (!opts_.metrics_path.empty()) {
     metrics_.open(opts_.metrics_path, std::ios::trunc);
     if (!metrics_) throw UsageError("ReplicaController: cannot write " + opts_.metrics_path);
@@ -503,7 +508,7 @@ void ReplicaController::attach(int64_t r) {
   auto& g = groups_[static_cast<size_t>(r)];
   g.manager = g.unit.procs->slice("ranks", 0)
                   .spawn<Manager>("manager", lighthouse_, replica_id(r), opts_.ranks,
-                                  std::chrono::milliseconds(0))
+                                  std::chrono::milliseconds(0), job_)
                   .at(0);
   if (std::exchange(g.arm_kill_donor, false)) {
     for (size_t i = 0; i < g.unit.agents->size(); ++i)

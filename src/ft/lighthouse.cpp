@@ -170,6 +170,18 @@ bool Lighthouse::kill_replica(std::string replica_id) {
 void Lighthouse::try_form() {
   if (state_.pending() == 0) return;
   auto q = state_.poll(Clock::now());
+  // Requests the state dropped (Q-10: of a job that is over) get their answer now.
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    bool answered_now = q && q->rank_of(it->first) >= 0;
+    if (answered_now || state_.pending_members().count(it->first) > 0) {
+      ++it;
+      continue;
+    }
+    it->second.set_error(
+        QuorumError("quorum request of " + it->first +
+                    " dropped: its job is over and the lighthouse serves another"));
+    it = waiting_.erase(it);
+  }
   if (!q) return;
   if (changes_.empty() || changes_.back().quorum_id != q->quorum_id) {
     QuorumChange c{.quorum_id = q->quorum_id, .unix_ms = unix_ms_now(), .max_step = q->max_step};
@@ -221,9 +233,10 @@ QuorumResult result_for(const Quorum& q, const std::string& replica_id, int64_t 
 }
 
 Manager::Manager(ActorRef<Lighthouse> lighthouse, std::string replica_id, int64_t world_size,
-                 std::chrono::milliseconds heartbeat_interval)
+                 std::chrono::milliseconds heartbeat_interval, std::string job)
     : lighthouse_(std::move(lighthouse)),
       replica_id_(std::move(replica_id)),
+      job_(std::move(job)),
       world_size_(world_size),
       heartbeat_interval_(heartbeat_interval.count() > 0
                               ? heartbeat_interval
@@ -391,6 +404,7 @@ Future<QuorumResult> Manager::quorum(int64_t rank, int64_t step, bool commit_fai
   // behind the others makes the whole group heal), and one failed commit counts for the group.
   QuorumMember m;
   m.replica_id = replica_id_;
+  m.job = job_;
   m.world_size = world_size_;
   m.step = asks_.begin()->second.step;
   int64_t max_step = m.step;

@@ -113,11 +113,44 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
   auto is_live = [&](const std::string& id) {
     return std::binary_search(live.begin(), live.end(), id);
   };
+  // a request of another job takes over once the served job is over.
+  std::string waiting_job;
+  for (const auto& [id, m] : pending_) {
+    if (job_ && m.job == *job_) continue;
+    if (!previous_) {
+      job_ = m.job;  // nothing served yet: the first job heard from
+      break;
+    }
+    bool over = std::all_of(
+        previous_->participants.begin(), previous_->participants.end(), [&](const auto& p) {
+          auto it = pending_.find(p.replica_id);
+          return !is_live(p.replica_id) || (it != pending_.end() && it->second.job != *job_);
+        });
+    if (!over) {
+      waiting_job = m.job;
+      break;
+    }
+    id_floor_ = std::max(id_floor_, previous_->quorum_id);
+    previous_.reset();
+    job_ = m.job;
+    for (auto it = pending_.begin(); it != pending_.end();)
+      it = it->second.job == *job_ ? std::next(it) : pending_.erase(it);
+    break;
+  }
   std::vector<const QuorumMember*> candidates;  // Q-1 (pending_ is ordered by replica_id)
   for (const auto& [id, m] : pending_) {
-    if (is_live(id)) candidates.push_back(&m);
+    if (is_live(id) && (!job_ || m.job == *job_)) candidates.push_back(&m);
   }
-  if (candidates.empty()) return fail("no healthy group has asked");
+  if (candidates.empty()) {
+    if (!waiting_job.empty()) {
+      std::string live_members;
+      for (const auto& p : previous_->participants)
+        if (is_live(p.replica_id)) live_members += " " + p.replica_id;
+      return fail(fmt::format(
+          "a new job's groups wait (Q-10): the job served still has live groups:{}", live_members));
+    }
+    return fail("no healthy group has asked");
+  }
   auto is_candidate = [&](const std::string& id) {
     return std::any_of(candidates.begin(), candidates.end(),
                        [&](auto* c) { return c->replica_id == id; });
@@ -170,7 +203,7 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
                  [](const QuorumMember& a, const QuorumMember& b) {
                    return a.replica_id == b.replica_id;
                  });
-  int64_t prev_id = previous_ ? previous_->quorum_id : 0;
+  int64_t prev_id = previous_ ? previous_->quorum_id : id_floor_;
   int64_t seen = prev_id;  // after a restart, above every id the participants were given
   for (const auto* c : candidates) seen = std::max(seen, c->last_quorum_id);
   q.quorum_id = (same_members && !failed_commit && seen == prev_id) ? prev_id : seen + 1;

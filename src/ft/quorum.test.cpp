@@ -1,4 +1,4 @@
-// QuorumState rules Q-1..Q-8 (include/monarch/ft/quorum.hpp), driven with made-up time.
+// QuorumState rules Q-1..Q-10 (include/monarch/ft/quorum.hpp), driven with made-up time.
 #include "monarch/ft/quorum.hpp"
 
 #include <gtest/gtest.h>
@@ -12,11 +12,13 @@ using monarch::ft::QuorumState;
 
 namespace {
 
-QuorumMember member(const std::string& id, int64_t step, bool failed = false) {
+QuorumMember member(const std::string& id, int64_t step, bool failed = false,
+                    const std::string& job = {}) {
   QuorumMember m;
   m.replica_id = id;
   m.step = step;
   m.commit_failed = failed;
+  m.job = job;
   return m;
 }
 
@@ -81,6 +83,50 @@ TEST_F(QuorumTest, NoQuorumGoesBackBelowThePreviousMaxStep) {  // Q-8
   EXPECT_EQ(q->max_step, 5);
   EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(q->donor_for("a")->replica_id, "c");
+}
+
+// A second job on the same lighthouse, with the same replica ids, starts at step 0: once the
+// first job is over it trains from its own step 0 (not held back by the old max_step, Q-8, and
+// not given the old job's groups as donors), with quorum ids above the old job's.
+TEST_F(QuorumTest, ANewJobTakesOverOnceTheOldOneIsOver) {
+  first_quorum();
+  for (auto id : {"a", "b", "c"}) s.request(member(id, 30), t0 + 10ms);
+  auto old = s.poll(t0 + 10ms);
+  ASSERT_TRUE(old.has_value());
+  // The old job ended; the new job's groups (same ids) heartbeat, and two of them ask. The
+  // third one is live and has not asked yet: it may still be the old job's c.
+  auto t1 = t0 + 10ms + rules.heartbeat_timeout + 1ms;
+  for (auto id : {"a", "b", "c"}) s.heartbeat(id, t1);
+  s.request(member("a", 0, false, "job2"), t1);
+  s.request(member("b", 0, false, "job2"), t1);
+  std::string why;
+  EXPECT_FALSE(s.poll(t1 + rules.join_timeout, &why).has_value());
+  EXPECT_NE(why.find("Q-10"), std::string::npos) << why;
+  auto t2 = t1 + rules.join_timeout + 10ms;
+  s.heartbeat("a", t2);
+  s.heartbeat("b", t2);
+  s.request(member("c", 0, false, "job2"), t2);
+  auto q = s.poll(t2);
+  ASSERT_TRUE(q.has_value()) << why;
+  EXPECT_EQ(q->max_step, 0);
+  EXPECT_EQ(ids(*q), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_GT(q->quorum_id, old->quorum_id);
+  EXPECT_FALSE(q->donor_for("a").has_value());  // nobody heals from the old job
+}
+
+TEST_F(QuorumTest, ANewJobWaitsWhileTheOldOneHasLiveGroups) {
+  first_quorum();
+  // The new job's "a" asks while the old job's b and c are alive and train on.
+  s.request(member("a", 0, false, "job2"), t0 + 10ms);
+  std::string why;
+  EXPECT_FALSE(s.poll(t0 + 10ms + rules.join_timeout, &why).has_value());
+  EXPECT_NE(why.find("Q-10"), std::string::npos) << why;
+  s.request(member("b", 1), t0 + 20ms + rules.join_timeout);
+  s.request(member("c", 1), t0 + 20ms + rules.join_timeout);
+  auto q = s.poll(t0 + 20ms + rules.join_timeout);
+  ASSERT_TRUE(q.has_value()) << "the old job's live groups go on";
+  EXPECT_EQ(ids(*q), (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(q->max_step, 1);
 }
 
 TEST_F(QuorumTest, FastPathKeepsTheIdWhenMembershipIsIntact) {

@@ -464,6 +464,7 @@ class ReplicaController : public Actor {
   std::vector<mesh::HostMesh> hosts_;
   ActorRef<Lighthouse> lighthouse_;
   ReplicaControllerOptions opts_;
+  std::string job_;  // QuorumMember::job of this run's groups
   std::vector<Group> groups_;
   std::vector<Unit> spares_;                 // spawning or ready, oldest first
   std::map<std::string, MeshOwner> meshes_;  // every mesh spawned -> who runs on it

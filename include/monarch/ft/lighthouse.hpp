@@ -15,7 +15,7 @@
 // Lighthouse: one per job, in the controller's process or standalone (`monarch lighthouse`, found
 // with connect_lighthouse). Replica groups heartbeat it (the
 // Manager's heartbeat thread, every ft.heartbeat_interval) and ask it for a quorum each step; the
-// rules are QuorumState's (quorum.hpp, Q-1..Q-6). The controller evicts a group it knows is dead
+// rules are QuorumState's (quorum.hpp, Q-1..Q-10). The controller evicts a group it knows is dead
 // (its MeshFailure), so survivors need not wait for its heartbeat to go stale.
 //
 // Manager: one per replica group. It gathers the quorum requests of the group's ranks into one
@@ -237,9 +237,12 @@ struct QuorumResult {
 class Manager : public Actor {
  public:
   /// `world_size`: ranks in this group; each calls quorum() and should_commit() every step.
-  /// `heartbeat_interval` 0: ft.heartbeat_interval.
+  /// `heartbeat_interval` 0: ft.heartbeat_interval. `job`: names the job in every quorum request
+  /// (Q-10, quorum.hpp): the same for all groups of one run, different for each run that uses
+  /// the same lighthouse (ReplicaController draws one).
   Manager(ActorRef<Lighthouse> lighthouse, std::string replica_id, int64_t world_size,
-          std::chrono::milliseconds heartbeat_interval = std::chrono::milliseconds{0});
+          std::chrono::milliseconds heartbeat_interval = std::chrono::milliseconds{0},
+          std::string job = {});
 
   /// Starts heartbeating the lighthouse.
   void init() override;
@@ -296,6 +299,7 @@ class Manager : public Actor {
   mutable std::mutex lh_mu_;  // lighthouse_ (re-resolved by the heartbeat thread)
   ActorRef<Lighthouse> lighthouse_;
   std::string replica_id_;
+  std::string job_;
   int64_t world_size_;
   std::chrono::milliseconds heartbeat_interval_;
   uint64_t epoch_ = 0;  // heartbeat thread only: the lighthouse incarnation last heard

@@ -45,6 +45,12 @@
 //      A lighthouse whose own view may be stale (it observed nothing for more than half the
 //      heartbeat timeout: it was frozen or starved, so heartbeats are queued, not missing) names
 //      none. Naming a live group silent costs a failed step and a heal, never correctness.
+//  Q-10 One job at a time: every request names its job (QuorumMember::job; the controller draws
+//      one per run, so two runs of one program are two jobs). Requests of another job than the
+//      previous quorum's are not candidates until that job is over: each participant of its
+//      previous quorum is unhealthy, evicted, or has asked for the new job. Then the lighthouse
+//      forgets the old job's quorum (so judge the new job by its own steps, not the
+//      old job's max_step) and serves the new one; quorum ids keep increasing across jobs.
 #pragma once
 
 #include <cereal/types/chrono.hpp>
@@ -75,10 +81,11 @@ struct QuorumMember {
   std::vector<rdma::RdmaHandle> state{};
   std::string address{};       ///< free-form: where the group can be reached (for reports)
   int64_t last_quorum_id = 0;  ///< the last quorum id this group was given (0: none) (Q-7)
+  std::string job{};           ///< the job this group belongs to (Q-10); "" is a job too
 
   template <class A>
   void serialize(A& ar) {
-    ar(replica_id, step, world_size, commit_failed, state, address, last_quorum_id);
+    ar(replica_id, step, world_size, commit_failed, state, address, last_quorum_id, job);
   }
 };
 
@@ -151,6 +158,8 @@ class QuorumState {
   std::map<std::string, QuorumMember> pending_;
   std::optional<Clock::time_point> first_pending_;
   std::optional<Quorum> previous_;
+  std::optional<std::string> job_;      // the job served (none before its first quorum)
+  int64_t id_floor_ = 0;                // the last quorum id of the jobs before
   void observe(Clock::time_point now);  // a start or a gap begins a recovery wait
   std::optional<Clock::time_point> last_event_;
   std::optional<Clock::time_point> recovering_until_;
