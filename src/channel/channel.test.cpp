@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 
 #include "test_util.hpp"
@@ -124,6 +126,50 @@ TEST(Channel, UnixSocketFileIsPrivate) {
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// A unix listen address may reuse a stale socket file (a listener that exited without unlinking
+// it), but must not take over a live listener's path or delete a file that is not a socket.
+TEST(Channel, UnixListenReusesOnlyAStaleSocket) {
+  IoRuntime io;
+  Inbox inbox;
+  auto serve = [&](const std::string& path) {
+    return Listener::serve(io, ChannelAddr::parse("unix://" + path), opts(), inbox.handler());
+  };
+  auto message_of = [&](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const ChannelError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  std::string file = ::testing::TempDir() + unique_name("plain.file");
+  FILE* fp = std::fopen(file.c_str(), "w");
+  ASSERT_NE(fp, nullptr);
+  std::fputs("data\n", fp);
+  std::fclose(fp);
+  EXPECT_THAT(message_of([&] { serve(file); }), HasSubstr("is not a socket"));
+  struct stat st {};
+  EXPECT_EQ(::stat(file.c_str(), &st), 0) << "the file was deleted";
+  ::unlink(file.c_str());
+
+  std::string live = ::testing::TempDir() + unique_name("live.sock");
+  auto first = serve(live);
+  EXPECT_THAT(message_of([&] { serve(live); }), HasSubstr("already in use"));
+  auto s = Sender::connect(io, first->bound_addr(), opts(), nullptr);  // the first still serves
+  s->send(Message{{bytes("still mine")}});
+  ASSERT_TRUE(inbox.wait_for_count(1, 20s));
+  EXPECT_EQ(text(inbox.take(0).parts[0]), "still mine");
+
+  std::string stale = ::testing::TempDir() + unique_name("stale.sock");
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, stale.c_str(), sizeof sa.sun_path - 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa), 0);
+  ::close(fd);  // bound, never listened, closed: a stale socket file
+  EXPECT_NO_THROW(serve(stale));
 }
 
 TEST(Channel, MultipartLargeMessageArrivesIntact) {

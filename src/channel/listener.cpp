@@ -5,7 +5,9 @@
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -261,6 +263,36 @@ struct SocketListener final : Listener {
   size_t rejected_connections() const override { return core->rejected.load(); }
 };
 
+// A unix socket path to bind: free it if it holds a stale socket (a listener that exited without
+// unlinking). Anything else there is refused: a live listener's socket (binding would take its
+// path over silently), or a file that is not a socket (unlinking would delete it).
+void remove_stale_socket(const ChannelAddr& addr) {
+  const std::string& path = addr.name;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;  // nothing there (or unreadable: bind will say)
+  if (!S_ISSOCK(st.st_mode)) {
+    throw ChannelError("cannot listen on " + addr.to_string() + ": " + path +
+                       " exists and is not a socket");
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw ChannelError("socket(AF_UNIX) failed: " + std::string(std::strerror(errno)));
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa);
+  int err = errno;
+  ::close(fd);
+  if (rc == 0 || err == EAGAIN || err == EINPROGRESS) {  // accepted, or a full backlog: alive
+    throw ChannelError("cannot listen on " + addr.to_string() + ": address already in use (" +
+                       path + " has a live listener)");
+  }
+  if (err != ECONNREFUSED) {
+    throw ChannelError("cannot listen on " + addr.to_string() + ": cannot probe " + path + ": " +
+                       std::strerror(err));
+  }
+  ::unlink(path.c_str());  // stale: nobody listens there
+}
+
 }  // namespace
 
 std::unique_ptr<Listener> Listener::serve(IoRuntime& io, const ChannelAddr& addr,
@@ -285,7 +317,7 @@ std::unique_ptr<Listener> Listener::serve(IoRuntime& io, const ChannelAddr& addr
       core->acceptor.open(ep.protocol());
       if (local.transport == Transport::Tcp)
         core->acceptor.set_option(Acceptor::reuse_address(true));
-      if (local.transport == Transport::Unix && !local.abstract) ::unlink(local.name.c_str());
+      if (local.transport == Transport::Unix && !local.abstract) remove_stale_socket(local);
       core->acceptor.bind(ep);
       if (local.transport == Transport::Unix && !local.abstract) {
         // Before listen(): nobody can connect yet, so no window with wider permissions.
