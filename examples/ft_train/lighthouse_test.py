@@ -10,8 +10,8 @@
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR flags     bad flags (lighthouse's and ft_train's) are
                                                         refused with a clear message
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR jobs      jobs one after the other on one lighthouse
-                                                        (Q-10); a job that cannot form a quorum
-                                                        fails, naming why
+                                                        (Q-10); a job that cannot form a quorum,
+                                                        or that lost every group, fails, naming why
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR chromium  the page in headless Chromium shows the
                                                         members change when a group is killed
 
@@ -21,6 +21,7 @@ per quorum id (no two quorums under one id).
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -318,6 +319,62 @@ def run_ft_train(args, workdir, name, env=None, timeout=120):
     return r, r.stderr + r.stdout, time.monotonic() - t0
 
 
+def pids():
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def parent_of(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def test_all_groups_lost(ft_train, workdir):
+    """Every group killed at once (the fork server that forked them all): no group holds the
+    committed state any more, so the run fails at once, saying so, instead of respawning groups
+    that would wait forever for a donor."""
+    out = os.path.join(workdir, "lost")
+    shutil.rmtree(out, ignore_errors=True)  # a metrics file of an earlier run would count
+    log = open(os.path.join(workdir, "lost.log"), "w+")
+    job = subprocess.Popen([ft_train, "--no-faults", "--replicas", "2", "--steps", "100000",
+                            "--no-progress", "--out", out], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        metrics = os.path.join(out, "fault_free.jsonl")
+        def committed():
+            try:
+                with open(metrics) as f:
+                    return sum(1 for _ in f) >= 20
+            except FileNotFoundError:
+                return False
+        wait_for("20 committed steps", committed, 60, job)
+        children = [p for p in pids() if parent_of(p) == job.pid]
+        servers = []
+        for p in children:
+            with open("/proc/%d/cmdline" % p, "rb") as f:
+                if f.read().split(b"\0")[0].endswith(b"ft_train"):
+                    servers.append(p)
+        if not servers:
+            fail("no fork server among ft_train's children %s" % children)
+        for p in servers:
+            os.kill(p, signal.SIGKILL)
+        try:
+            rc = job.wait(60)
+        except subprocess.TimeoutExpired:
+            fail("ft_train still runs 60 s after every group was killed")
+        log.seek(0)
+        text = log.read()
+        if rc == 0 or "every replica group has failed" not in text or "is lost" not in text:
+            fail("every group killed: exit %d, output %r" % (rc, text[-3000:]))
+        print("every group killed: exit %d: %s" %
+              (rc, [l for l in text.splitlines() if "is lost" in l][-1]))
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
 def test_jobs(monarch, ft_train, workdir):
     """One lighthouse, several jobs one after the other (Q-10): ft_train's two runs (fault-free,
     then faulty) and a second ft_train, each from step 0, healed and equal. Then a job that can
@@ -343,6 +400,7 @@ def test_jobs(monarch, ft_train, workdir):
                   (name, secs, s["faults_injected"]))
     finally:
         lh.stop()
+    test_all_groups_lost(ft_train, workdir)
     lh = Lighthouse(monarch, "tcp://127.0.0.1:0", extra=["--min-replicas", str(REPLICAS + 2)])
     try:
         env = dict(os.environ, MONARCH_FT_PROGRESS_TIMEOUT="3s")

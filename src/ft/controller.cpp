@@ -950,6 +950,16 @@ bool ReplicaController::supervise(const mesh::MeshFailure& failure) {
       replace_host(r, cause))
     event(id + ": its host is gone; the respawn goes to a fresh host");
   lighthouse_.send(&Lighthouse::evict, id, failure.cause);
+  if (max_committed_ > 0 && !finished_ &&
+      std::none_of(groups_.begin(), groups_.end(), [](const Group& x) { return x.up; })) {
+    // Nobody left to heal from: replacements would wait forever for step max_committed_.
+    stats_.error = "every replica group has failed (the last: " + failure.to_string() +
+                   "): the state of step " + std::to_string(max_committed_) +
+                   " is lost with them (no live group holds it, and there is no checkpoint)";
+    event(stats_.error);
+    finish(false);
+    return true;
+  }
   self<ReplicaController>().send(&ReplicaController::respawn, r);
   return true;  // handled: the other groups keep training
 }

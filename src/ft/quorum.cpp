@@ -114,23 +114,28 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
     return std::binary_search(live.begin(), live.end(), id);
   };
   // a request of another job takes over once the served job is over.
-  std::string waiting_job;
+  auto served_live = [&] {  // the served job's groups that may still be alive
+    std::vector<std::string> out;
+    if (previous_) {
+      for (const auto& p : previous_->participants) {
+        auto it = pending_.find(p.replica_id);
+        bool moved = it != pending_.end() && it->second.job != *job_;
+        if (is_live(p.replica_id) && !moved) out.push_back(p.replica_id);
+      }
+    } else {  // no quorum yet: its live requesters
+      for (const auto& [id, m] : pending_)
+        if (m.job == *job_ && is_live(id)) out.push_back(id);
+    }
+    return out;
+  };
+  bool other_job_waits = false;
   for (const auto& [id, m] : pending_) {
     if (job_ && m.job == *job_) continue;
-    if (!previous_) {
-      job_ = m.job;  // nothing served yet: the first job heard from
+    if (job_ && !served_live().empty()) {
+      other_job_waits = true;
       break;
     }
-    bool over = std::all_of(
-        previous_->participants.begin(), previous_->participants.end(), [&](const auto& p) {
-          auto it = pending_.find(p.replica_id);
-          return !is_live(p.replica_id) || (it != pending_.end() && it->second.job != *job_);
-        });
-    if (!over) {
-      waiting_job = m.job;
-      break;
-    }
-    id_floor_ = std::max(id_floor_, previous_->quorum_id);
+    if (previous_) id_floor_ = std::max(id_floor_, previous_->quorum_id);
     previous_.reset();
     job_ = m.job;
     for (auto it = pending_.begin(); it != pending_.end();)
@@ -139,13 +144,12 @@ std::optional<Quorum> QuorumState::poll(Clock::time_point now, std::string* why_
   }
   std::vector<const QuorumMember*> candidates;  // Q-1 (pending_ is ordered by replica_id)
   for (const auto& [id, m] : pending_) {
-    if (is_live(id) && (!job_ || m.job == *job_)) candidates.push_back(&m);
+    if (is_live(id) && m.job == *job_) candidates.push_back(&m);
   }
   if (candidates.empty()) {
-    if (!waiting_job.empty()) {
+    if (other_job_waits) {
       std::string live_members;
-      for (const auto& p : previous_->participants)
-        if (is_live(p.replica_id)) live_members += " " + p.replica_id;
+      for (const auto& id : served_live()) live_members += " " + id;
       return fail(fmt::format(
           "a new job's groups wait (Q-10): the job served still has live groups:{}", live_members));
     }
