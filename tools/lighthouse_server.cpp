@@ -159,6 +159,13 @@ int run_lighthouse(const LighthouseFlags& flags) {
   sigaddset(&set, SIGINT);
   ::pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts: all inherit it
 
+  const auto beat = config::global().duration("ft.heartbeat_interval");
+  if (flags.heartbeat_timeout.count() > 0 && flags.heartbeat_timeout < 2 * beat) {
+    throw std::runtime_error(
+        "--heartbeat-timeout-ms " + std::to_string(flags.heartbeat_timeout.count()) +
+        " is below twice ft.heartbeat_interval (" + std::to_string(beat.count()) +
+        " ms): every replica group would look dead between its heartbeats");
+  }
   std::string secret = job_secret(flags.secret_file);
   std::string http_host = "127.0.0.1";
   int http_port = 0;

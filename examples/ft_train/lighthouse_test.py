@@ -426,6 +426,8 @@ def test_flags(monarch, workdir):
         (["--listen", "tcp://127.0.0.1:0", "--secret-file", os.path.join(workdir, "absent")],
          "cannot read --secret-file"),
         ([], "--listen is required"),
+        (["--listen", "tcp://127.0.0.1:0", "--heartbeat-timeout-ms", "1"],
+         "below twice ft.heartbeat_interval"),
     ]
     # A second lighthouse must not share a live one's HTTP port (kills would reach either).
     first = Lighthouse(monarch, "tcp://127.0.0.1:0")
