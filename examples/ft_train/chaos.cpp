@@ -87,8 +87,21 @@ ScheduledController::ScheduledController(std::vector<mesh::HostMesh> hosts,
                      static_cast<FaultKind>((offset + i) % 4)});
 }
 
+void ScheduledController::note_left_out(int64_t step, int64_t last, size_t planned) {
+  if (cut_short_ || step <= last || next_ >= planned) return;
+  cut_short_ = true;
+  event("faults: " + std::to_string(next_) + " of " + std::to_string(planned) +
+        " planned started; the others found no quiet point (every group back in the quorum, no "
+        "fault open) before step " +
+        std::to_string(last) + ", the last a fault may start at");
+}
+
 void ScheduledController::inject_due(int64_t step) {
-  if (sched_.chaos.on) return inject_chaos(step);
+  if (sched_.chaos.on) {
+    note_left_out(step, options().steps * 85 / 100, chaos_.size());
+    return inject_chaos(step);
+  }
+  note_left_out(step, options().steps * 8 / 10, plan_.size());
   if (next_ < plan_.size() && step >= plan_[next_].first && step <= options().steps * 8 / 10 &&
       quiet())  // one recovery at a time, everyone back in the quorum first
     inject(plan_[next_++].second,

@@ -80,6 +80,9 @@ class ScheduledController : public ReplicaController {
   std::vector<std::pair<int64_t, FaultKind>> plan_;  // fixed rotation: (step, kind)
   std::vector<ChaosFault> chaos_;
   size_t next_ = 0;
+  bool cut_short_ = false;  // said that planned faults were left out
+  // Past the last step a fault may start at: says once how many planned faults were left out.
+  void note_left_out(int64_t step, int64_t last, size_t planned);
   int64_t due_at_ = 0;
 };
 

@@ -259,7 +259,8 @@ static int run(int argc, char** argv) {
   app.add_option("--ranks", cfg.ranks, "ranks per replica group")->check(CLI::Range(1, 16));
   app.add_option("--faults", run.faults, "faults to inject in the faulty run")
       ->check(CLI::Range(0, 1000));
-  app.add_option("--seed", cfg.seed, "seed of the model, the data order and the fault injector");
+  app.add_option("--seed", cfg.seed, "seed of the model, the data order and the fault injector")
+      ->check(CLI::Range(0.0, 18446744073709551615.0));  // before it wraps (-1) or saturates
   app.add_flag("--no-faults", no_faults, "run only the fault-free run");
   app.add_option("--batch", cfg.global_batch, "global batch (samples per step, all groups)")
       ->check(CLI::Range(1, 1 << 20));
