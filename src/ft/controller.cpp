@@ -329,10 +329,10 @@ void ReplicaController::start_all() {
                           : config::global().duration("ft.progress_timeout");
   if (progress_timeout_.count() > 0) {
     progress_since_ns_ = last_check_ns_ = started_;
-    auto period = std::clamp(progress_timeout_ / 10, std::chrono::milliseconds(10),
-                             std::chrono::milliseconds(1000));
+    progress_period_ = std::clamp(progress_timeout_ / 10, std::chrono::milliseconds(10),
+                                  std::chrono::milliseconds(1000));
     // call(), not send(): a check that reaches a stopped controller just fails its future.
-    watchdog_.start(period, [self = self<ReplicaController>()] {
+    watchdog_.start(progress_period_, [self = self<ReplicaController>()] {
       (void)self.call(&ReplicaController::check_progress);
     });
   }
@@ -341,10 +341,8 @@ void ReplicaController::start_all() {
 void ReplicaController::check_progress() {
   if (finished_ || progress_timeout_.count() <= 0) return;
   const int64_t now = now_ns();
-  const auto period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::clamp(progress_timeout_ / 10, std::chrono::milliseconds(10),
-                                        std::chrono::milliseconds(1000)))
-                             .count();
+  const auto period_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(progress_period_).count();
   // Checks come every period. A much longer gap means this process was stopped or starved (the
   // groups may have been waiting on it, not the other way round): that time does not count.
   if (now - last_check_ns_ > 4 * period_ns + 1'000'000'000)
@@ -360,15 +358,13 @@ void ReplicaController::check_progress() {
   } catch (const std::exception& e) {
     why = std::string("(no answer: ") + e.what() + ")";
   }
-  stats_.error = "no replica group committed a step for " +
-                 std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                                    std::chrono::nanoseconds(now - since))
-                                    .count()) +
-                 " s (ft.progress_timeout " + std::to_string(progress_timeout_.count()) +
-                 " ms; the last committed step is " + std::to_string(max_committed_) +
-                 "); the lighthouse is waiting for: " + why;
-  event(stats_.error);
-  finish(false);
+  fail_run("no replica group committed a step for " +
+           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::nanoseconds(now - since))
+                              .count()) +
+           " s (ft.progress_timeout " + std::to_string(progress_timeout_.count()) +
+           " ms; the last committed step is " + std::to_string(max_committed_) +
+           "); the lighthouse is waiting for: " + why);
 }
 
 Future<RunStats> ReplicaController::done() {
@@ -384,8 +380,12 @@ Future<RunStats> ReplicaController::done() {
 
 void ReplicaController::finish_now() {
   if (finished_) return;
-  stats_.error = std::to_string(finals_.size()) + " of " + std::to_string(opts_.groups) +
-                 " replica groups finished before the deadline";
+  fail_run(std::to_string(finals_.size()) + " of " + std::to_string(opts_.groups) +
+           " replica groups finished before the deadline");
+}
+
+void ReplicaController::fail_run(std::string why) {
+  stats_.error = std::move(why);
   event(stats_.error);
   finish(false);
 }
@@ -953,11 +953,9 @@ bool ReplicaController::supervise(const mesh::MeshFailure& failure) {
   if (max_committed_ > 0 && !finished_ &&
       std::none_of(groups_.begin(), groups_.end(), [](const Group& x) { return x.up; })) {
     // Nobody left to heal from: replacements would wait forever for step max_committed_.
-    stats_.error = "every replica group has failed (the last: " + failure.to_string() +
-                   "): the state of step " + std::to_string(max_committed_) +
-                   " is lost with them (no live group holds it, and there is no checkpoint)";
-    event(stats_.error);
-    finish(false);
+    fail_run("every replica group has failed (the last: " + failure.to_string() +
+             "): the state of step " + std::to_string(max_committed_) +
+             " is lost with them (no live group holds it, and there is no checkpoint)");
     return true;
   }
   self<ReplicaController>().send(&ReplicaController::respawn, r);

@@ -460,6 +460,7 @@ class ReplicaController : public Actor {
   void rejoin(FaultRecord& f, const std::string& id, int64_t t);
   void flush_steps(int64_t before);
   void finish(bool complete);
+  void fail_run(std::string why);  // finish(false) with RunStats::error `why`, as an event too
 
   std::vector<mesh::HostMesh> hosts_;
   ActorRef<Lighthouse> lighthouse_;
@@ -484,6 +485,7 @@ class ReplicaController : public Actor {
   bool finished_ = false;
   std::optional<Promise<RunStats>> done_;
   std::chrono::milliseconds progress_timeout_{0};  // resolved; <= 0: off
+  std::chrono::milliseconds progress_period_{0};   // how often the watchdog checks
   int64_t progress_since_ns_ = 0;                  // the watchdog's baseline
   int64_t last_check_ns_ = 0;                      // its previous check
   detail::Periodic watchdog_;
