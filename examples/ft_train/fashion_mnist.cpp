@@ -166,6 +166,11 @@ Dataset Dataset::head(std::int64_t n) const {
 }
 
 Dataset load_fashion_mnist(const std::string& dir, Split split) {
+  if (std::filesystem::exists(dir) && !std::filesystem::is_directory(dir)) {
+    throw DatasetError("Fashion-MNIST directory " + dir +
+                       " is not a directory: --data takes the directory that holds "
+                       "train-images-idx3-ubyte.gz and the other three files");
+  }
   if (!std::filesystem::is_directory(dir)) {
     throw DatasetError("Fashion-MNIST directory " + dir +
                        " does not exist: install the data with `apt-get install "

@@ -302,6 +302,10 @@ def test_ft_train_flags(ft_train, workdir):
         (["--lr", "nan"], "not a finite number"),
         (["--replicas", "1"], "one replica group cannot heal a fault"),
         (["--no-faults", "--json-summary", workdir], "cannot write --json-summary"),
+        (["--data", "/etc/passwd"], "/etc/passwd is not a directory"),
+        (["--model", "llama-tiny", "--data", "/etc/passwd"], "/etc/passwd is not a directory"),
+        # Fails at once, so the error must not claim it waited ("within 30000 ms").
+        (["--lighthouse", "garbage"], "cannot reach the lighthouse at garbage: bad channel"),
     ]
     for args, want in cases:
         r = subprocess.run([ft_train, "--steps", "5"] + args, capture_output=True, text=True,

@@ -41,6 +41,11 @@ bool blank(const std::string& s) {
 
 TextCorpus load_fortunes(const std::string& dir) {
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    throw DatasetError("fortunes directory " + dir +
+                       " is not a directory: --data takes a directory of fortune text files, "
+                       "like /usr/share/games/fortunes");
+  }
   if (!fs::is_directory(dir, ec)) {
     throw DatasetError("fortunes directory " + dir + " does not exist: " + kInstallHint);
   }

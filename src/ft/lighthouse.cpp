@@ -469,9 +469,14 @@ ActorRef<Lighthouse> connect_lighthouse(Proc& proc, const std::string& addr,
                      "): this Proc does not listen (set ProcOptions::listen)");
   try {
     return proc.lookup_remote<Lighthouse>(addr, kLighthouseName).get(timeout);
-  } catch (const std::exception& e) {
-    throw Error(fmt::format("no lighthouse reachable at {} within {} ms: {}", addr, timeout.count(),
-                            e.what()));
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format("no lighthouse answered at {} within {} ms: {}", addr,
+                                   timeout.count(), e.what()));
+  } catch (const Error& e) {
+    // A malformed address or a missing secret fails at once: no "within N ms" here. Keeps the code
+    // (ChannelError for those two, DeliveryFailure when the proc serves no lighthouse).
+    throw Error(e.code(), fmt::format("cannot reach the lighthouse at {}: {}", addr, e.what()),
+                e.origin());
   }
 }
 

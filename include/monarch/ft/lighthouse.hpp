@@ -205,8 +205,10 @@ class Lighthouse : public Actor {
 
 /// Looks up the standalone lighthouse serving `addr` (e.g. "tcp://10.0.0.5:29500", the address
 /// `monarch lighthouse` prints) from `proc`, which must listen (ProcOptions::listen) and share the
-/// job secret for TCP. Blocks up to `timeout`. Throws Error naming `addr` when it cannot be
-/// reached or has no lighthouse. Any thread outside an actor handler.
+/// job secret for TCP. Blocks up to `timeout`. Every error names `addr`: TimeoutError when nothing
+/// answered within `timeout`; otherwise an Error with the cause's code, at once for a malformed
+/// address or a TCP address without the job secret (code Channel). Any thread outside an actor
+/// handler.
 ActorRef<Lighthouse> connect_lighthouse(Proc& proc, const std::string& addr,
                                         std::chrono::milliseconds timeout);
 
