@@ -1277,8 +1277,10 @@ class HostMesh(MeshTrait):
             raise ValueError("spawn_procs: per_host is empty; give at least one dim, "
                              "e.g. {'gpus': 4}")
         for k, v in per_host.items():
-            if not isinstance(k, str) or not k:
-                raise ValueError("spawn_procs: dim names must be non-empty str, not %r" % (k,))
+            if not isinstance(k, str) or not (k.isascii() and k.isidentifier()):
+                raise ValueError("spawn_procs: dim names must be identifiers "
+                                 "([A-Za-z_][A-Za-z0-9_]*, as mesh.slice(name=...) takes them), "
+                                 "not %r" % (k,))
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError("spawn_procs: size of dim %r must be a positive int, not %r"
                                  % (k, v))

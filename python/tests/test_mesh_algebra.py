@@ -138,3 +138,14 @@ def test_bad_slices(where):
         where.slice(gpus=slice(3, 1))
     with pytest.raises(ValueError):
         where.flatten("all").slice(hosts=0)
+
+
+def test_dim_names_are_identifiers(where):
+    """A dim name must be one that mesh.slice(name=...) and selection text can address."""
+    for bad in ["a b", "gpu-0", "1st", "h\u00e9"]:
+        with pytest.raises(ValueError, match="identifier"):
+            this_host().spawn_procs(per_host={bad: 1})
+        with pytest.raises(ValueError, match="not an identifier"):
+            where.flatten(bad)
+        with pytest.raises(ValueError, match="not an identifier"):
+            where.rename(gpus=bad)

@@ -1,5 +1,7 @@
 #include "monarch/ndslice/extent.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <sstream>
 
 #include "monarch/ndslice/point.hpp"
@@ -13,6 +15,14 @@ std::string quote(std::string_view s) {
 }
 
 }  // namespace
+
+bool is_dim_label(std::string_view s) noexcept {
+  if (s.empty()) return false;
+  if (std::isalpha(static_cast<unsigned char>(s[0])) == 0 && s[0] != '_') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+  });
+}
 
 Extent::Extent() : d_(std::make_shared<const Data>()) {}
 
@@ -37,6 +47,10 @@ Extent::Extent(std::vector<std::string> labels, std::vector<std::size_t> sizes) 
   for (std::size_t i = 0; i < labels.size(); ++i) {
     if (labels[i].empty())
       throw SliceError("extent: dim #" + std::to_string(i) + " has an empty label");
+    if (!is_dim_label(labels[i])) {
+      throw SliceError("extent: dim label " + quote(labels[i]) +
+                       " is not an identifier ([A-Za-z_][A-Za-z0-9_]*)");
+    }
     for (std::size_t j = 0; j < i; ++j) {
       if (labels[j] == labels[i]) {
         throw SliceError("extent: duplicate dim " + quote(labels[i]) + " (at #" +

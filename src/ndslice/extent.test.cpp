@@ -56,6 +56,14 @@ TEST(Extent, Errors) {
               HasSubstr("dim 'gpus' has size 0"));
   EXPECT_THAT(error_of([] { Extent e({"a", "b"}, {2}); }), HasSubstr("2 labels but 1 sizes"));
   EXPECT_THAT(error_of([] { Extent e{{"", 2}}; }), HasSubstr("empty label"));
+  // Selection text and Python keywords can name only identifiers.
+  for (const char* bad : {"a b", "1st", "gpu-0", "x.y", "h\xc3\xa9"}) {
+    EXPECT_THAT(error_of([&] { Extent e{{bad, 2}}; }), HasSubstr("is not an identifier")) << bad;
+  }
+  EXPECT_EQ((Extent{{"_x1", 2}, {"Hosts_2", 3}}).num_ranks(), 6u);
+  EXPECT_TRUE(is_dim_label("gpus"));
+  EXPECT_FALSE(is_dim_label(""));
+  EXPECT_FALSE(is_dim_label("9"));
   const std::size_t big = std::size_t{1} << 33;
   EXPECT_THAT(error_of([&] {
                 Extent e{{"a", big}, {"b", big}};

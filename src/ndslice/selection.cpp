@@ -46,14 +46,6 @@ bool is_dim_kind(Selection::Kind k) {
          k == Selection::Kind::Label;
 }
 
-bool is_ident(std::string_view s) {
-  if (s.empty()) return false;
-  if (!(std::isalpha(static_cast<unsigned char>(s[0])) != 0 || s[0] == '_')) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
-  });
-}
-
 void check_range(const Range& r) {
   if (r.step == 0) throw SliceError("selection: range " + r.to_string() + " has step 0");
   if (r.end && r.begin >= *r.end) {
@@ -114,7 +106,7 @@ Selection Selection::index(std::size_t i, Selection inner) {
 Selection Selection::label(std::vector<std::string> labels, Selection inner) {
   if (labels.empty()) throw SliceError("selection: label() needs at least one dim label");
   for (const auto& l : labels) {
-    if (!is_ident(l)) {
+    if (!is_dim_label(l)) {
       throw SliceError("selection: label '" + l +
                        "' is not an identifier ([A-Za-z_][A-Za-z0-9_]*)");
     }

@@ -21,13 +21,18 @@ namespace monarch::ndslice {
 
 class Point;
 
+/// Whether `s` can label a dim: an identifier, [A-Za-z_][A-Za-z0-9_]* (what selection text can
+/// name, and what a Python keyword argument such as `mesh.slice(hosts=0)` can be).
+bool is_dim_label(std::string_view s) noexcept;
+
 class Extent {
  public:
   /// Zero-dimensional extent: num_ranks() == 1.
   Extent();
 
   /// Extent{{"hosts", 2}, {"gpus", 4}}.
-  /// Throws SliceError on: an empty or duplicate label, a zero size, num_ranks overflowing size_t.
+  /// Throws SliceError on: a label that is not an identifier (is_dim_label), a duplicate label, a
+  /// zero size, num_ranks overflowing size_t.
   Extent(std::initializer_list<std::pair<std::string, std::size_t>> dims);
 
   /// Labels and sizes in parallel. Throws SliceError additionally when the lengths differ.
