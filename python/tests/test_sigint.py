@@ -1,5 +1,6 @@
 """Ctrl-C in a client stops every proc it started: no orphans, and the exit status says the
-client was interrupted. A client that simply exits leaves no procs either."""
+client was interrupted. A hang-up ends it the same way, and a client that simply exits leaves no
+procs either."""
 
 import json
 import signal
@@ -37,31 +38,55 @@ CLIENT = """
 """
 
 
-def test_sigint_stops_every_proc(tmp_path):
+def _start_stuck_client(tmp_path):
     path = write_client(tmp_path, CLIENT)
     p = subprocess.Popen([sys.executable, str(path)], env=client_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                             preexec_fn=_default_sigint)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    line = p.stdout.readline()
+    if not line:
+        p.kill()
+        raise AssertionError("the client printed no pids: %s" % p.communicate()[1])
+    pids = json.loads(line)
+    assert len(pids) == 4 and all(pid_alive(x) for x in pids)
+    return p, pids
+
+
+def _signal_and_wait(p, sig):
     try:
-        line = p.stdout.readline()
-        assert line, "the client printed no pids: %s" % p.stderr.read()
-        pids = json.loads(line)
-        assert len(pids) == 4 and all(pid_alive(x) for x in pids)
-        # call_one(...).get() is waiting now or soon; a SIGINT before it starts waiting
-        # interrupts the client just as well (KeyboardInterrupt at the next bytecode).
-        p.send_signal(signal.SIGINT)
+        # call_one(...).get() is waiting now or soon; a signal before it starts waiting
+        # interrupts the client just as well.
+        p.send_signal(sig)
         _, err = p.communicate(timeout=30)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-    assert p.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (p.returncode, err)
-    assert "KeyboardInterrupt" in err, err
+    return err
+
+
+def _assert_no_orphans(pids):
     deadline = time.monotonic() + 20
     while any(pid_alive(x) for x in pids) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling the process table against a deadline, not settling
     left = [x for x in pids if pid_alive(x)]
-    assert not left, "worker procs outlived the interrupted client: %s" % left
+    assert not left, "worker procs outlived the client: %s" % left
+
+
+def test_sigint_stops_every_proc(tmp_path):
+    p, pids = _start_stuck_client(tmp_path)
+    err = _signal_and_wait(p, signal.SIGINT)
+    assert p.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (p.returncode, err)
+    assert "KeyboardInterrupt" in err, err
+    _assert_no_orphans(pids)
+
+
+def test_sighup_ends_the_client_and_its_procs(tmp_path):
+    """A hang-up (closed terminal, dropped ssh session) ends the client as in plain Python. UCX's
+    library constructor took SIGHUP for its debug mode, so the client lived on (rdma/ucx.cpp)."""
+    p, pids = _start_stuck_client(tmp_path)
+    err = _signal_and_wait(p, signal.SIGHUP)
+    assert p.returncode == -signal.SIGHUP, (p.returncode, err)
+    _assert_no_orphans(pids)
 
 
 def test_a_client_that_exits_without_stop_leaves_no_procs(tmp_path):
@@ -83,7 +108,4 @@ def test_a_client_that_exits_without_stop_leaves_no_procs(tmp_path):
     assert r.returncode == 0, (r.returncode, r.stderr)
     pids = json.loads(r.stdout.splitlines()[0])
     assert len(pids) == 4
-    deadline = time.monotonic() + 20
-    while any(pid_alive(x) for x in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)  # polling the process table against a deadline, not settling
-    assert not [x for x in pids if pid_alive(x)]
+    _assert_no_orphans(pids)

@@ -2,8 +2,11 @@
 // (Transfers across processes: testing/multiprocess.test.cpp.)
 #include "monarch/rdma/rdma.hpp"
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <csignal>
+#include <cstring>
 #include <thread>
 
 #include "monarch/config/config.hpp"
@@ -32,6 +35,24 @@ TEST(Rdma, ActiveBackendIsQueryable) {
   std::string want = monarch::config::global().string("rdma.backend");
   if (want != "auto") {
     EXPECT_EQ(b, want);
+  }
+}
+
+// libucs's load-time constructor takes SIGHUP (which then no longer ends the process) and the
+// error signals; the data plane gives them back (ucx.cpp). Checked after the backend started.
+TEST(Rdma, LeavesTheProcessSignalHandlersAlone) {
+  (void)active_backend();
+  for (int sig : {SIGHUP, SIGILL, SIGSEGV, SIGBUS, SIGFPE}) {
+    struct sigaction sa {};
+    ASSERT_EQ(sigaction(sig, nullptr, &sa), 0);
+    if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN) continue;
+    void* handler = (sa.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<void*>(sa.sa_sigaction)
+                                                    : reinterpret_cast<void*>(sa.sa_handler);
+    Dl_info info{};
+    if (dladdr(handler, &info) != 0 && info.dli_fname != nullptr) {
+      EXPECT_EQ(std::strstr(info.dli_fname, "libucs"), nullptr)
+          << "signal " << sig << " is handled in " << info.dli_fname;
+    }
   }
 }
 

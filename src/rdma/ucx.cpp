@@ -21,11 +21,14 @@
 //
 // Timeouts (RD-2): at the deadline the transfer fails and its endpoint is force-closed, which
 // cancels every request on it, so the caller's span is not touched afterwards.
+#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/debug.h>
 
 #include <asio.hpp>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -555,9 +558,34 @@ class Ucx final : public UcxPlane {
   mutable std::mutex info_mu_;
 };
 
+// libucs's load-time constructor takes process-wide signals (Debian's UCX 1.13 defaults:
+// UCX_DEBUG_SIGNO=HUP, UCX_ERROR_SIGNALS=ILL,SEGV,BUS,FPE). Its SIGHUP handler only raises UCX's
+// log level, so a hang-up (a closed terminal, a dropped ssh session) no longer ended a client or
+// its workers; its error handlers print UCX's backtrace in place of the process's own (Python's
+// faulthandler, a sanitizer's). A transport must not change a process's signal dispositions: each
+// handler that lives in libucs is given back (ucs_debug_disable_signal restores the one it saved).
+// Idempotent; runs at load (below) and again before each UCX start.
+void give_back_signals_ucx_took() {
+  for (int sig : {SIGHUP, SIGILL, SIGSEGV, SIGBUS, SIGFPE}) {
+    struct sigaction sa {};
+    if (sigaction(sig, nullptr, &sa) != 0) continue;
+    void* handler = (sa.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<void*>(sa.sa_sigaction)
+                                                    : reinterpret_cast<void*>(sa.sa_handler);
+    if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN) continue;
+    Dl_info info{};
+    if (dladdr(handler, &info) != 0 && info.dli_fname != nullptr &&
+        std::strstr(info.dli_fname, "libucs") != nullptr) {
+      ucs_debug_disable_signal(sig);
+    }
+  }
+}
+
+[[maybe_unused]] const bool signals_given_back_at_load = (give_back_signals_ucx_took(), true);
+
 }  // namespace
 
 std::unique_ptr<UcxPlane> make_ucx_plane(StatusTable& status, std::string& why) {
+  give_back_signals_ucx_took();
   auto u = std::make_unique<Ucx>();
   if (!u->init(status, why)) return nullptr;
   return u;
