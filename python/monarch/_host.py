@@ -19,8 +19,6 @@ import pickle
 import threading
 import traceback
 
-import cloudpickle
-
 from monarch import actor as _actor
 from monarch.errors import MeshFailure
 
@@ -28,9 +26,7 @@ _VALUE = b"\x00"
 _ERROR = b"\x01"
 
 
-def dumps(obj):
-    """cloudpickle, protocol 5: classes and functions of __main__ travel by value."""
-    return cloudpickle.dumps(obj, protocol=5)
+dumps = _actor._dumps  # every reply is a message (monarch.Tensor pickles only inside one)
 
 
 def encode_value(value, endpoint="", actor=""):

@@ -394,20 +394,39 @@ def _ready(value) -> Future:
 
 # --- Wire format (see monarch/_host.py) -----------------------------------------------------------
 
+_PICKLING = threading.local()
+
+
+def _dumps(obj) -> bytes:
+    """cloudpickle, protocol 5 (classes and functions of __main__ travel by value): every message,
+    reply and spawn argument is pickled here, so that an object that only means something inside
+    a message (a monarch.Tensor: its shard on the receiving proc) can tell (:func:`_in_message`)
+    and refuse any other pickling (``torch.save``, ``pickle.dumps``)."""
+    _PICKLING.depth = getattr(_PICKLING, "depth", 0) + 1
+    try:
+        return cloudpickle.dumps(obj, protocol=5)
+    finally:
+        _PICKLING.depth -= 1
+
+
+def _in_message() -> bool:
+    return getattr(_PICKLING, "depth", 0) > 0
+
+
 
 def _dumps_args(args, kwargs, view, port, where):
     try:
-        return cloudpickle.dumps((args, kwargs, view, port), protocol=5)
+        return _dumps((args, kwargs, view, port))
     except Exception as e:
         for i, a in enumerate(args):
             try:
-                cloudpickle.dumps(a, protocol=5)
+                _dumps(a)
             except Exception as inner:
                 raise TypeError("%s: argument %d (%s) cannot be serialised: %s"
                                 % (where, i, type(a).__name__, inner)) from None
         for k, a in kwargs.items():
             try:
-                cloudpickle.dumps(a, protocol=5)
+                _dumps(a)
             except Exception as inner:
                 raise TypeError("%s: argument %r (%s) cannot be serialised: %s"
                                 % (where, k, type(a).__name__, inner)) from None
@@ -938,7 +957,7 @@ class EndpointRef(Generic[R]):
             raise TypeError("reduce: the reducer must be callable, not %r" % (fn,))
         m, payload = self._prepare(args, kwargs)
         try:
-            fnb = cloudpickle.dumps(fn, protocol=5)
+            fnb = _dumps(fn)
         except Exception as e:
             raise TypeError("reduce: the reducer cannot be serialised: %s" % e) from None
         return Future(native=m.reduce(fnb, self._name, payload), decode=_value_or_raise)
@@ -1009,7 +1028,7 @@ class Port(Generic[R]):
         self._native = native
 
     def send(self, value: R) -> None:
-        self._native.send(cloudpickle.dumps(value, protocol=5))
+        self._native.send(_dumps(value))
 
     def __reduce__(self):
         return (_rebuild_port, (self._native.encode(),))
@@ -1158,7 +1177,7 @@ class ProcMesh(MeshTrait):
         _check_actor_class(Class)
         self._live.check()
         try:
-            spec = cloudpickle.dumps((Class, args, kwargs), protocol=5)
+            spec = _dumps((Class, args, kwargs))
         except Exception as e:
             raise TypeError("spawn %s: the class or its arguments cannot be serialised: %s"
                             % (name, e)) from None
@@ -1301,7 +1320,7 @@ class HostMesh(MeshTrait):
                 raise TypeError("spawn_procs: bootstrap must be a callable (run in each proc "
                                 "before it serves), not %r" % (bootstrap,))
             try:
-                blob = base64.b64encode(cloudpickle.dumps(bootstrap, protocol=5)).decode()
+                blob = base64.b64encode(_dumps(bootstrap)).decode()
             except Exception as e:
                 raise TypeError("spawn_procs: bootstrap cannot be serialised: %s" % e) from None
             env.append("MONARCH_PY_BOOTSTRAP=" + blob)

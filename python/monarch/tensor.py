@@ -333,6 +333,10 @@ class Tensor(torch.Tensor):
 
     def __reduce_ex__(self, proto):
         # Inside a message to an actor on the same procs: that proc's local shard.
+        if not _actor._in_message():
+            raise TypeError("a monarch.Tensor pickles only inside a message to an actor on its "
+                            "procs (it stands for each proc's shard); to save or pickle its "
+                            "values, fetch them first: fetch_shard(t, ...).get()")
         s = self._v.session
         s.flush()
         return (_local_shard, (self._h.ref, s.token, repr(self._v)))
@@ -448,6 +452,23 @@ def _convert(a, w):
     return a, a
 
 
+_INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+                    "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
+                    "__irshift__", "__imatmul__", "__setitem__"}
+
+
+def _writes_local(fname, args, kwargs):
+    """Whether an op writes into a local (plain torch) tensor: ``loc.add_(t)``, ``loc += t``,
+    ``loc[0] = t``, ``torch.add(t, 1, out=loc)``."""
+    out = kwargs.get("out")
+    for o in (out if isinstance(out, (tuple, list)) else (out,)):
+        if isinstance(o, torch.Tensor) and not isinstance(o, Tensor):
+            return True
+    inplace = fname in _INPLACE_DUNDERS or (fname.endswith("_") and not fname.startswith("_"))
+    return inplace and bool(args) and isinstance(args[0], torch.Tensor) and \
+        not isinstance(args[0], Tensor)
+
+
 def _view_for(tensors, mode_view, what):
     v = mode_view
     for t in tensors:
@@ -502,6 +523,12 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
         with _Quiet():
             return func(*args, **kwargs)
     name, fname, query = _func_info(func, name)
+    if w.tensors and _writes_local(fname, args, kwargs):
+        # Not a TypeError: torch turns one from an in-place dunder (loc += t) into NotImplemented,
+        # and Python then rebinds loc to loc + t, a monarch.Tensor, without a word.
+        raise TensorError(name, None, {}, "it would write into a local torch.Tensor, but an "
+                          "operand is a monarch.Tensor, whose values live on the workers: fetch "
+                          "them first (fetch_shard(t, ...).get()), or compute on the mesh")
     view = _view_for(w.tensors, mode_view, name)
     if fname == "__iter__" and w.tensors:  # rows, as monarch.Tensors (a meta run would leak metas)
         return iter(torch.Tensor.unbind(args[0], 0))

@@ -74,3 +74,55 @@ def test_a_remote_function_may_return_a_dict_of_tensors(procs):
                for v in d.values())
     assert inspect(d["a"], gpus=2).tolist() == [2.0, 2.0]
     assert inspect(d["b"], gpus=3).tolist() == [3.0, 3.0]
+
+
+def test_writing_a_mesh_tensor_into_a_local_one_is_refused(procs):
+    """loc.add_(t) used to return a new monarch.Tensor and leave loc as it was, and loc += t
+    rebound loc without a word: the values live on the workers, so every form is refused."""
+    with procs.activate():
+        t = torch.ones(4)
+    writes = {
+        "add_": lambda loc: loc.add_(t),
+        "copy_": lambda loc: loc.copy_(t),
+        "setitem": lambda loc: loc.__setitem__(slice(0, 2), t[:2]),
+        "out": lambda loc: torch.add(t, 1, out=loc),
+    }
+    for name, write in writes.items():
+        for active in (True, False):
+            loc = torch.zeros(4)
+            with pytest.raises(TensorError, match="write into a local torch.Tensor"):
+                if active:
+                    with procs.activate():
+                        write(loc)
+                else:
+                    write(loc)
+            assert torch.equal(loc, torch.zeros(4)), name
+    loc = torch.zeros(4)
+    with pytest.raises(TensorError, match="write into a local torch.Tensor"):
+        loc += t
+    assert type(loc) is torch.Tensor and torch.equal(loc, torch.zeros(4))
+    # Local into mesh is fine: the local values travel as a constant.
+    with procs.activate():
+        t.add_(torch.full((4,), 2.0))
+    assert inspect(t, gpus=1).tolist() == [3.0] * 4
+
+
+def test_a_mesh_tensor_pickles_only_inside_a_message(procs, tmp_path):
+    """torch.save(t) wrote a file holding only a reference, which failed to load with an error
+    about actors; pickle.dumps(t) likewise. Both are refused; messages still carry shards."""
+    import pickle
+
+    with procs.activate():
+        t = torch.arange(4.)
+    with pytest.raises(TypeError, match="pickles only inside a message"):
+        torch.save(t, str(tmp_path / "t.pt"))
+    with pytest.raises(TypeError, match="pickles only inside a message"):
+        pickle.dumps(t)
+
+    @remote
+    def total(x):
+        return x.sum()
+
+    with procs.activate():
+        s = total(t)
+    assert inspect(s, gpus=0).item() == 6.0
