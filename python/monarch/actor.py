@@ -37,7 +37,6 @@ import itertools
 import operator
 import os
 import pickle
-import random
 import sys
 import threading
 import time
@@ -917,7 +916,8 @@ class EndpointRef(Generic[R]):
                       deadlock=self._deadlock(m))
 
     def choose(self, *args, **kwargs) -> Future[R]:
-        """One member, picked at random."""
+        """One member, picked at random among those whose proc is not known dead (a
+        SupervisionError when every proc is)."""
         m, payload = self._prepare(args, kwargs)
         return Future(native=m.choose(self._name, payload), decode=_value_or_raise)
 
@@ -973,7 +973,7 @@ class EndpointRef(Generic[R]):
     def _send(self, args, kwargs, port, selection):
         m, payload = self._prepare(args, kwargs, port)
         if selection == "choose":
-            i = random.randrange(len(m))
+            i = m.choose_rank()  # a member whose proc is not known dead
             labels = m.shape.labels
             if labels:
                 m = m.with_view(m.shape.flatten("_all").slice_range("_all", i, i + 1, 1))

@@ -158,3 +158,45 @@ def test_fifo_over_10k_broadcasts(members):
     for rank, s in enumerate(seen):
         assert len(s) == n, "member %d saw %d of %d broadcasts" % (rank, len(s), n)
         assert s == list(range(n)), "member %d saw the broadcasts out of order" % rank
+
+
+def test_choose_picks_only_members_on_live_procs(fault_hook):
+    """choose() and send(selection="choose") skip a proc known dead: a fifth of the picks used to
+    land on it and fail with SupervisionError although three members were alive."""
+    import os
+    import signal
+    import time
+
+    from monarch.actor import MeshFailure, this_host
+
+    pm = this_host().spawn_procs(per_host={"gpus": 4}, name="choosy")
+    try:
+        m = pm.spawn("pids", Pid)
+        pids = m.pid.call().get(timeout=60).values()
+        os.kill(pids[2], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        failure = None
+        while failure is None:  # the fault hook hears of the dead proc
+            got = fault_hook.get(timeout=max(deadline - time.monotonic(), 0.1))
+            failure = got if isinstance(got, MeshFailure) else None
+        assert 2 in failure.ranks, failure
+        picked = {m.rank.choose().get(timeout=30) for _ in range(60)}
+        assert picked == {0, 1, 3}, picked
+        port, recv = Channel.open()
+        for _ in range(30):
+            send(m.rank, port=port, selection="choose")
+        sent = {recv.recv().get(timeout=30) for _ in range(30)}
+        assert 2 not in sent and sent <= {0, 1, 3}, sent
+    finally:
+        pm.stop().get(timeout=60)
+
+
+class Pid(Actor):
+    @endpoint
+    def pid(self):
+        import os
+        return os.getpid()
+
+    @endpoint
+    def rank(self):
+        return current_rank().rank

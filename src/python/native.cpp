@@ -807,6 +807,7 @@ PYBIND11_MODULE(_native, m) {
       .def("call", &mesh_call, py::call_guard<NoGil>())
       .def("call_one", &mesh_call_one, py::call_guard<NoGil>())
       .def("choose", &mesh_choose, py::call_guard<NoGil>())
+      .def("choose_rank", &Mesh::choose_rank)
       .def("reduce", &mesh_reduce, py::call_guard<NoGil>())
       .def("stream", &mesh_stream, py::call_guard<NoGil>())
       .def(

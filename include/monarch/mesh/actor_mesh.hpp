@@ -13,7 +13,8 @@
 //             a proc known dead: at once, without sending); the others hold their values
 //             (ValueMesh::ok / error / throw_if_failed; reading a failed rank rethrows its error).
 //   call_one  the view must hold exactly one member (UsageError otherwise).
-//   choose    one member picked at random.
+//   choose    one member picked at random among those whose proc is not known dead (a
+//             SupervisionError when every proc is).
 //   stream    every member; replies in arrival order, as (local rank, value) pairs.
 //   broadcast every member, fire and forget (a failing handler fails that actor: supervision).
 //   reduce    every member; replies combined with an associative reducer (Sum, Min, Max, any
@@ -240,6 +241,26 @@ class ActorMesh {
     return at(0).call_ranked(0, method, std::forward<Args>(args)...);
   }
 
+  /// The local rank choose() calls: one member at random among those whose proc is not known
+  /// dead, or among all when every one is (its call then fails with the SupervisionError naming
+  /// its proc). UsageError on an empty view. Any thread.
+  size_t choose_rank() const {
+    if (size() == 0) throw UsageError("choose_rank: view " + extent().to_string() + " is empty");
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    auto uniform = [](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+    if (topo_ && topo_->remote) {
+      const auto dead = topo_->dead();
+      if (!dead.empty()) {
+        std::vector<size_t> live;
+        for (size_t k = 0; k < size(); ++k) {
+          if (!dead.has(static_cast<uint32_t>(global(k) / per_proc_))) live.push_back(k);
+        }
+        if (!live.empty()) return live[uniform(live.size())];
+      }
+    }
+    return uniform(size());
+  }
+
   template <class M, class... Args>
   auto choose(M method, Args&&... args) const {
     if (size() == 0)
@@ -247,8 +268,7 @@ class ActorMesh {
                        (members_ && !members_->empty() ? "'" + members_->front().id().name + "' "
                                                        : std::string()) +
                        "view " + extent().to_string() + " is empty");
-    thread_local std::mt19937_64 rng{std::random_device{}()};
-    size_t i = std::uniform_int_distribution<size_t>(0, size() - 1)(rng);
+    const size_t i = choose_rank();
     return at(i).call_ranked(i, method, std::forward<Args>(args)...);
   }
 
