@@ -477,3 +477,27 @@ def test_stop_returns_futures():
     assert isinstance(g, monarch.actor.Future) and g.get(timeout=30) is None
     assert not pid_alive(pid)
     assert pm.stop().get(timeout=30) is None
+
+
+class FailsInInit(Actor):
+    def __init__(self):
+        raise ValueError("no config XYZ")
+
+    @endpoint
+    def ok(self):
+        return 1
+
+
+def test_every_call_to_an_actor_whose_init_raised_names_the_cause(fault_hook):
+    """The first call used to get `undeliverable: actor failed` and, once the actor was gone,
+    `unknown actor`: neither said why. Whichever error a call gets (DeliveryFailure from the proc,
+    SupervisionError once the client knows the proc failed), it quotes __init__'s exception."""
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, name="badinit")
+    try:
+        m = pm.spawn("bad", FailsInInit)
+        for _ in range(5):
+            with pytest.raises(Exception) as info:
+                m.slice(gpus=0).ok.call_one().get(timeout=30)
+            assert "init threw: ValueError: no config XYZ" in str(info.value), info.value
+    finally:
+        pm.stop().get(timeout=60)

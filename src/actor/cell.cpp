@@ -188,7 +188,8 @@ DeliveryFailure Cell::failure_for(const Envelope& e, const char* reason) const {
   if (reason != nullptr) {
     why = reason;
   } else if (state() == Lifecycle::Failed) {
-    why = "actor failed";
+    // failure_ is set before the release store of Failed and never changes after it.
+    why = failure_ ? "actor failed: " + failure_->cause : "actor failed";
   } else if (state() == Lifecycle::Stopping) {
     why = killed_.load() ? "actor killed" : "actor stopping";
   } else if (killed_.load()) {
@@ -281,6 +282,7 @@ void Cell::finish_stop() {
     state_.store(failure_ ? Lifecycle::Failed : Lifecycle::Stopped, std::memory_order_release);
     waiters.swap(stop_waiters_);
   }
+  if (failure_) proc_->remember_failed_actor(*failure_);
   proc_->unregister_cell(this);
   bounce_all(nullptr);
 

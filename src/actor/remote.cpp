@@ -189,6 +189,12 @@ void Proc::forward_supervision(const ActorId& owner,
   remote_->send_event(owner, std::move(ev));
 }
 
+void Proc::remember_failed_actor(const ActorSupervisionEvent& ev) {
+  if (!remote_) return;  // in-process messages find no tombstones
+  remote_->add_tombstone(ev.actor.uid,
+                         "actor " + ev.actor_type + " '" + ev.actor.name + "' failed: " + ev.cause);
+}
+
 void Proc::stop_remote_child(const ActorId& id, bool kill) {
   if (!remote_) return;
   RemoteHeader h;

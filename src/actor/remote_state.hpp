@@ -121,8 +121,9 @@ struct Proc::Remote {
   std::unordered_set<std::string> gone;  // guarded by gone_mu
   std::deque<std::string> gone_order;    // guarded by gone_mu; may hold addresses not in `gone`
   std::atomic<bool> any_gone{false};     // !gone.empty(), read without a lock on every request
-  // Why remotely spawned actors of this Proc are gone (spawn refused, failed): uid -> reason, so
-  // a later message to them says more than "unknown actor". Bounded, oldest dropped first.
+  // Why actors of this Proc are gone (a remote spawn refused, an actor failed: Cell::finish_stop
+  // via Proc::remember_failed_actor): uid -> reason, so a later message to them says more than
+  // "unknown actor". Bounded, oldest dropped first.
   static constexpr size_t kMaxTombstones = 4096;
   std::unordered_map<uint64_t, std::string> tombstones;  // guarded by mu
   std::deque<uint64_t> tombstone_order;                  // guarded by mu
@@ -497,10 +498,6 @@ struct Proc::Remote {
 
   // A remotely spawned actor of this Proc failed: its owner hears it in its own Proc (SUP-R1).
   void send_event(const ActorId& owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
-    if (ev->actor.proc == address && (ev->actor.uid & detail::kRemoteSpawnBit) != 0) {
-      add_tombstone(ev->actor.uid,
-                    "actor " + ev->actor_type + " '" + ev->actor.name + "' failed: " + ev->cause);
-    }
     RemoteHeader h;
     h.kind = RemoteKind::Supervise;
     h.dest = owner;
@@ -677,8 +674,7 @@ struct Proc::Remote {
     };
     detail::CellPtr c = proc->find(h.dest);
     if (!c) {
-      std::string why =
-          h.dest.uid & detail::kRemoteSpawnBit ? tombstone(h.dest.uid) : std::string();
+      std::string why = tombstone(h.dest.uid);
       return fail(DeliveryFailure(h.dest, h.endpoint, why.empty() ? "unknown actor" : why));
     }
     auto inv = detail::find_invoker(c->type(), h.endpoint);

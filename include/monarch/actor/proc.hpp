@@ -245,6 +245,9 @@ class Proc {
   Future<ActorId> remote_lookup_id(const std::string& proc_addr, const std::string& name,
                                    const std::string& type_name);
   void on_root_event(const ActorSupervisionEvent& ev);
+  /// An actor of this Proc failed: later messages to it (once it is unregistered) fail with its
+  /// cause rather than "unknown actor". Called by the actor's cell before it unregisters.
+  void remember_failed_actor(const ActorSupervisionEvent& ev);
   /// A remotely spawned actor failed: send the event to its owner in another Proc.
   void forward_supervision(const ActorId& owner, std::shared_ptr<const ActorSupervisionEvent> ev);
   /// Asks the remote actor `id` to stop, not waiting (an owner stopping its remote children).
