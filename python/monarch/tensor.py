@@ -680,14 +680,30 @@ def _one_proc_view(t, coords, what):
     return v.session.view(pm)
 
 
+_FRAME_HEADROOM = 64 * 1024  # a reply's pickle and headers around a shard's bytes
+
+
 def fetch_shard(t: Tensor, **coords) -> Future:
     """Future of the shard of ``t`` on the proc at ``coords`` (``gpus=1``), a torch.Tensor on
     the controller's CPU. Without coords the mesh must hold one proc. Sends the pending ops
     first. The Future raises :class:`TensorError` (op, proc, message) when ``t`` failed,
-    ``MeshFailure`` when a proc of the mesh failed, ValueError/IndexError for bad coords."""
+    ``MeshFailure`` when a proc of the mesh failed, ValueError/IndexError for bad coords. Raises
+    TensorError at once for a shard larger than one message (``channel.max_frame_bytes``, 64 MiB
+    by default)."""
     if not isinstance(t, Tensor):
         raise TypeError("fetch_shard: %r is not a monarch.Tensor" % (type(t).__name__,))
     v1 = _one_proc_view(t, coords, "fetch_shard")
+    m = t._meta
+    if m is not None:
+        limit = _actor._native.max_frame_bytes()
+        nbytes = m.numel() * m.element_size()
+        if nbytes + _FRAME_HEADROOM > limit:
+            raise TensorError(
+                "fetch_shard", None, coords,
+                "the shard (shape %s, %s) is %d bytes, more than one message carries "
+                "(channel.max_frame_bytes is %d, less 64 KiB of headers): fetch it in slices "
+                "(fetch_shard(t[i:j], ...)), read it through monarch.rdma.RDMABuffer, or raise "
+                "MONARCH_CHANNEL_MAX_FRAME_BYTES" % (tuple(m.shape), m.dtype, nbytes, limit))
     s = v1.session
     s.flush()
     _raise_failure(s)

@@ -5,7 +5,7 @@ it matched."""
 import pytest
 import torch
 
-from monarch import inspect, remote
+from monarch import fetch_shard, inspect, remote
 from monarch.tensor import TensorError
 
 
@@ -126,3 +126,13 @@ def test_a_mesh_tensor_pickles_only_inside_a_message(procs, tmp_path):
     with procs.activate():
         s = total(t)
     assert inspect(s, gpus=0).item() == 6.0
+
+
+def test_a_shard_larger_than_one_message_is_refused_at_fetch_shard(procs):
+    """It failed late with a DeliveryFailure about CommActor::cast's reply; now fetch_shard names
+    the shard's size, the limit and the ways around it."""
+    with procs.activate():
+        big = torch.empty(25 << 20)  # 100 MiB of float32 per proc, over the 64 MiB default
+    with pytest.raises(TensorError, match="more than one message carries"):
+        fetch_shard(big, gpus=0)
+    assert fetch_shard(big[:10], gpus=0).get(timeout=60).shape == (10,)

@@ -766,6 +766,9 @@ PYBIND11_MODULE(_native, m) {
       py::arg("agents"), py::call_guard<NoGil>());
   m.def("is_worker", &is_worker);
   m.def(
+      "max_frame_bytes", [] { return config::global().bytes("channel.max_frame_bytes"); },
+      "channel.max_frame_bytes: the largest message (bytes, headers included).");
+  m.def(
       "local_address", [] { return local_proc().address(); }, py::call_guard<NoGil>());
   m.def(
       "set_fault_hook",
