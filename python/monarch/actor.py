@@ -1398,8 +1398,12 @@ def attach_to_workers(workers, name: Optional[str] = None) -> HostMesh:
     if isinstance(workers, str):
         workers = [workers]
     workers = list(workers)
-    if not workers or not all(isinstance(w, str) and w for w in workers):
+    if not workers:
         raise ValueError("attach_to_workers: give a non-empty list of agent addresses")
+    for w in workers:
+        if not isinstance(w, str) or not w:
+            raise TypeError("attach_to_workers: an agent address is a non-empty str such as "
+                            "'tcp://10.0.0.5:26600', not %r" % (w,))
     this_host()  # the client runtime and its fault hook
     h = _native.attach_to_workers(workers)
     # This HostMesh has its own client Proc (TCP): make it the one meshes decoded and ports

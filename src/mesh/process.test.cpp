@@ -609,6 +609,20 @@ TEST(ProcessMesh, AgentProcessesAndAttachToWorkers) {
   EXPECT_TRUE(all_dead(pids, 5s));
 }
 
+// Nobody listens at the address: the error says what to check, not "Future::get: timed out".
+TEST(ProcessMesh, AttachingToAnAddressWithoutAnAgentTimesOutSayingWhatToCheck) {
+  HostOptions o = fast();
+  o.timeouts.spawn_timeout = 3s;  // above heartbeat_timeout, below the channel's delivery_timeout
+  const std::string addr = "unix://@monarch-no-agent-" + std::to_string(::getpid());
+  try {
+    (void)monarch::mesh::attach_to_workers({addr}, o);
+    FAIL() << "attached to " << addr << ", where nothing listens";
+  } catch (const monarch::TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("host agent " + addr + " did not answer within 3000 ms"));
+    EXPECT_THAT(e.what(), HasSubstr("monarch agent --listen " + addr));
+  }
+}
+
 // PH-8: an agent of another protocol version (another monarch build) is refused when the client
 // attaches, with an error that names the agent and both versions, instead of attaching and failing
 // the first spawn with "malformed input". An agent of this build attaches and spawns.
