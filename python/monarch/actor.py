@@ -1071,18 +1071,36 @@ class _ResponsePort(Port):
         self._reply = reply
         self._label = label
         self._actor = actor
+        self._answered = False
 
     def send(self, value) -> None:
         from monarch import _host
+        self._answered = True
         self._reply.send(_host.encode_value(value, self._label, self._actor))
 
     def exception(self, exc: BaseException) -> None:
+        """Answers the call with an error: its caller's get() raises ActorError carrying
+        ``exc``. TypeError unless ``exc`` is an exception."""
+        if not isinstance(exc, BaseException):
+            raise TypeError("%s: response port exception() takes an exception, such as "
+                            "ValueError('why'), not %r" % (self._label, exc))
         self._fail(exc)
+
+    def __del__(self):
+        # Dropped unanswered (the handler returned without send() and kept it nowhere): tell
+        # the caller which endpoint, rather than a bare "promise dropped without a result".
+        if not self._answered:
+            try:
+                self._fail(RuntimeError("endpoint %s of actor %s dropped its response port "
+                                        "without answering it" % (self._label, self._actor)))
+            except Exception:
+                pass  # interpreter shutdown: the native drop reports it
 
     def _fail(self, exc):
         # The handler raised. If it had answered already, the caller keeps that answer and
         # the error is only reported here (on the proc's stderr, forwarded to the client).
         from monarch import _host
+        self._answered = True
         try:
             self._reply.send(_host.encode_error(exc, self._label, self._actor))
         except UsageError:

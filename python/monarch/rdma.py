@@ -112,10 +112,14 @@ def _timeout_ms(timeout, what: str) -> int:
         return 0  # the rdma.timeout setting
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
         raise TypeError("%s: timeout must be a number of seconds or None, not %r" % (what, timeout))
-    if not timeout > 0:  # also NaN
-        raise ValueError("%s: timeout must be > 0 seconds (or None for the rdma.timeout setting), "
-                         "not %r" % (what, timeout))
+    if not 0 < timeout <= _MAX_TIMEOUT_S:  # also NaN and infinity
+        raise ValueError("%s: timeout must be > 0 and at most %d seconds (a transfer always has a "
+                         "deadline; None: the rdma.timeout setting), not %r"
+                         % (what, _MAX_TIMEOUT_S, timeout))
     return max(1, int(round(timeout * 1000.0)))
+
+
+_MAX_TIMEOUT_S = 10_000_000  # 115 days: far past any transfer, far below the clock's range
 
 
 def _offset(offset, size: int, what: str) -> int:

@@ -44,6 +44,14 @@ class Echo(Actor):
     def answer_error(self, port):
         raise KeyError("no answer")
 
+    @endpoint(explicit_response_port=True)
+    def forget(self, port):
+        pass  # returns without answering, keeping the port nowhere
+
+    @endpoint(explicit_response_port=True)
+    def answer_text(self, port):
+        port.exception("not an exception")
+
 
 @pytest.fixture(scope="module")
 def echo(procs):
@@ -115,6 +123,22 @@ def test_explicit_response_port_handler_raises(echo):
     with pytest.raises(ActorError) as ei:
         echo.slice(gpus=1).answer_error.call_one().get(timeout=30)
     assert isinstance(ei.value.exception, KeyError)
+
+
+def test_a_response_port_dropped_unanswered_names_its_endpoint(echo):
+    """It failed with a bare 'promise dropped without a result'."""
+    from monarch.actor import ActorError
+    with pytest.raises(ActorError, match="Echo.forget of actor .* dropped its response port"):
+        echo.slice(gpus=0).forget.call_one().get(timeout=30)
+
+
+def test_response_port_exception_needs_an_exception(echo):
+    """port.exception("text") failed inside the encoder with an AttributeError."""
+    from monarch.actor import ActorError
+    with pytest.raises(ActorError) as ei:
+        echo.slice(gpus=0).answer_text.call_one().get(timeout=30)
+    assert isinstance(ei.value.exception, TypeError)
+    assert "takes an exception" in str(ei.value.exception)
 
 
 class Spawner(Actor):

@@ -238,7 +238,7 @@ def test_destination_too_small_names_both_sizes():
     buf.drop()
 
 
-def test_negative_timeout_is_refused():
+def test_a_timeout_outside_0_to_10_million_seconds_is_refused():
     buf = RDMABuffer(bytearray(16))
     with pytest.raises(ValueError, match="timeout"):
         buf.read_into(bytearray(16), timeout=-1)
@@ -246,7 +246,12 @@ def test_negative_timeout_is_refused():
         buf.write_from(bytearray(16), timeout=-0.5)
     with pytest.raises(TypeError, match="timeout"):
         buf.read_into(bytearray(16), timeout="1")
+    # These reached the native layer as an OverflowError and a pybind11 signature dump.
+    for bad in (float("inf"), float("nan"), 1e300):
+        with pytest.raises(ValueError, match="at most 10000000 seconds"):
+            buf.read_into(bytearray(16), timeout=bad)
     buf.read_into(bytearray(16), timeout=None).get(timeout=T)  # None: the rdma.timeout setting
+    buf.read_into(bytearray(16), timeout=86400).get(timeout=T)
     buf.drop()
 
 
