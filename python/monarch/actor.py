@@ -680,10 +680,15 @@ class MeshTrait:
         for dim, sel in kwargs.items():
             labels, sizes = s.labels, s.sizes
             if dim not in labels:
-                raise ValueError("slice: unknown dim %r (dims: %s)" % (dim, ", ".join(labels)))
+                raise ValueError("slice: unknown dim %r (%s)" % (
+                    dim, "dims: " + ", ".join(labels) if labels else
+                    "no dims are left: the other coordinates picked one member"))
             size = sizes[labels.index(dim)]
+            if not isinstance(sel, (bool, int, slice)) and hasattr(sel, "__index__"):
+                sel = operator.index(sel)  # numpy.int64 and the like
             if isinstance(sel, bool) or not isinstance(sel, (int, slice)):
-                raise TypeError("slice: %s= takes an int or a slice, not %r" % (dim, sel))
+                raise TypeError("slice: %s= takes an int or a slice, not %r (%s)"
+                                % (dim, sel, type(sel).__name__))
             if isinstance(sel, int):
                 i = sel + size if sel < 0 else sel
                 if not 0 <= i < size:
@@ -1329,8 +1334,10 @@ class HostMesh(MeshTrait):
                              "process)" % (dict(per_host), per_host_total, _MAX_PROCS_PER_HOST))
         if name is None:
             name = "procs%d" % next(_COUNTER)
-        if not isinstance(name, str) or not name:
-            raise ValueError("spawn_procs: name must be a non-empty str, not %r" % (name,))
+        if not isinstance(name, str):
+            raise TypeError("spawn_procs: name must be a non-empty str, not %r" % (name,))
+        if not name:
+            raise ValueError("spawn_procs: name must be a non-empty str, not ''")
         labels, sizes = list(per_host), [per_host[k] for k in per_host]
         env = _worker_env()
         if bootstrap is not None:

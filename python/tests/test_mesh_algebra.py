@@ -138,6 +138,10 @@ def test_bad_slices(where):
         where.slice(gpus=slice(3, 1))
     with pytest.raises(ValueError):
         where.flatten("all").slice(hosts=0)
+    with pytest.raises(ValueError, match="no dims are left"):
+        where.slice(hosts=0, gpus=1).slice(gpus=0)
+    import numpy
+    assert len(where.slice(gpus=numpy.int64(1))) == 2  # numpy ints index like ints
 
 
 def test_dim_names_are_identifiers(where):
