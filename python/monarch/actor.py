@@ -1298,6 +1298,10 @@ class HostMesh(MeshTrait):
     def __init__(self, native):
         self._native = native
 
+    def __reduce__(self):
+        raise TypeError("a HostMesh cannot be sent inside a message (it holds this client's "
+                        "links to the host agents): send a ProcMesh spawned on it instead")
+
     def _shape(self):
         return _native.Shape(self._native.labels, self._native.sizes)
 

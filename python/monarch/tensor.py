@@ -19,6 +19,7 @@ send order (CAST-3); from several threads they may not.
 """
 
 import collections
+import collections.abc
 import itertools
 import os
 import pickle
@@ -28,6 +29,7 @@ import threading
 import time
 import uuid
 import weakref
+from typing import Dict, Optional
 
 import cloudpickle
 import torch
@@ -670,28 +672,42 @@ def _activate(pm):
 # --- reading --------------------------------------------------------------------------------------
 
 
+def _merge_coords(shard, coords, what):
+    if shard is None:
+        return coords
+    if not isinstance(shard, collections.abc.Mapping):
+        raise TypeError("%s: shard is a dict of mesh dim -> coordinate, such as {'gpus': 1}, "
+                        "not %r" % (what, shard))
+    return dict(shard, **coords)
+
+
 def _one_proc_view(t, coords, what):
+    """The one proc at ``coords``; dims not named are coordinate 0 (Monarch's rule:
+    fetch_shard(t) after an all-reduce reads the first proc)."""
     v = t._v
-    pm = v.pm.slice(**coords) if coords else v.pm
+    dims = list(v.extent)
+    for d in coords:
+        if d not in dims:
+            raise ValueError("%s: unknown dim %r (dims: %s)" % (what, d, ", ".join(dims) or "none"))
+    pm = v.pm.slice(**dict({d: 0 for d in dims}, **coords)) if dims else v.pm
     if len(pm) != 1:
-        raise ValueError("%s: %s selects %d procs of %s; give a coordinate for each dim (%s)"
-                         % (what, coords or "no coordinates", len(pm), dict(v.extent),
-                            ", ".join(v.extent)))
+        raise ValueError("%s: %s selects %d procs of %s" % (what, coords, len(pm), dict(v.extent)))
     return v.session.view(pm)
 
 
 _FRAME_HEADROOM = 64 * 1024  # a reply's pickle and headers around a shard's bytes
 
 
-def fetch_shard(t: Tensor, **coords) -> Future:
-    """Future of the shard of ``t`` on the proc at ``coords`` (``gpus=1``), a torch.Tensor on
-    the controller's CPU. Without coords the mesh must hold one proc. Sends the pending ops
-    first. The Future raises :class:`TensorError` (op, proc, message) when ``t`` failed,
+def fetch_shard(t: Tensor, shard: Optional[Dict[str, int]] = None, **coords) -> Future:
+    """Future of the shard of ``t`` on the proc at ``shard`` and ``coords`` (``{"gpus": 1}`` or
+    ``gpus=1``), a torch.Tensor on the controller's CPU; a dim not named is coordinate 0. Sends
+    the pending ops first. The Future raises :class:`TensorError` (op, proc, message) when ``t`` failed,
     ``MeshFailure`` when a proc of the mesh failed, ValueError/IndexError for bad coords. Raises
     TensorError at once for a shard larger than one message (``channel.max_frame_bytes``, 64 MiB
     by default)."""
     if not isinstance(t, Tensor):
         raise TypeError("fetch_shard: %r is not a monarch.Tensor" % (type(t).__name__,))
+    coords = _merge_coords(shard, coords, "fetch_shard")
     v1 = _one_proc_view(t, coords, "fetch_shard")
     m = t._meta
     if m is not None:
@@ -738,9 +754,9 @@ def fetch_shard(t: Tensor, **coords) -> Future:
     return Future(native=f._native, decode=decode)
 
 
-def inspect(t: Tensor, **coords) -> torch.Tensor:
-    """``fetch_shard(t, **coords).get()``."""
-    return fetch_shard(t, **coords).get()
+def inspect(t: Tensor, shard: Optional[Dict[str, int]] = None, **coords) -> torch.Tensor:
+    """``fetch_shard(t, shard, **coords).get()``."""
+    return fetch_shard(t, shard, **coords).get()
 
 
 # --- reductions -----------------------------------------------------------------------------------

@@ -153,3 +153,9 @@ def test_dim_names_are_identifiers(where):
             where.flatten(bad)
         with pytest.raises(ValueError, match="not an identifier"):
             where.rename(gpus=bad)
+
+
+def test_a_host_mesh_cannot_be_sent_and_says_so():
+    import pickle
+    with pytest.raises(TypeError, match="HostMesh cannot be sent"):
+        pickle.dumps(this_host())

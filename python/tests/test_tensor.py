@@ -81,8 +81,14 @@ def test_rand_differs_per_proc_and_inplace_ops_keep_the_tensor(procs):
 def test_fetch_shard_coords_and_slice_mesh(procs):
     with procs.activate():
         t = torch.ones(2) * 7
-    with pytest.raises(ValueError, match="give a coordinate"):
-        fetch_shard(t)
+    # A dim not named is coordinate 0 (Monarch's rule); shard= is a dict of coordinates.
+    with procs.activate():
+        r = torch.rand(3)
+    assert torch.equal(inspect(r), inspect(r, gpus=0))
+    assert torch.equal(inspect(r, {"gpus": 3}), inspect(r, gpus=3))
+    assert not torch.equal(inspect(r, {"gpus": 3}), inspect(r))
+    with pytest.raises(TypeError, match="shard is a dict"):
+        fetch_shard(r, 3)
     with pytest.raises(ValueError, match="unknown dim"):
         fetch_shard(t, hosts=0)
     with pytest.raises(IndexError):
