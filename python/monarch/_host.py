@@ -288,6 +288,6 @@ def reduce_pair(fn, a, b):
             _REDUCERS.clear()
         _REDUCERS[fn] = f
     try:
-        return encode_value(f(pickle.loads(a[1:]), pickle.loads(b[1:])), "reduce")
+        return encode_value(f(pickle.loads(a[1:]), pickle.loads(b[1:])), "reducer")
     except BaseException as e:
-        return encode_error(e, "reduce")
+        return encode_error(e, "reducer")  # no actor: the caller names the endpoint

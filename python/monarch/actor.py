@@ -443,7 +443,8 @@ class _Failure:
 
 
 def _decode_reply(b, rank=None, where="endpoint"):
-    """An encoded reply: the value, or a _Failure holding the member's error (not raised)."""
+    """An encoded reply: the value, or a _Failure holding the member's error (not raised).
+    ``where``: the endpoint, as text or a callable giving it (formatted only for an error)."""
     if isinstance(b, BaseException):  # the runtime's error for this member (C++ side)
         return _Failure(b)
     try:
@@ -452,8 +453,13 @@ def _decode_reply(b, rank=None, where="endpoint"):
         exc, text, endpoint_label, actor = pickle.loads(b[1:])
     except Exception as e:
         return _Failure(MonarchError("%s: the reply%s cannot be unpickled here: %s: %s" % (
-            where, "" if rank is None else " of rank %d" % rank, type(e).__name__, e)))
-    msg = "endpoint %s of actor %s raised:\n%s" % (endpoint_label, actor, text.rstrip())
+            where() if callable(where) else where, "" if rank is None else " of rank %d" % rank,
+            type(e).__name__, e)))
+    if actor:
+        msg = "endpoint %s of actor %s raised:\n%s" % (endpoint_label, actor, text.rstrip())
+    else:  # raised in the cast tree, not in an actor: a reduce's reducer
+        msg = "%s: the %s raised:\n%s" % (where() if callable(where) else where, endpoint_label,
+                                           text.rstrip())
     return _Failure(ActorError(msg, actor, rank, "", exception=exc))
 
 
@@ -880,6 +886,9 @@ class EndpointRef(Generic[R]):
     def _where(self):
         return "endpoint %s.%s" % (self._mesh._name, self._name)
 
+    def _value_or_raise(self, b):
+        return _value_or_raise(b, self._where)
+
     def _prepare(self, args, kwargs, port=None):
         self._mesh._live.check()
         m = self._mesh._mesh()
@@ -892,7 +901,7 @@ class EndpointRef(Generic[R]):
         ext = Extent(*self._mesh._view_tuple)
 
         def decode(values):
-            return ValueMesh(ext, [_decode_reply(v, r) for r, v in enumerate(values)])
+            return ValueMesh(ext, [_decode_reply(v, r, self._where) for r, v in enumerate(values)])
 
         return Future(native=m.call(self._name, payload), decode=decode,
                       deadlock=self._deadlock(m))
@@ -917,14 +926,14 @@ class EndpointRef(Generic[R]):
     def call_one(self, *args, **kwargs) -> Future[R]:
         """The view must hold exactly one member (the error names the mesh and its size)."""
         m, payload = self._prepare(args, kwargs)
-        return Future(native=m.call_one(self._name, payload), decode=_value_or_raise,
+        return Future(native=m.call_one(self._name, payload), decode=self._value_or_raise,
                       deadlock=self._deadlock(m))
 
     def choose(self, *args, **kwargs) -> Future[R]:
         """One member, picked at random among those whose proc is not known dead (a
         SupervisionError when every proc is)."""
         m, payload = self._prepare(args, kwargs)
-        return Future(native=m.choose(self._name, payload), decode=_value_or_raise)
+        return Future(native=m.choose(self._name, payload), decode=self._value_or_raise)
 
     def stream(self, *args, **kwargs) -> Iterator[Future[R]]:
         """Every member; yields one completed Future per member, in the order replies arrive."""
@@ -965,7 +974,7 @@ class EndpointRef(Generic[R]):
             fnb = _dumps(fn)
         except Exception as e:
             raise TypeError("reduce: the reducer cannot be serialised: %s" % e) from None
-        return Future(native=m.reduce(fnb, self._name, payload), decode=_value_or_raise)
+        return Future(native=m.reduce(fnb, self._name, payload), decode=self._value_or_raise)
 
     def rref(self, *args, **kwargs):
         """Runs the endpoint on every member with the local shards of its monarch.Tensor

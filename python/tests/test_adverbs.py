@@ -7,6 +7,13 @@ from monarch.actor import (Accumulator, Actor, Channel, Point, ValueMesh, curren
                            send)
 
 
+class _FailsToLoad:
+    """Pickles on the worker; unpickling it (on the caller) raises ZeroDivisionError."""
+
+    def __reduce__(self):
+        return (divmod, (1, 0))
+
+
 class Member(Actor):
     def __init__(self, base):
         self.base = base
@@ -20,6 +27,10 @@ class Member(Actor):
     @endpoint
     def rank(self):
         return current_rank().rank
+
+    @endpoint
+    def unloadable(self):
+        return _FailsToLoad()
 
     @endpoint
     def record(self, i):
@@ -107,6 +118,24 @@ def test_reduce_builtins(members):
     assert members.value.reduce("max").get(timeout=30) == 130
     with pytest.raises(ValueError):
         members.value.reduce("median")
+
+
+def test_a_raising_reducer_and_an_unpicklable_reply_name_the_endpoint(members):
+    """They said `endpoint reduce of actor  raised` and `endpoint: the reply cannot be
+    unpickled`, naming neither the endpoint nor the mesh."""
+    from monarch.actor import ActorError, MonarchError
+
+    def boom(a, b):
+        raise KeyError("no combine")
+
+    with pytest.raises(ActorError, match=r"endpoint members\.value: the reducer raised") as ei:
+        members.value.reduce(boom).get(timeout=30)
+    assert isinstance(ei.value.exception, KeyError)
+    with pytest.raises(MonarchError, match=r"endpoint members\.unloadable: the reply cannot be "
+                                           "unpickled here: ZeroDivisionError"):
+        members.slice(gpus=0).unloadable.call_one().get(timeout=30)
+    vm = members.unloadable.call().get(timeout=30)
+    assert "endpoint members.unloadable: the reply of rank 1" in str(vm.error(gpus=1))
 
 
 def test_reduce_with_a_lambda(members):
