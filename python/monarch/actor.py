@@ -1492,12 +1492,20 @@ def _stop_at_exit():
     # not waited for: they die with this process (the host agent's children, PR_SET_PDEATHSIG).
     if _INTERRUPTED:
         return
+    # Every mesh's stop starts before any is waited for: busy procs each take up to the stop
+    # timeout, which added up mesh after mesh.
+    stops = []
     for pm in list(_PROC_MESHES):
         if pm._live.stopped is None and pm._lazy.cf.done() and pm._lazy.cf.exception() is None:
             try:
-                pm.stop().get(timeout=30)
+                stops.append(pm.stop())
             except BaseException:
                 pass
+    for f in stops:
+        try:
+            f.get(timeout=30)
+        except BaseException:
+            pass
 
 
 # atexit runs handlers last-registered first: prepare_exit runs after _stop_at_exit.
