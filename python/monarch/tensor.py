@@ -40,6 +40,17 @@ from monarch.actor import Actor, ActorError, Future, context, endpoint
 
 __all__ = ["Tensor", "TensorError", "fetch_shard", "inspect", "remote", "flush", "TensorWorker"]
 
+_FRAME_HEADROOM = 64 * 1024  # pickle and headers around a message's tensor bytes
+_FRAME_LIMIT = []
+
+
+def _frame_limit() -> int:
+    """channel.max_frame_bytes (read once): the largest batch or fetched shard, headers included."""
+    if not _FRAME_LIMIT:
+        _FRAME_LIMIT.append(_actor._native.max_frame_bytes())
+    return _FRAME_LIMIT[0]
+
+
 #: A mesh's pending batch is sent once it holds this many ops.
 BATCH_OPS = 256
 #: Seconds a worker waits for a ref produced by an actor endpoint (``rref``) before failing it.
@@ -150,6 +161,7 @@ class _Session:
         self.specs = []        # op id -> spec
         self.segments = []     # [[view, ops]], sent in order
         self.pending = 0
+        self.pending_bytes = 0  # of local tensors in the pending ops
         self.dead = collections.deque()  # (view, ref) freed by GC, appended from any thread
         self.views = {}
         self.lock = threading.RLock()
@@ -191,8 +203,13 @@ class _Session:
             self._segment(view).append((_DEL, ref))
             self.pending += 1
 
-    def append(self, view, op, op_id=None):
+    def append(self, view, op, op_id=None, nbytes=0):
+        """Queues ``op``; ``nbytes``: the local tensors it carries. A batch that would outgrow
+        one message (channel.max_frame_bytes) is sent first."""
         with self.lock:
+            if nbytes and self.pending_bytes + nbytes + _FRAME_HEADROOM > _frame_limit():
+                self.flush()
+            self.pending_bytes += nbytes
             if self.dead:
                 self._drain_dead()
             ops = self._segment(view)
@@ -208,7 +225,7 @@ class _Session:
         with self.lock:
             if self.dead:
                 self._drain_dead()
-            segs, self.segments, self.pending = self.segments, [], 0
+            segs, self.segments, self.pending, self.pending_bytes = self.segments, [], 0, 0
             if self.failure() is not None or self.root._live.stopped is not None:
                 return  # the procs failed (fetches raise that failure) or were stopped
             for view, ops in segs:
@@ -418,12 +435,18 @@ def _is_getter(func):
 
 
 class _Walk:
-    __slots__ = ("tensors", "plain", "unknown")
+    __slots__ = ("tensors", "plain", "unknown", "plain_bytes")
 
     def __init__(self):
         self.tensors = []
         self.plain = False
         self.unknown = None
+        self.plain_bytes = 0  # local tensors' bytes: they travel in the batch
+
+
+def _storage_bytes(t):
+    st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()  # torch < 2
+    return st.nbytes()
 
 
 def _convert(a, w):
@@ -435,7 +458,14 @@ def _convert(a, w):
         return a._meta, _Ref(a._h.ref)
     if isinstance(a, torch.Tensor):
         w.plain = True
-        return (a if a.device.type == "meta" else a.to("meta")), a
+        if a.device.type == "meta":
+            return a, a
+        n = a.numel() * a.element_size()
+        if _storage_bytes(a) > n:
+            with _Quiet():
+                a = a.clone()  # a view pickles its whole storage: send only what it shows
+        w.plain_bytes += n
+        return a.to("meta"), a
     t = type(a)
     if t is tuple or t is list:
         if not a:
@@ -531,6 +561,12 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
         raise TensorError(name, None, {}, "it would write into a local torch.Tensor, but an "
                           "operand is a monarch.Tensor, whose values live on the workers: fetch "
                           "them first (fetch_shard(t, ...).get()), or compute on the mesh")
+    if w.plain_bytes and w.plain_bytes + _FRAME_HEADROOM > _frame_limit():
+        # Refused before it joins a batch: a batch that cannot be sent breaks the whole mesh.
+        raise TensorError(name, None, {}, "its local tensor arguments are %d bytes, more than "
+                          "one message carries (channel.max_frame_bytes is %d, less 64 KiB of "
+                          "headers): create the tensor on the mesh (inside activate()), or move "
+                          "it there in pieces" % (w.plain_bytes, _frame_limit()))
     view = _view_for(w.tensors, mode_view, name)
     if fname == "__iter__" and w.tensors:  # rows, as monarch.Tensors (a meta run would leak metas)
         return iter(torch.Tensor.unbind(args[0], 0))
@@ -579,7 +615,7 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
         result = _wrap(meta, inputs, outs, view)
     op = s.op_id(func, spec_fn)
     s.append(view, (_CALL if torch.is_grad_enabled() else _CALL_NOGRAD, op, wargs, wkwargs, outs),
-             op)
+             op, w.plain_bytes)
     return result
 
 
@@ -695,9 +731,6 @@ def _one_proc_view(t, coords, what):
     return v.session.view(pm)
 
 
-_FRAME_HEADROOM = 64 * 1024  # a reply's pickle and headers around a shard's bytes
-
-
 def fetch_shard(t: Tensor, shard: Optional[Dict[str, int]] = None, **coords) -> Future:
     """Future of the shard of ``t`` on the proc at ``shard`` and ``coords`` (``{"gpus": 1}`` or
     ``gpus=1``), a torch.Tensor on the controller's CPU; a dim not named is coordinate 0. Sends
@@ -711,7 +744,7 @@ def fetch_shard(t: Tensor, shard: Optional[Dict[str, int]] = None, **coords) -> 
     v1 = _one_proc_view(t, coords, "fetch_shard")
     m = t._meta
     if m is not None:
-        limit = _actor._native.max_frame_bytes()
+        limit = _frame_limit()
         nbytes = m.numel() * m.element_size()
         if nbytes + _FRAME_HEADROOM > limit:
             raise TensorError(

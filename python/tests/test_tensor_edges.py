@@ -136,3 +136,24 @@ def test_a_shard_larger_than_one_message_is_refused_at_fetch_shard(procs):
     with pytest.raises(TensorError, match="more than one message carries"):
         fetch_shard(big, gpus=0)
     assert fetch_shard(big[:10], gpus=0).get(timeout=60).shape == (10,)
+
+
+def test_local_tensors_too_big_for_a_batch_are_refused_and_the_mesh_lives_on(procs):
+    """A 100 MB constant made the batch unsendable, and every later fetch on the mesh failed.
+    Now the op is refused on its own; constants that only add up are sent in several batches;
+    a small view of a big local tensor sends only what it shows."""
+    with procs.activate():
+        x = torch.ones(4)
+    big = torch.ones(25 << 20)  # 100 MiB
+    with pytest.raises(TensorError, match="local tensor arguments are 104857600 bytes"):
+        with procs.activate():
+            x.sum() + big
+    assert inspect(x, gpus=3).tolist() == [1.0] * 4  # the mesh still works
+    consts = [torch.full((10 << 18,), float(i)) for i in range(10)]  # 10 x 10 MiB
+    with procs.activate():
+        y = x + big[:4]  # not the whole 100 MiB storage
+        acc = torch.zeros(10 << 18)
+        for c in consts:  # more than one batch can carry: sent in several
+            acc = acc + c
+    assert inspect(y, gpus=1).tolist() == [2.0] * 4
+    assert inspect(acc, gpus=2)[:3].tolist() == [45.0] * 3
