@@ -32,6 +32,10 @@ class Edge(Actor):
     def echo(self, x):
         return x
 
+    @endpoint
+    def big_reply(self):
+        return b"y" * (64 << 20)
+
 
 @pytest.fixture(scope="module")
 def edge(procs):
@@ -61,6 +65,17 @@ def test_oversize_messages_raise_at_the_call_site_for_every_adverb(edge):
     with pytest.raises(UsageError, match="endpoint size"):
         edge.slice(gpus=0).size.call_one(big)
     assert edge.slice(gpus=0).size.call_one(b"ok").get(timeout=30) == 2  # nothing was sent
+
+
+def test_an_oversize_reply_names_the_endpoint_and_the_actor_lives_on(edge):
+    """It came back as a DeliveryFailure of monarch::python::PyActor::call."""
+    from monarch.actor import ActorError
+    with pytest.raises(ActorError, match="endpoint Edge.big_reply returned 671088"):
+        edge.slice(gpus=1).big_reply.call_one().get(timeout=60)
+    vm = edge.big_reply.call().get(timeout=60)
+    assert vm.failed_ranks() == [0, 1, 2, 3]
+    assert isinstance(vm.error(gpus=3).exception, ValueError)
+    assert edge.slice(gpus=1).echo.call_one(5).get(timeout=30) == 5
 
 
 def test_timeouts_nan_is_refused_and_huge_or_inf_wait_until_done(edge):
