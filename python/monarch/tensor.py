@@ -734,10 +734,10 @@ def _one_proc_view(t, coords, what):
 def fetch_shard(t: Tensor, shard: Optional[Dict[str, int]] = None, **coords) -> Future:
     """Future of the shard of ``t`` on the proc at ``shard`` and ``coords`` (``{"gpus": 1}`` or
     ``gpus=1``), a torch.Tensor on the controller's CPU; a dim not named is coordinate 0. Sends
-    the pending ops first. The Future raises :class:`TensorError` (op, proc, message) when ``t`` failed,
-    ``MeshFailure`` when a proc of the mesh failed, ValueError/IndexError for bad coords. Raises
-    TensorError at once for a shard larger than one message (``channel.max_frame_bytes``, 64 MiB
-    by default)."""
+    the pending ops first. The Future raises :class:`TensorError` (op, proc, message) when ``t``
+    failed, ``MeshFailure`` when a proc of the mesh failed. Raises at once ValueError/IndexError
+    for bad coords, and TensorError for a shard larger than one message
+    (``channel.max_frame_bytes``, 64 MiB by default). Called from the controller's threads."""
     if not isinstance(t, Tensor):
         raise TypeError("fetch_shard: %r is not a monarch.Tensor" % (type(t).__name__,))
     coords = _merge_coords(shard, coords, "fetch_shard")
