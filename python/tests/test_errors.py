@@ -501,3 +501,32 @@ def test_every_call_to_an_actor_whose_init_raised_names_the_cause(fault_hook):
             assert "init threw: ValueError: no config XYZ" in str(info.value), info.value
     finally:
         pm.stop().get(timeout=60)
+
+
+class Stuck(Actor):
+    @endpoint
+    def forever(self):
+        threading.Event().wait()
+
+    @endpoint
+    def ok(self):
+        return 1
+
+
+def test_stopping_an_actor_mesh_with_a_handler_that_never_returns_times_out():
+    """ActorMesh.stop() waited forever behind a handler that never returns (its barrier, then the
+    member's stop). It fails after mesh.stop_timeout saying why; stopping the procs ends it."""
+    from monarch.errors import TimeoutError as MonarchTimeout
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, name="stuckstop")
+    try:
+        m = pm.spawn("stuck", Stuck)
+        assert m.ok.call().get(timeout=30).values() == [1, 1]
+        pending = m.slice(gpus=0).forever.call_one()
+        with pytest.raises(MonarchTimeout, match="handler that does not return"):
+            m.stop().get(timeout=60)  # the stop's own deadline, 5 s, comes first
+        with pytest.raises(SupervisionError):  # the mesh counts as stopped: no more calls
+            m.slice(gpus=1).ok.call_one().get(timeout=30)
+    finally:
+        pm.stop().get(timeout=60)
+    with pytest.raises(Exception):  # its proc is gone: the call can never be answered
+        pending.get(timeout=30)

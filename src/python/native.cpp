@@ -524,28 +524,48 @@ template <class Acc>
 void stop_members(const Mesh& m, const std::shared_ptr<Acc>& acc);
 
 NativeFuture mesh_stop(const Mesh& m) {
+  // Completes when every member stopped, or fails after mesh.stop_timeout naming how many did
+  // not: a handler that never returns holds its actor (and the barrier) for good, and the stop
+  // must not wait with it. The members still stop if their handlers return later.
   struct Acc {
     std::mutex mu;
+    std::condition_variable cv;
     size_t left = 0;
+    bool finished = false;  // the future is completed (all stopped, or the timeout)
     std::exception_ptr first;
     std::shared_ptr<FutureState> s = std::make_shared<FutureState>();
     void one(std::exception_ptr e) {
-      bool last = false;
       {
         std::lock_guard lock(mu);
         if (e && !first) first = e;
-        last = --left == 0;
+        if (--left != 0 || finished) return;
+        finished = true;
       }
-      if (!last) return;
+      cv.notify_all();
       auto err = first;
       complete(s, [err]() -> py::object {
         if (err) std::rethrow_exception(err);
         return py::none();
       });
     }
+    void time_out(std::chrono::milliseconds limit, std::string what) {
+      std::unique_lock lock(mu);
+      if (cv.wait_for(lock, limit, [&] { return finished; })) return;
+      finished = true;
+      lock.unlock();
+      auto msg = what + " did not finish within " + std::to_string(limit.count()) +
+                 " ms (mesh.stop_timeout): a member is in a handler that does not return, which "
+                 "holds its actor (a stop first waits for the messages sent before it); stop the "
+                 "procs (ProcMesh.stop()), which ends them";
+      complete(s, [msg]() -> py::object { throw TimeoutError(msg); });
+    }
   };
   auto acc = std::make_shared<Acc>();
   acc->left = m.size() + 1;
+  std::thread([acc, limit = mesh::ProcTimeouts{}.stop_timeout,
+               what = "stop of actor mesh '" + (m.size() > 0 ? m.at(0).id().name : "") + "'"] {
+    acc->time_out(limit, what);
+  }).detach();
   // Casts sent before the stop travel the cast tree, a stop goes straight to each member: a
   // barrier call through the tree first, so that every earlier broadcast has run (stop drains
   // what was sent before it). Members that fail it (dead procs) are stopped all the same.
