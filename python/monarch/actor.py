@@ -1021,15 +1021,33 @@ class Accumulator(Generic[R]):
     cast tree: ``Accumulator(mesh.value, 0, lambda a, b: a + b).accumulate().get()``."""
 
     def __init__(self, endpoint: EndpointRef, identity, combine):
+        """TypeError unless ``endpoint`` is an actor mesh's endpoint and ``combine`` a callable
+        ``f(a, b)``."""
+        if not isinstance(endpoint, EndpointRef):
+            raise TypeError("Accumulator: endpoint must be an actor mesh's endpoint, such as "
+                            "mesh.value, not %r" % (endpoint,))
+        if not callable(combine):
+            raise TypeError("Accumulator: combine must be a callable f(a, b), not %r" % (combine,))
         self._endpoint = endpoint
         self._identity = identity
         self._combine = combine
 
     def accumulate(self, *args, **kwargs) -> Future[R]:
+        """Calls every member; the Future's value is ``combine(identity, folded replies)``. A
+        combine that raises fails it with ActorError naming the endpoint."""
         f = self._endpoint.reduce(self._combine, *args, **kwargs)
-        combine, identity = self._combine, self._identity
-        return Future(native=f._native,
-                      decode=lambda b: combine(identity, _value_or_raise(b)))
+        combine, identity, where = self._combine, self._identity, self._endpoint._where
+
+        def decode(b):
+            value = _value_or_raise(b, where)
+            try:
+                return combine(identity, value)
+            except Exception as e:
+                raise ActorError("%s: the accumulator's combine raised: %s: %s"
+                                 % (where(), type(e).__name__, e), "", None, "",
+                                 exception=e) from e
+
+        return Future(native=f._native, decode=decode)
 
 
 # --- Ports ---------------------------------------------------------------------------------------

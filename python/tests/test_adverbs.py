@@ -151,6 +151,17 @@ def test_accumulator(members):
     assert total.accumulate(x=1).get(timeout=30) == 1000 + 101 + 111 + 121 + 131
 
 
+def test_accumulator_errors_name_the_endpoint_and_bad_arguments_fail_at_construction(members):
+    from monarch.actor import ActorError
+    with pytest.raises(TypeError, match="endpoint must be an actor mesh's endpoint"):
+        Accumulator(lambda: 1, 0, lambda a, b: a + b)
+    with pytest.raises(TypeError, match="combine must be a callable"):
+        Accumulator(members.value, 0, "sum")
+    wrong_arity = Accumulator(members.value, 0, lambda a: a)
+    with pytest.raises(ActorError, match=r"endpoint members\.value: the (reducer|accumulator)"):
+        wrong_arity.accumulate().get(timeout=30)
+
+
 def test_send_all_to_a_port(members):
     port, rx = Channel.open()
     assert send(members.value, (3,), {}, port=port, selection="all") is None
