@@ -106,6 +106,10 @@ class Extent(Mapping):
             c = coords.get(lab, 0 if s == 1 else None)
             if c is None:
                 raise KeyError("missing coordinate for dim %r of extent %s" % (lab, self))
+            if isinstance(c, bool) or not hasattr(c, "__index__"):
+                raise TypeError("coordinate %s= takes an int, not %r (%s)"
+                                % (lab, c, type(c).__name__))
+            c = operator.index(c)
             if not 0 <= c < s:
                 raise IndexError("%s=%d out of range for size %d" % (lab, c, s))
             r = r * s + c
@@ -252,14 +256,14 @@ def _check_timeout(timeout):
     return float(timeout)  # inf or huge: forever (the runtime clamps)
 
 
-def _no_running_loop(what):
+def _no_running_loop(what, instead="use `await` on the future instead"):
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return
     raise RuntimeError(
         "%s called inside a running asyncio event loop (an async endpoint?): it would block the "
-        "loop; use `await` on the future instead" % what)
+        "loop; %s" % (what, instead))
 
 
 _UNSET = object()
@@ -372,7 +376,12 @@ class Future(Generic[R]):
                 af = loop.create_future()
 
                 def wake():
-                    loop.call_soon_threadsafe(lambda: af.done() or af.set_result(None))
+                    if loop.is_closed():
+                        return  # the awaiting coroutine was abandoned and its loop is gone
+                    try:
+                        loop.call_soon_threadsafe(lambda: af.done() or af.set_result(None))
+                    except RuntimeError:
+                        pass  # the loop closed since the check
 
                 self._native.add_done_callback(wake)
                 yield from af.__await__()
@@ -521,6 +530,8 @@ def concurrent_endpoint(fn=None, *, explicit_response_port: bool = False):
     beside the actor's other coroutines; a ``def`` runs on a thread pool). Every other endpoint
     runs one message at a time."""
     def wrap(f):
+        if not callable(f):
+            raise TypeError("@concurrent_endpoint decorates a function, not %r" % (f,))
         return _EndpointDescriptor(_EndpointSpec(f, explicit_response_port, True))
     return wrap(fn) if fn is not None else wrap
 
@@ -654,7 +665,8 @@ class _Lazy:
 
     def result(self):
         if not self.cf.done():  # waiting would block the loop; a ready value does not
-            _no_running_loop("using a mesh before its procs are up")
+            _no_running_loop("using a mesh before its procs are up",
+                             "first `await procs.initialized` (the ProcMesh the mesh runs on)")
             _wait_done(self.cf, -1.0)
         return self.cf.result()
 

@@ -71,6 +71,9 @@ def test_call_gives_a_value_mesh(members):
     assert vm.item(gpus=2) == 121
     with pytest.raises(KeyError):
         vm.item()  # gpus has size 4: its coordinate is required
+    for bad in ("2", 2.0, True):  # a TypeError naming the dim, not one from a comparison
+        with pytest.raises(TypeError, match="coordinate gpus= takes an int"):
+            vm.item(gpus=bad)
 
 
 def test_call_on_a_slice_covers_only_the_slice(members):
