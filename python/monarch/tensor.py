@@ -69,6 +69,8 @@ class TensorError(RuntimeError):
         where = ", ".join("%s=%s" % kv for kv in self.coords.items()) or "rank %s" % rank
         if rank is None and not self.coords:  # found on the controller (a shape query)
             super().__init__("op %s failed on the controller: %s" % (op, message))
+        elif rank is None:  # refused on the controller for the proc at coords
+            super().__init__("op %s failed for proc %s: %s" % (op, where, message))
         else:
             super().__init__("op %s failed on proc %s (rank %s): %s" % (op, where, rank, message))
 

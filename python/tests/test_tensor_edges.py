@@ -133,8 +133,9 @@ def test_a_shard_larger_than_one_message_is_refused_at_fetch_shard(procs):
     the shard's size, the limit and the ways around it."""
     with procs.activate():
         big = torch.empty(25 << 20)  # 100 MiB of float32 per proc, over the 64 MiB default
-    with pytest.raises(TensorError, match="more than one message carries"):
+    with pytest.raises(TensorError, match="more than one message carries") as e:
         fetch_shard(big, gpus=0)
+    assert "failed for proc gpus=0:" in str(e.value) and "rank None" not in str(e.value)
     assert fetch_shard(big[:10], gpus=0).get(timeout=60).shape == (10,)
 
 
