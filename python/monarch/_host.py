@@ -19,7 +19,6 @@ import pickle
 import threading
 import traceback
 
-from monarch import _native
 from monarch import actor as _actor
 from monarch.errors import MeshFailure
 
@@ -30,10 +29,6 @@ _ERROR = b"\x01"
 dumps = _actor._dumps  # every reply is a message (monarch.Tensor pickles only inside one)
 
 
-_REPLY_HEADROOM = 64 * 1024  # headers around a reply's pickle
-_REPLY_LIMIT = []
-
-
 def encode_value(value, endpoint="", actor=""):
     try:
         out = _VALUE + dumps(value)
@@ -41,14 +36,12 @@ def encode_value(value, endpoint="", actor=""):
         return encode_error(
             TypeError("endpoint %s returned a value that cannot be serialised: %s" % (endpoint, e)),
             endpoint, actor)
-    if not _REPLY_LIMIT:
-        _REPLY_LIMIT.append(_native.max_frame_bytes())
-    if len(out) + _REPLY_HEADROOM > _REPLY_LIMIT[0]:  # the channel would refuse it, naming C++
+    if not _actor._fits_frame(len(out)):  # the channel would refuse it, naming C++
         return encode_error(
             ValueError("endpoint %s returned %d bytes, more than one message carries "
                        "(channel.max_frame_bytes is %d, less 64 KiB of headers): return it in "
                        "pieces, or through monarch.rdma.RDMABuffer"
-                       % (endpoint, len(out), _REPLY_LIMIT[0])), endpoint, actor)
+                       % (endpoint, len(out), _actor._frame_limit())), endpoint, actor)
     return out
 
 

@@ -402,6 +402,23 @@ def _ready(value) -> Future:
 
 # --- Wire format (see monarch/_host.py) -----------------------------------------------------------
 
+_FRAME_HEADROOM = 64 * 1024  # headers around a payload, as the native check_frame leaves
+_FRAME_LIMIT = []
+
+
+def _frame_limit() -> int:
+    """channel.max_frame_bytes (read once): the largest message, headers included."""
+    if not _FRAME_LIMIT:
+        _FRAME_LIMIT.append(_native.max_frame_bytes())
+    return _FRAME_LIMIT[0]
+
+
+def _fits_frame(nbytes: int) -> bool:
+    """Whether a payload of ``nbytes`` fits one message with its headers (a reply, a tensor
+    batch's constants, a fetched shard); the channel refuses a larger one."""
+    return nbytes + _FRAME_HEADROOM <= _frame_limit()
+
+
 def _dumps(obj) -> bytes:
     """cloudpickle, protocol 5 (classes and functions of __main__ travel by value): every message,
     reply and spawn argument is pickled here, so that an object that only means something inside

@@ -40,17 +40,6 @@ from monarch.actor import Actor, ActorError, Future, context, endpoint
 
 __all__ = ["Tensor", "TensorError", "fetch_shard", "inspect", "remote", "flush", "TensorWorker"]
 
-_FRAME_HEADROOM = 64 * 1024  # pickle and headers around a message's tensor bytes
-_FRAME_LIMIT = []
-
-
-def _frame_limit() -> int:
-    """channel.max_frame_bytes (read once): the largest batch or fetched shard, headers included."""
-    if not _FRAME_LIMIT:
-        _FRAME_LIMIT.append(_actor._native.max_frame_bytes())
-    return _FRAME_LIMIT[0]
-
-
 #: A mesh's pending batch is sent once it holds this many ops.
 BATCH_OPS = 256
 #: Seconds a worker waits for a ref produced by an actor endpoint (``rref``) before failing it.
@@ -209,7 +198,7 @@ class _Session:
         """Queues ``op``; ``nbytes``: the local tensors it carries. A batch that would outgrow
         one message (channel.max_frame_bytes) is sent first."""
         with self.lock:
-            if nbytes and self.pending_bytes + nbytes + _FRAME_HEADROOM > _frame_limit():
+            if nbytes and not _actor._fits_frame(self.pending_bytes + nbytes):
                 self.flush()
             self.pending_bytes += nbytes
             if self.dead:
@@ -563,12 +552,12 @@ def _dispatch(func, args, kwargs, mode_view, spec_fn=_op_spec, name=None, propag
         raise TensorError(name, None, {}, "it would write into a local torch.Tensor, but an "
                           "operand is a monarch.Tensor, whose values live on the workers: fetch "
                           "them first (fetch_shard(t, ...).get()), or compute on the mesh")
-    if w.plain_bytes and w.plain_bytes + _FRAME_HEADROOM > _frame_limit():
+    if w.plain_bytes and not _actor._fits_frame(w.plain_bytes):
         # Refused before it joins a batch: a batch that cannot be sent breaks the whole mesh.
         raise TensorError(name, None, {}, "its local tensor arguments are %d bytes, more than "
                           "one message carries (channel.max_frame_bytes is %d, less 64 KiB of "
                           "headers): create the tensor on the mesh (inside activate()), or move "
-                          "it there in pieces" % (w.plain_bytes, _frame_limit()))
+                          "it there in pieces" % (w.plain_bytes, _actor._frame_limit()))
     view = _view_for(w.tensors, mode_view, name)
     if fname == "__iter__" and w.tensors:  # rows, as monarch.Tensors (a meta run would leak metas)
         return iter(torch.Tensor.unbind(args[0], 0))
@@ -746,15 +735,15 @@ def fetch_shard(t: Tensor, shard: Optional[Dict[str, int]] = None, **coords) -> 
     v1 = _one_proc_view(t, coords, "fetch_shard")
     m = t._meta
     if m is not None:
-        limit = _frame_limit()
         nbytes = m.numel() * m.element_size()
-        if nbytes + _FRAME_HEADROOM > limit:
+        if not _actor._fits_frame(nbytes):
             raise TensorError(
                 "fetch_shard", None, coords,
                 "the shard (shape %s, %s) is %d bytes, more than one message carries "
                 "(channel.max_frame_bytes is %d, less 64 KiB of headers): fetch it in slices "
                 "(fetch_shard(t[i:j], ...)), read it through monarch.rdma.RDMABuffer, or raise "
-                "MONARCH_CHANNEL_MAX_FRAME_BYTES" % (tuple(m.shape), m.dtype, nbytes, limit))
+                "MONARCH_CHANNEL_MAX_FRAME_BYTES"
+                % (tuple(m.shape), m.dtype, nbytes, _actor._frame_limit()))
     s = v1.session
     s.flush()
     _raise_failure(s)

@@ -564,7 +564,8 @@ class Ucx final : public UcxPlane {
 // its workers; its error handlers print UCX's backtrace in place of the process's own (Python's
 // faulthandler, a sanitizer's). A transport must not change a process's signal dispositions: each
 // handler that lives in libucs is given back (ucs_debug_disable_signal restores the one it saved).
-// Idempotent; runs at load (below) and again before each UCX start.
+// Runs once, at load (below): ucp_init installs no signal handlers (rdma_test_ucx checks the
+// handlers after the backend started).
 void give_back_signals_ucx_took() {
   for (int sig : {SIGHUP, SIGILL, SIGSEGV, SIGBUS, SIGFPE}) {
     struct sigaction sa {};
@@ -585,7 +586,6 @@ void give_back_signals_ucx_took() {
 }  // namespace
 
 std::unique_ptr<UcxPlane> make_ucx_plane(StatusTable& status, std::string& why) {
-  give_back_signals_ucx_took();
   auto u = std::make_unique<Ucx>();
   if (!u->init(status, why)) return nullptr;
   return u;

@@ -154,16 +154,8 @@ class ActorMesh {
   ActorMesh survivors() const {
     const auto dead = topo_ ? topo_->dead() : detail::DeadProcs{};
     if (dead.empty()) return *this;
-    std::vector<size_t> locals;
     const std::string* why = nullptr;
-    for (size_t i = 0; i < size(); ++i) {
-      const auto proc = static_cast<uint32_t>(global(i) / per_proc_);
-      if (!dead.has(proc)) {
-        locals.push_back(i);
-      } else if (why == nullptr) {
-        why = &dead.cause(proc);
-      }
-    }
+    std::vector<size_t> locals = live_members(dead, &why);
     if (locals.empty()) {
       throw SupervisionError(at(0).id(), "every member of the mesh view " + extent().to_string() +
                                              " is on a failed proc (first: " + *why + ")");
@@ -248,15 +240,10 @@ class ActorMesh {
     if (size() == 0) throw UsageError("choose_rank: view " + extent().to_string() + " is empty");
     thread_local std::mt19937_64 rng{std::random_device{}()};
     auto uniform = [](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
-    if (topo_ && topo_->remote) {
-      const auto dead = topo_->dead();
-      if (!dead.empty()) {
-        std::vector<size_t> live;
-        for (size_t k = 0; k < size(); ++k) {
-          if (!dead.has(static_cast<uint32_t>(global(k) / per_proc_))) live.push_back(k);
-        }
-        if (!live.empty()) return live[uniform(live.size())];
-      }
+    const auto dead = topo_ ? topo_->dead() : detail::DeadProcs{};
+    if (!dead.empty()) {
+      const std::vector<size_t> live = live_members(dead);
+      if (!live.empty()) return live[uniform(live.size())];
     }
     return uniform(size());
   }
@@ -380,6 +367,22 @@ class ActorMesh {
     std::vector<size_t> globals;  // their global ranks (actor base space), ascending
     ndslice::Shape shape;         // dense over {"ranks": n}
   };
+
+  // The local ranks of this view whose proc is not in `dead`, ascending; `first_cause`, when
+  // given, gets why the first dead member's proc is dead (survivors(), choose_rank()).
+  std::vector<size_t> live_members(const detail::DeadProcs& dead,
+                                   const std::string** first_cause = nullptr) const {
+    std::vector<size_t> locals;
+    for (size_t i = 0; i < size(); ++i) {
+      const auto proc = static_cast<uint32_t>(global(i) / per_proc_);
+      if (!dead.has(proc)) {
+        locals.push_back(i);
+      } else if (first_cause != nullptr && *first_cause == nullptr) {
+        *first_cause = &dead.cause(proc);
+      }
+    }
+    return locals;
+  }
 
   ActorMesh pick(std::vector<size_t> locals) const {
     auto p = std::make_shared<Pick>();
