@@ -132,17 +132,36 @@ struct AllreduceGroup::Impl {
   // member that gives up publishes.
   c10::intrusive_ptr<c10d::TCPStore> signal;
   std::string published;  // the last prefix this member published as aborted
+
+  // The key a member that gives up on group `prefix` sets, so that members still configuring it
+  // stop waiting for it, and members whose op fails because it closed its connections can say
+  // why (a PrefixStore key of the group's own prefix; gloo uses only rank numbers).
+  static std::string abort_key(const std::string& prefix) { return prefix + "/monarch.aborted"; }
+
+  // Sets the abort key of `prefix` (once per prefix) and waits until the store has it: a SET gets
+  // no reply, a CHECK on the same connection does, so a peer that sees this member's
+  // connections close afterwards also finds the key.
+  void publish_abort(const std::string& prefix) noexcept {
+    if (prefix.empty() || published == prefix || !signal) return;
+    published = prefix;
+    try {
+      signal->set(abort_key(prefix), std::vector<std::uint8_t>{1});
+      signal->check({abort_key(prefix)});
+    } catch (const std::exception&) {
+      // the store is gone (the job is ending): nobody is left configuring
+    }
+  }
+
+  // Whether another member gave up on `prefix` (false if this one did, or the store is gone).
+  bool other_gave_up(const std::string& prefix) noexcept {
+    if (prefix.empty() || published == prefix || !signal) return false;
+    try {
+      return signal->check({abort_key(prefix)});
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
 };
-
-namespace {
-
-// The key a member that gives up on group `prefix` sets, so that members still configuring it
-// stop waiting for it (a PrefixStore key of the group's own prefix; gloo uses only rank numbers).
-std::string abort_key(const std::string& prefix) {
-  return prefix + "/monarch.aborted";
-}
-
-}  // namespace
 
 AllreduceGroup::AllreduceGroup() : impl_(std::make_unique<Impl>()) {
   // gloo writes to its pair sockets without MSG_NOSIGNAL: a member that writes after its peers
@@ -161,19 +180,14 @@ bool AllreduceGroup::configured() const noexcept {
 }
 
 void AllreduceGroup::abort() noexcept {
+  // Members still inside configure() of this group wait for a peer address, not on a socket of
+  // ours: the abort key tells them (a member never rejoins a prefix it left). It is set first, so
+  // that members whose op fails on our closed sockets can name the cause.
+  impl_->publish_abort(prefix_);
   // Dropping the last reference destroys the ProcessGroupGloo: its worker thread is joined (it
   // is idle: every allreduce_sum waits for its work) and the gloo pairs close their sockets, so
   // peers blocked on a recv from us see "connection closed" at once.
   impl_->pg.reset();
-  // Members still inside configure() of this group wait for a peer address, not on a socket of
-  // ours: the abort key tells them (a member never rejoins a prefix it left).
-  if (prefix_.empty() || impl_->published == prefix_ || !impl_->signal) return;
-  impl_->published = prefix_;
-  try {
-    impl_->signal->set(abort_key(prefix_), std::vector<std::uint8_t>{1});
-  } catch (const std::exception&) {
-    // the store is gone (the job is ending): nobody is left configuring
-  }
 }
 
 void AllreduceGroup::configure(const std::string& store_host, std::uint16_t store_port,
@@ -237,7 +251,7 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
                                "configure: not every member joined within " +
                                    std::to_string(timeout.count()) + " ms");
         }
-        if (impl_->signal->check({abort_key(prefix)})) {
+        if (impl_->signal->check({Impl::abort_key(prefix)})) {
           throw AllreduceError(prefix, rank, world_size,
                                "configure: another member gave up on this group (its allreduce "
                                "or configure failed, or it left for a newer quorum)");
@@ -325,14 +339,21 @@ void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
       return;
     }
   } catch (const std::exception& e) {
+    // Connections closed by a member that gave up first (its watch, its error, abort()) fail
+    // this op with a socket error that names no member: say that one did.
+    std::string cause = describe(e);
+    if (impl_->other_gave_up(prefix_)) {
+      cause += " (another member had already given up on this group and closed its connections)";
+    }
     abort();  // the op ended (with this error): its worker is idle
     throw AllreduceError(prefix_, rank_, world_size_,
-                         "allreduce of " + std::to_string(data.size()) + " floats: " + describe(e));
+                         "allreduce of " + std::to_string(data.size()) + " floats: " + cause);
   }
   // Given up on while gloo still runs it (a frozen peer never closes its sockets, so gloo would
   // wait out its timeout): close the group's connections, so that nothing more arrives into
   // `data` and the peers blocked on this member fail fast. The worker itself stays in its wait
   // until gloo's timeout, so the group is parked rather than destroyed (which would join it).
+  impl_->publish_abort(prefix_);  // before the connections close: see other_gave_up()
   auto* gloo = dynamic_cast<WatchableGloo*>(impl_->pg.get());
   if (gloo) gloo->close_pairs();
   park({std::move(impl_->pg), std::move(work)});

@@ -111,12 +111,15 @@ class AllreduceGroup {
   /// (a stopped peer), or `watch`'s probe gave a reason ("... abandoned: <reason>"; the group's
   /// connections are closed first, so that nothing more arrives into `data` and peers blocked on
   /// this member fail fast too; gloo's worker, still waiting, is parked until its timeout).
+  /// When another member gave up on the group first (its abort key is set), the message ends
+  /// "(another member had already given up on this group and closed its connections)": the
+  /// socket error gloo reports then names no member.
   /// After a throw the group is closed (see abort()) and `data` holds partial sums.
   void allreduce_sum(std::span<float> data, const Watch* watch = nullptr);
 
   /// Closes the current group now: its sockets shut, so peers blocked in allreduce_sum on this
-  /// group fail fast instead of waiting for their timeout. It also sets the group's abort key in
-  /// the store (one store round trip, once per prefix), so that peers still inside configure()
+  /// group fail fast instead of waiting for their timeout. First it sets the group's abort key in
+  /// the store (a set and a check, once per prefix), so that peers still inside configure()
   /// of this prefix, waiting for a member that will never come, fail within ~5 ms. Use it when
   /// this member gives up on a step (e.g. an exception before its allreduce); configure() of the
   /// next group and the destructor call it too. Idempotent. Call it from the same thread as
