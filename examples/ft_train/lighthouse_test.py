@@ -234,7 +234,7 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
         victim = "replica1"
         page = None
         if chromium:
-            page = dump_dom(lh.url + "/")
+            page = dom_until(lh.url + "/", lambda p: "replica0 replica1 replica2" in p, 60)
             if "replica0 replica1 replica2" not in page:
                 fail("the page does not show the members: %s" % page[:2000])
         else:
@@ -270,11 +270,16 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
         print("after the kill: quorum %d members %s" % (without["quorum_id"],
                                                         without["participants"]))
         if chromium:
-            page2 = dump_dom(lh.url + "/")
-            shown = page2.split('id="members">', 1)[-1].split("<", 1)[0]
             # The page polls; the group may be healed back by the time Chromium reads it. Then
             # the change must still show in its table of recent quorum changes.
             survivors = " ".join(m for m in st["members"] if m != victim)
+
+            def members_shown(p):
+                return p.split('id="members">', 1)[-1].split("<", 1)[0]
+
+            page2 = dom_until(lh.url + "/", lambda p: members_shown(p) and (
+                victim not in members_shown(p) or "<td>%s</td>" % survivors in p), 60)
+            shown = members_shown(page2)
             in_table = "<td>%s</td>" % survivors in page2
             if not shown or (victim in shown and not in_table):
                 fail("the page shows neither members without %s nor that change: '%s'\n%s" %
@@ -460,6 +465,18 @@ def dump_dom(url):
     if r.returncode != 0 or "<html" not in r.stdout:
         fail("chromium exited %d: %s" % (r.returncode, r.stderr[-2000:]))
     return r.stdout
+
+
+def dom_until(url, pred, timeout):
+    """The page as headless Chromium renders it, rendered again until pred(page) holds or the
+    deadline passes (then the last one, for the caller's check to report). The page fills itself
+    from /status by script; on a loaded box one render can end before the first answer lands."""
+    deadline = time.monotonic() + timeout
+    while True:
+        page = dump_dom(url)
+        if pred(page) or time.monotonic() >= deadline:
+            return page
+        print("the rendered page does not show it yet; rendering again", flush=True)
 
 
 def main():
