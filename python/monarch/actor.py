@@ -1220,6 +1220,7 @@ class ProcMesh(MeshTrait):
         self._view = shape
         self._local = local
         self._failures: List[MeshFailure] = []
+        self._spawned: List[ActorMesh] = []  # this_proc(): what stop() stops
 
     def _procs(self):
         p = self._lazy.result()
@@ -1264,7 +1265,9 @@ class ProcMesh(MeshTrait):
                             % (name, e)) from None
         live = _Liveness("actor mesh %r" % name, parent=self._live)
         if self._local:
-            return ActorMesh(Class, _Lazy.of(_native.spawn_local(name, spec)), name, live)
+            mesh = ActorMesh(Class, _Lazy.of(_native.spawn_local(name, spec)), name, live)
+            self._spawned.append(mesh)
+            return mesh
         cf = concurrent.futures.Future()
 
         def go(_):
@@ -1279,12 +1282,31 @@ class ProcMesh(MeshTrait):
     def stop(self, reason: str = "stopped by the client") -> Future[None]:
         """Stops every proc of the whole mesh (procs not gone within the stop timeout are
         killed). Completes once they are gone and their output has reached this client.
-        Raises UsageError on a proc mesh received inside a message (only its owner stops it)."""
+        Raises UsageError on a proc mesh received inside a message (only its owner stops it).
+        On ``this_proc()`` it stops the actor meshes spawned through this object (the process
+        itself is the caller's and lives on); later spawns on it raise SupervisionError."""
         if self._remote:
             raise UsageError("proc mesh %r was received inside a message: only the process that "
                              "spawned it can stop it" % self._name)
-        if self._live.stopped is not None or self._local:
+        if self._live.stopped is not None:
             return _ready(None)
+        if self._local:
+            stops = [m.stop(reason) for m in self._spawned]  # before the parent is marked
+            self._live.stopped = "ProcMesh.stop(): %s" % reason
+            self._spawned = []
+            if not stops:
+                return _ready(None)
+            cf = concurrent.futures.Future()
+
+            def wait_all():
+                try:
+                    for f in stops:
+                        f.get()
+                    cf.set_result(None)
+                except BaseException as e:
+                    cf.set_exception(e)
+            threading.Thread(target=wait_all, name="monarch-stop", daemon=True).start()
+            return Future(cf=cf)
         self._live.stopped = "ProcMesh.stop(): %s" % reason
         cf = concurrent.futures.Future()
 
@@ -1313,13 +1335,16 @@ class ProcMesh(MeshTrait):
         on), and its aggregation: identical lines from several procs within
         ``aggregate_window_sec`` seconds print once, with the ranks that wrote them (0: every
         line at once; None: leave it, default the config key mesh.log_aggregate_window).
-        Raises TypeError/ValueError for a non-bool switch or a negative window."""
+        Raises TypeError for a non-bool switch or a window that is not a number, ValueError for
+        a window outside [0, 3600] s (NaN included)."""
         if not isinstance(stream_to_client, bool):
             raise TypeError("logging_option: stream_to_client must be a bool")
         if aggregate_window_sec is not None and (
                 isinstance(aggregate_window_sec, bool)
-                or not isinstance(aggregate_window_sec, (int, float))
-                or not 0 <= aggregate_window_sec <= 3600):
+                or not isinstance(aggregate_window_sec, (int, float))):
+            raise TypeError("logging_option: aggregate_window_sec must be a number of seconds "
+                            "or None, not %s" % type(aggregate_window_sec).__name__)
+        if aggregate_window_sec is not None and not 0 <= aggregate_window_sec <= 3600:
             raise ValueError("logging_option: aggregate_window_sec must be a number of seconds "
                              "in [0, 3600], not %r" % (aggregate_window_sec,))
         if not self._local and not self._remote:
@@ -1473,7 +1498,8 @@ def this_host() -> HostMesh:
 
 
 def this_proc() -> ProcMesh:
-    """This process as a mesh of one: actors spawned on it run here."""
+    """This process as a mesh of one: actors spawned on it run here. Each call gives a new
+    handle; its ``stop()`` stops the actors spawned through that handle (not the process)."""
     if not _native.is_worker():
         this_host()
     return ProcMesh(_Lazy.of(None), "this_proc", _Liveness("this_proc"), local=True)

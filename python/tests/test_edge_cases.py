@@ -160,3 +160,39 @@ def test_ctrl_c_while_procs_start_exits_as_interrupted(tmp_path):
                 p.wait()
         assert p.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (p.returncode, err[-2000:])
         assert "terminate called" not in err, err[-2000:]
+
+
+CLEANED = []
+
+
+class Local(Actor):
+    def __init__(self, tag):
+        self.tag = tag
+
+    @endpoint
+    def tag_of(self):
+        return self.tag
+
+    def __cleanup__(self, exc):
+        CLEANED.append((self.tag, exc))
+
+
+def test_this_proc_stop_stops_its_actors_and_the_process_lives_on():
+    """this_proc().stop() was a no-op: the actors spawned on it went on, and spawn still worked."""
+    from monarch.actor import this_proc
+    from monarch.errors import SupervisionError
+    CLEANED.clear()
+    here = this_proc()
+    meshes = [here.spawn("local%d" % i, Local, i) for i in range(2)]
+    assert [m.tag_of.call_one().get(timeout=30) for m in meshes] == [0, 1]
+    assert here.stop().get(timeout=30) is None
+    assert sorted(CLEANED) == [(0, None), (1, None)]  # every __cleanup__ ran, once
+    with pytest.raises(SupervisionError, match="stopped"):
+        here.spawn("late", Local, 2)
+    with pytest.raises(SupervisionError, match="stopped"):
+        meshes[0].tag_of.call_one().get(timeout=30)
+    assert here.stop().get(timeout=30) is None  # twice: nothing more to do
+    other = this_proc().spawn("other", Local, 3)  # a new handle: this process is still there
+    assert other.tag_of.call_one().get(timeout=30) == 3
+    other.stop().get(timeout=30)
+    assert sorted(CLEANED) == [(0, None), (1, None), (3, None)]

@@ -32,6 +32,13 @@ CLIENT = """
     # output), so this mesh has it off before anything runs, and until its procs are gone.
     hushed = this_host().spawn_procs(per_host={"gpus": 2}, name="hushed")
     hushed.logging_option(stream_to_client=False)
+    for bad, kind in (([1], TypeError), ("5", TypeError), (True, TypeError), (-1, ValueError),
+                      (float("nan"), ValueError), (4000, ValueError)):
+        try:
+            hushed.logging_option(stream_to_client=False, aggregate_window_sec=bad)
+            raise AssertionError("aggregate_window_sec=%r was accepted" % (bad,))
+        except (TypeError, ValueError) as e:
+            assert type(e) is kind and "aggregate_window_sec" in str(e), (bad, repr(e))
     q = hushed.spawn("talker", Talker)
     assert q.talk.call("quiet", 50).get(timeout=30).values() == [0, 1]
     hushed.stop().get(timeout=30)
