@@ -1,6 +1,8 @@
 """Every adverb of an endpoint (call, call_one, choose, stream, broadcast, reduce, send) on a
 mesh of four real worker procs, and per-sender FIFO order over 10k broadcasts."""
 
+import threading
+
 import pytest
 
 from monarch.actor import (Accumulator, Actor, Channel, Point, ValueMesh, current_rank, endpoint,
@@ -243,3 +245,60 @@ class Pid(Actor):
     @endpoint
     def rank(self):
         return current_rank().rank
+
+
+_GATE = threading.Event()    # per proc: Parked.park waits on it
+_PARKED = threading.Event()  # per proc: set once park runs
+
+
+class Parked(Actor):
+    @endpoint
+    def park(self):
+        _PARKED.set()
+        if not _GATE.wait(60):
+            raise TimeoutError("park: never released")
+        return current_rank().rank
+
+
+class Gatekeeper(Actor):
+    @endpoint
+    def parked(self):
+        return _PARKED.is_set()
+
+    @endpoint
+    def release(self):
+        _GATE.set()
+
+
+def test_a_member_whose_proc_dies_during_a_call_is_named(fault_hook):
+    """The slot of a member whose proc died while a call waited on it named the cast tree's
+    comm actor on that proc (monarch.comm), not the member."""
+    import os
+    import signal
+    import time
+
+    from monarch.actor import MeshFailure, SupervisionError, this_host
+
+    pm = this_host().spawn_procs(per_host={"gpus": 4}, name="dying")
+    try:
+        pids = pm.spawn("pids", Pid).pid.call().get(timeout=60).values()
+        parked, keeper = pm.spawn("parked", Parked), pm.spawn("keeper", Gatekeeper)
+        pending = parked.park.call()
+        deadline = time.monotonic() + 60
+        while not all(keeper.parked.call().get(timeout=30).values()):  # every member waits
+            assert time.monotonic() < deadline, "the members never started park()"
+        os.kill(pids[2], signal.SIGKILL)
+        failure = None
+        while failure is None:  # the fault hook hears of the dead proc
+            got = fault_hook.get(timeout=max(deadline - time.monotonic(), 0.1))
+            failure = got if isinstance(got, MeshFailure) else None
+        keeper.survivors().release.broadcast()
+        got = pending.get(timeout=60)
+        assert got.failed_ranks() == [2]
+        assert [got.item(gpus=r) for r in (0, 1, 3)] == [0, 1, 3]
+        err = got.error(gpus=2)
+        assert isinstance(err, SupervisionError), repr(err)
+        assert ".parked[" in str(err) and "monarch.comm" not in str(err), str(err)
+        assert "SIGKILL" in str(err), str(err)
+    finally:
+        pm.stop().get(timeout=60)

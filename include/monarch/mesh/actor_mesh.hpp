@@ -186,8 +186,10 @@ class ActorMesh {
   /// Every member; Future<ValueMesh<R>> (ValueMesh<Unit> for void endpoints) indexed by the
   /// view's points. Each member that fails holds its error in its rank (ActorError naming the
   /// member; DeliveryFailure naming the member or the comm actor that could not be reached;
-  /// SupervisionError for a member on a proc known dead, at once); the others their values
-  /// (CAST-6). The future itself fails only for a UsageError.
+  /// SupervisionError naming the member for a member on a proc known dead (at once) or found
+  /// dead during the call, or naming the comm actor of a relay proc that died on the way to a
+  /// member on a live proc); the others their values (CAST-6). The future itself fails only for
+  /// a UsageError.
   template <class M, class... Args>
   auto call(M method, const Args&... args) const {
     detail::check_endpoint<A, M, const Args&...>();
@@ -454,6 +456,7 @@ class ActorMesh {
         size_t pending = 0;
         Promise<ndslice::ValueMesh<Out>> promise;
         ndslice::Extent ext;
+        ActorMesh mesh;  // the view called: names the members of a failed error (finish)
         // One root hop finished (its replies, or its error for `ranks`); the last one resolves.
         void hop(detail::State<std::string>& s, const std::vector<uint32_t>& ranks) {
           std::unique_lock lock(mu);
@@ -489,6 +492,7 @@ class ActorMesh {
             }
             if (slots[r] && failed[r]) slots[r].reset();
           }
+          if (!errors.empty()) name_members_on_failed_procs();
           auto sl = std::move(slots);
           auto er = std::move(errors);
           lock.unlock();
@@ -499,9 +503,27 @@ class ActorMesh {
             promise.set_error(std::current_exception());
           }
         }
+        // A hop whose comm actor's proc died fails every member below it with a SupervisionError
+        // naming that comm actor. Members on that proc itself get one naming themselves, as when
+        // the caster already knew the proc dead (CAST-12); members below it on live procs keep
+        // the comm actor's (their relay died, not their proc).
+        void name_members_on_failed_procs() {
+          for (auto& [r, e] : errors) {
+            try {
+              std::rethrow_exception(e);
+            } catch (const SupervisionError& x) {
+              if (x.actor().name != kCommActorName || r >= mesh.size()) continue;
+              const ActorId& member = mesh.at(r).id();
+              if (member.proc == x.proc())
+                e = std::make_exception_ptr(SupervisionError(member, x.cause()));
+            } catch (...) {
+            }
+          }
+        }
       };
       auto acc = std::make_shared<Acc>();
       acc->ext = extent();
+      acc->mesh = *this;
       acc->slots.resize(size());
       auto f = acc->promise.get_future();
       auto full = RC::root(*members_, *topo_, plan(), method, detail::NoReducer{}, args...);
