@@ -179,6 +179,18 @@ std::optional<std::string> Proc::proc_failure(const std::string& proc_addr) cons
   return remote_->failure_of(proc_addr);
 }
 
+std::string Proc::link_error(const std::string& proc_addr) const {
+  if (!remote_) return {};
+  std::shared_ptr<channel::Sender> link;
+  {
+    std::lock_guard lock(remote_->mu);
+    auto it = remote_->senders.find(proc_addr);
+    if (it == remote_->senders.end()) return {};
+    link = it->second;
+  }
+  return link->last_connection_error();
+}
+
 size_t Proc::failed_proc_count() const noexcept {
   return remote_ ? remote_->failed_count.load(std::memory_order_acquire) : 0;
 }

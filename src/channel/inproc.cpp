@@ -58,6 +58,7 @@ struct InprocSender final : Sender {
   }
   size_t pending() const override { return 0; }
   bool closed() const override { return is_closed; }
+  std::string last_connection_error() const override { return {}; }
   const ChannelAddr& addr() const override { return target; }
   void close_quietly(const std::string& why) override { close(why); }
   void close(const std::string& why) override {

@@ -81,9 +81,19 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   std::shared_ptr<Socket> sock;
   bool connected = false;
   Clock::time_point down_since{};  // when the peer became unreachable (CH-7); epoch = reachable
-  std::string last_error;          // of the last failed connection, for reports
+  std::string last_error;          // of the last failed connection, for reports (err_mu)
+  mutable std::mutex err_mu;       // last_error: written here, read by last_connection_error()
   asio::steady_timer wake;
   asio::steady_timer tick;
+
+  void set_last_error(std::string e) {
+    std::lock_guard lock(err_mu);
+    last_error = std::move(e);
+  }
+  std::string last_connection_error() const {
+    std::lock_guard lock(err_mu);
+    return last_error;
+  }
 
   // Marks the current connection unusable for the direct path; call before closing its socket.
   void stop_direct() {
@@ -255,7 +265,8 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
         if (!unacked.empty()) oldest = unacked.front().sent_at;
         if (!queue.empty()) oldest = std::min(oldest, queue.front().sent_at);
       }
-      std::string detail = last_error.empty() ? "" : " (last connection error: " + last_error + ")";
+      const std::string why = last_connection_error();
+      std::string detail = why.empty() ? "" : " (last connection error: " + why + ")";
       if (oldest != Clock::time_point::max() && Clock::now() - oldest > opt.delivery_timeout) {
         close_link("delivery timeout: no acknowledgement from " + addr.to_string() + " within " +
                    std::to_string(opt.delivery_timeout.count()) + " ms" + detail);
@@ -276,18 +287,18 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
         co_await connect_and_handshake();
         was_connected = true;
         down_since = Clock::time_point{};
-        last_error.clear();
+        set_last_error({});
         backoff = opt.reconnect_initial;
         asio::co_spawn(ctx, reader(), asio::detached);
         co_await writer();
       } catch (const wire::FrameError& e) {
         spdlog::warn("channel to {}: protocol error: {}", addr.to_string(), e.what());
-        last_error = e.what();
+        set_last_error(e.what());
       } catch (const ChannelError& e) {
         close_link(e.what());
       } catch (const std::system_error& e) {
         spdlog::debug("channel to {}: connection lost: {}", addr.to_string(), e.what());
-        last_error = e.code().message();
+        set_last_error(e.code().message());
       }
       connected = false;
       stop_direct();
@@ -509,6 +520,7 @@ struct SocketSender final : Sender {
   void send(Message m) override { core->send(std::move(m)); }
   size_t pending() const override { return core->pending_count.load(); }
   bool closed() const override { return core->closed.load(); }
+  std::string last_connection_error() const override { return core->last_connection_error(); }
   const ChannelAddr& addr() const override { return core->addr; }
   void close(const std::string& reason) override {
     auto c = core;

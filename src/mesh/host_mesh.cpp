@@ -89,11 +89,12 @@ HostMesh attach_to_workers(const std::vector<std::string>& agents, HostOptions o
       s->agents.push_back(ref);
       s->agent_addrs.push_back(addr);
     } catch (const TimeoutError&) {
-      throw TimeoutError("attach_to_workers: host agent " + addr + " did not answer within " +
-                         std::to_string(options.timeouts.spawn_timeout.count()) +
-                         " ms (mesh.spawn_timeout): is `monarch agent --listen " + addr +
-                         "` running there, with this job's secret? (the channel's warnings in "
-                         "the log name the connection error)");
+      const std::string why = s->client->link_error(addr);
+      throw TimeoutError(
+          "attach_to_workers: host agent " + addr + " did not answer within " +
+          std::to_string(options.timeouts.spawn_timeout.count()) + " ms (mesh.spawn_timeout)" +
+          (why.empty() ? std::string() : "; the last connection attempt failed: " + why) +
+          ". Is `monarch agent --listen " + addr + "` running there, with this job's secret?");
     } catch (const std::exception& e) {
       throw Error("attach_to_workers: host agent " + addr + " unreachable: " + e.what());
     }

@@ -619,6 +619,8 @@ TEST(ProcessMesh, AttachingToAnAddressWithoutAnAgentTimesOutSayingWhatToCheck) {
     FAIL() << "attached to " << addr << ", where nothing listens";
   } catch (const monarch::TimeoutError& e) {
     EXPECT_THAT(e.what(), HasSubstr("host agent " + addr + " did not answer within 3000 ms"));
+    // The channel retries a peer that is down quietly (CH-7): the error itself says why.
+    EXPECT_THAT(e.what(), HasSubstr("the last connection attempt failed: Connection refused"));
     EXPECT_THAT(e.what(), HasSubstr("monarch agent --listen " + addr));
   }
 }

@@ -155,6 +155,11 @@ class Proc {
   bool proc_failed(const std::string& proc_addr) const;
   /// The cause given to the first declare_proc_failed(proc_addr, ...), if any. Any thread.
   std::optional<std::string> proc_failure(const std::string& proc_addr) const;
+  /// Why this Proc's link to the Proc at `proc_addr` last failed to connect (the channel's
+  /// Sender::last_connection_error(), e.g. "Connection refused"); empty when there is no link,
+  /// it is connected, or no attempt failed yet. For error reports (a peer that is down is
+  /// retried quietly). Any thread.
+  std::string link_error(const std::string& proc_addr) const;
   /// How many procs were declared failed so far (never decreases): a cheap check before asking
   /// proc_failure for each address of a mesh. Any thread.
   size_t failed_proc_count() const noexcept;

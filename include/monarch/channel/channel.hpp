@@ -162,6 +162,10 @@ class Sender {
   virtual size_t pending() const = 0;
   virtual bool closed() const = 0;
   virtual const ChannelAddr& addr() const = 0;
+  /// Why the last connection attempt (or the last connection) to addr() failed, e.g.
+  /// "Connection refused"; empty while connected and before any failure. For error reports:
+  /// a peer that is down is retried quietly (CH-7). Any thread.
+  virtual std::string last_connection_error() const = 0;
   /// Closes the link; pending messages go to the failure handler with `reason`.
   virtual void close(const std::string& reason) = 0;
   /// As close(), for a peer that is gone by design (it exited when asked to stop) or whose failure
