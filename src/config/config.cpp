@@ -113,18 +113,19 @@ const Order kOrder[] = {
     {"mesh.heartbeat_timeout", "channel.delivery_timeout"},
 };
 
+// The kind with its article, as messages name it: "a duration", "an integer".
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::Duration:
-      return "duration";
+      return "a duration";
     case Kind::Bytes:
-      return "size";
+      return "a size";
     case Kind::Int:
-      return "integer";
+      return "an integer";
     case Kind::Bool:
-      return "boolean";
+      return "a boolean";
     case Kind::String:
-      return "string";
+      return "a string";
   }
   return "?";
 }
@@ -273,7 +274,12 @@ std::chrono::milliseconds parse_duration(std::string_view text) {
     throw ConfigError("duration '" + trim(text) + "' has unknown unit '" + unit +
                       "' (use ms, s, m or h)");
   }
-  return std::chrono::milliseconds(static_cast<int64_t>(checked_mul(n, f, text, "duration")));
+  std::chrono::milliseconds d(static_cast<int64_t>(checked_mul(n, f, text, "duration")));
+  if (d > kMaxDuration) {
+    throw ConfigError("duration '" + trim(text) + "' is too large: at most " +
+                      std::to_string(kMaxDuration.count() / 1000) + " s (about 115 days)");
+  }
+  return d;
 }
 
 uint64_t parse_bytes(std::string_view text) {
@@ -344,7 +350,7 @@ void Config::put(std::string_view key, std::string_view value, const std::string
         break;
     }
   } catch (const ConfigError& err) {
-    throw ConfigError("config: bad value for '" + std::string(key) + "' (a " + kind_name(k->kind) +
+    throw ConfigError("config: bad value for '" + std::string(key) + "' (" + kind_name(k->kind) +
                       (source == "default" ? std::string() : ", from " + source) +
                       "): " + err.what());
   }
@@ -371,8 +377,8 @@ const Config::Entry& Config::entry(std::string_view key, Kind kind) const {
   const KeyInfo* k = find_key(key);
   if (k == nullptr) throw ConfigError(unknown_key_message(key, ""));
   if (k->kind != kind) {
-    throw ConfigError("config: key '" + std::string(key) + "' is a " + kind_name(k->kind) +
-                      ", not a " + kind_name(kind));
+    throw ConfigError("config: key '" + std::string(key) + "' is " + kind_name(k->kind) + ", not " +
+                      kind_name(kind));
   }
   return values_.find(key)->second;
 }
@@ -453,6 +459,10 @@ void Config::merge_json_text(std::string_view text, const std::string& source) {
 }
 
 void Config::merge_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError("config: config file " + path.string() + " is a directory, not a JSON file");
+  }
   std::ifstream in(path);
   if (!in) {
     throw ConfigError("config: cannot read config file " + path.string() + ": " +

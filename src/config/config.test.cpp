@@ -150,6 +150,11 @@ TEST(Config, BadValuesAreErrorsThatNameKeyAndSource) {
   EXPECT_NE(e.find("at most 1000000"), std::string::npos) << e;
   e = error_of([&] { c.merge_file("/nonexistent/monarch.json"); });
   EXPECT_NE(e.find("/nonexistent/monarch.json"), std::string::npos) << e;
+  // A directory read as "not valid JSON ... unexpected end of input".
+  e = error_of([&] { c.merge_file(::testing::TempDir()); });
+  EXPECT_NE(e.find("is a directory"), std::string::npos) << e;
+  e = error_of([&] { c.set("actor.workers", "abc"); });
+  EXPECT_NE(e.find("(an integer"), std::string::npos) << e;
 }
 
 TEST(Config, TimeoutOrderIsEnforcedAndNamesBothKeys) {
@@ -181,6 +186,10 @@ TEST(Config, ValueSyntax) {
   EXPECT_EQ(parse_bytes("1MB"), 1000000u);
   EXPECT_THROW(parse_duration(""), ConfigError);
   EXPECT_THROW(parse_duration("ms"), ConfigError);
+  // A deadline of now + this would overflow the clock and fire at once (it did, for 99999999999h).
+  EXPECT_EQ(parse_duration("10000000s"), monarch::config::kMaxDuration);
+  EXPECT_THROW(parse_duration("10000001s"), ConfigError);
+  EXPECT_THROW(parse_duration("99999999999h"), ConfigError);
   EXPECT_THROW(parse_bytes("12 parsecs"), ConfigError);
   EXPECT_EQ(monarch::config::env_name("mesh.heartbeat_timeout"), "MONARCH_MESH_HEARTBEAT_TIMEOUT");
 }

@@ -775,7 +775,13 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
     return done(make_error(RdmaErrc::OutOfBounds, what() + ": past the end of the " +
                                                       std::to_string(h.length) + " B buffer"));
   }
-  if (timeout.count() <= 0) timeout = timeout_;
+  if (timeout.count() < 0 || timeout > config::kMaxDuration) {
+    return done(
+        make_error(RdmaErrc::InvalidArgument,
+                   what() + ": timeout " + std::to_string(timeout.count()) + " ms is outside [0, " +
+                       std::to_string(config::kMaxDuration.count()) + "] ms (0: rdma.timeout)"));
+  }
+  if (timeout.count() == 0) timeout = timeout_;
   if (h.memory != MemoryKind::Host && !(h.owner != impl_->addr && h.backend == Backend::Ucx &&
                                         impl_->ucx && !h.ucx_routes.empty())) {
     return done(

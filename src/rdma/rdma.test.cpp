@@ -113,6 +113,15 @@ TEST(Rdma, BadInputFailsWithClearErrors) {  // RD-4
   RdmaHandle stale = h;
   stale.owner_incarnation ^= 1;
   expect_rdma_error([&] { stale.read_into(dst).get(5s); }, RdmaErrc::UnknownBuffer);
+  // A negative timeout was the 30 s default, and max() failed at once ("not complete after
+  // 9223372036854775807 ms"): both are refused, naming the range.
+  for (auto t : {-1ms, std::chrono::milliseconds::min(), std::chrono::milliseconds::max(),
+                 monarch::config::kMaxDuration + 1ms}) {
+    auto te = expect_rdma_error([&] { h.read_into(dst, 0, {.timeout = t}).get(5s); },
+                                RdmaErrc::InvalidArgument);
+    EXPECT_NE(std::string(te.what()).find("timeout"), std::string::npos) << te.what();
+  }
+  h.read_into(dst, 0, {.timeout = monarch::config::kMaxDuration}).get(5s);
 }
 
 TEST(Rdma, DroppedBufferRefusesAccess) {  // RD-3

@@ -140,7 +140,12 @@ struct TimeoutValue {
 /// Throws ConfigError: "KEY = SHOWN must be less than KEY2 = SHOWN2 (timeout order: ...)".
 void check_timeout_order(const std::vector<TimeoutValue>& values);
 
-/// Parses a duration ("250ms", "2s", "1m", "1h", or bare milliseconds). Throws ConfigError.
+/// The longest duration any setting or timeout takes: 10^7 s (about 115 days). Deadlines are
+/// computed as now + timeout; a longer one would overflow the clock and fire at once.
+inline constexpr std::chrono::milliseconds kMaxDuration{10'000'000'000};
+
+/// Parses a duration ("250ms", "2s", "1m", "1h", or bare milliseconds). Throws ConfigError, also
+/// above kMaxDuration.
 std::chrono::milliseconds parse_duration(std::string_view text);
 /// Parses a size in bytes ("4096", "64KiB", "64MiB", "1GiB", "1KB"). Throws ConfigError.
 uint64_t parse_bytes(std::string_view text);

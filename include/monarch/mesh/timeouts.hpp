@@ -38,6 +38,16 @@ struct ProcTimeouts {
   void validate() const {
     auto fail = [](const std::string& why) { throw config::ConfigError("ProcTimeouts: " + why); };
     if (heartbeat_interval.count() <= 0) fail("heartbeat_interval must be > 0 ms");
+    for (auto [v, field] : {std::pair{heartbeat_interval, "heartbeat_interval"},
+                            {heartbeat_timeout, "heartbeat_timeout"},
+                            {spawn_timeout, "spawn_timeout"},
+                            {stop_timeout, "stop_timeout"},
+                            {log_window, "log_window"}}) {
+      if (v > config::kMaxDuration) {
+        fail(std::string(field) + " = " + std::to_string(v.count()) + " ms is above " +
+             std::to_string(config::kMaxDuration.count()) + " ms (config::kMaxDuration)");
+      }
+    }
     auto shown = [](ms v, const char* field) {
       return std::to_string(v.count()) + "ms (ProcTimeouts::" + field + ")";
     };

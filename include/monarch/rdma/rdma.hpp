@@ -81,8 +81,9 @@ class RdmaError : public Error {
 
 /// Per-transfer options. Defaults come from the config layer (rdma.* keys, docs/config.md).
 struct TransferOptions {
-  /// The transfer fails with RdmaError(Timeout) if not complete within this (RD-2).
-  std::chrono::milliseconds timeout{0};  // 0: rdma.timeout
+  /// The transfer fails with RdmaError(Timeout) if not complete within this (RD-2). 0: the
+  /// rdma.timeout setting; negative or above config::kMaxDuration: RdmaError(InvalidArgument).
+  std::chrono::milliseconds timeout{0};
 };
 
 /// One way to reach an owner over UCX: a UCP worker and the packed remote keys (ucp_rkey_pack) of
