@@ -13,6 +13,8 @@ namespace process_detail {
 HostMeshState::~HostMeshState() {
   gate->close();
   agents.clear();
+  if (client) client->shutdown(client->options().stop_timeout);
+  procs_gone->store(true, std::memory_order_release);  // actor meshes that outlive us refuse
   client.reset();
 }
 
@@ -21,6 +23,10 @@ HostMeshState::~HostMeshState() {
 struct HostMesh::State : process_detail::HostMeshState {};
 
 namespace {
+// Default mesh names: procs0, procs1, ... in spawn order (their own counter: g_counter also
+// numbers addresses and controllers).
+std::atomic<uint64_t> g_mesh_counter{0};
+
 std::shared_ptr<HostMesh::State> make_host_state(const HostOptions& options,
                                                  const std::string& listen) {
   options.timeouts.validate();
@@ -132,7 +138,7 @@ ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions opt
   for (size_t s : per_host.sizes()) sizes.push_back(s);
   ndslice::Extent extent(labels, sizes);
   std::string name =
-      options.name.empty() ? "procs" + std::to_string(process_detail::g_counter++) : options.name;
+      options.name.empty() ? "procs" + std::to_string(g_mesh_counter++) : options.name;
   for (char c : name) {
     if (std::isalnum(static_cast<unsigned char>(c)) == 0 && c != '_' && c != '-') {
       throw UsageError("spawn_procs: mesh name '" + name +
@@ -212,6 +218,11 @@ std::vector<size_t> ProcMesh::failed_ranks() const {
 
 Proc& ProcMesh::client() const {
   return *group().hosts->client;
+}
+
+detail::MeshLifetime ProcMesh::lifetime() const {
+  auto& g = group();
+  return detail::MeshLifetime{g.stopped_flag, g.hosts->procs_gone, g.name};
 }
 
 bool ProcMesh::stop() const {

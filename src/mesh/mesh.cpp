@@ -20,6 +20,8 @@ ProcMesh ProcMesh::local(const ndslice::Extent& extent, ProcOptions options, Cas
   const std::string base = options.name == ProcOptions{}.name ? "local" : options.name;
   auto topo = std::make_shared<detail::CastTopology>();
   topo->fanout = cast.fanout;
+  topo->life.gone = state->procs_gone;
+  topo->life.mesh = base;
   topo->comm.reserve(extent.num_ranks());
   for (size_t r = 0; r < extent.num_ranks(); ++r) {
     ProcOptions o = options;
@@ -75,6 +77,7 @@ ProcMesh::State::~State() {
   for (auto& p : procs) p->begin_shutdown();
   for (auto& p : procs) p->shutdown(p->options().stop_timeout);
   if (scheduler) scheduler->shutdown();
+  procs_gone->store(true, std::memory_order_release);  // actor meshes that outlive us refuse
   topo.reset();  // our references to the comm actors go before their procs
   procs.clear();
 }

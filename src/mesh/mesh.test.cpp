@@ -47,6 +47,36 @@ TEST(ProcMesh, LocalMeshSpawnsOneActorPerProc) {
   EXPECT_EQ(where[7], "local[7]");
 }
 
+// A default-constructed mesh has no members: every adverb refuses (choose() used to crash).
+TEST(ActorMesh, AnEmptyMeshRefusesEveryAdverb) {
+  monarch::mesh::ActorMesh<Worker> none;
+  EXPECT_EQ(none.size(), 0u);
+  EXPECT_THROW((void)none.at(0), monarch::UsageError);
+  EXPECT_THROW((void)none.choose(&Worker::rank), monarch::UsageError);
+  EXPECT_THROW((void)none.call_one(&Worker::rank), monarch::UsageError);
+  EXPECT_THROW((void)none.call(&Worker::rank), monarch::UsageError);
+  EXPECT_THROW((void)none.reduce(monarch::mesh::Sum{}, &Worker::rank), monarch::UsageError);
+  EXPECT_THROW(none.broadcast(&Worker::bump), monarch::UsageError);
+}
+
+// An actor mesh that outlives its ProcMesh::local refuses instead of reaching freed procs.
+TEST(ActorMesh, AMeshThatOutlivesItsLocalProcsRefuses) {
+  monarch::mesh::ActorMesh<Worker> kept;
+  {
+    auto procs = ProcMesh::local(Extent{{"procs", 2}});
+    kept = procs.spawn<Worker>("w", 10);
+    ASSERT_EQ(kept.call(&Worker::add, 1).get(5s)[1], 12);
+  }
+  try {
+    (void)kept.call(&Worker::add, 1);
+    ADD_FAILURE() << "a call reached freed procs";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("ProcMesh::local"));
+  }
+  EXPECT_THROW((void)kept.at(0), monarch::UsageError);
+  EXPECT_THROW((void)kept.reduce(monarch::mesh::Sum{}, &Worker::add, 1), monarch::UsageError);
+}
+
 TEST(ActorMesh, CallGathersAValueMeshOverTheView) {
   auto procs = ProcMesh::local(Extent{{"hosts", 2}, {"gpus", 4}});
   auto workers = procs.spawn<Worker>("worker", 100);

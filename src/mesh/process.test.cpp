@@ -16,9 +16,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -162,6 +164,43 @@ TEST(ProcessMesh, SpawnsWorkersCallsThemAndStops) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   EXPECT_TRUE(all_dead(pids_of(procs), 5s));
   EXPECT_TRUE(procs.failed_ranks().empty());
+}
+
+// An actor mesh used after its procs were stopped: every adverb refuses at once naming the stop (a
+// call waited out channel.delivery_timeout, 30 s, and a broadcast made the client exit 30 s
+// later). Once every HostMesh and ProcMesh of its client Proc is gone it refuses too (it read
+// freed memory).
+TEST(ProcessMesh, AnActorMeshUsedAfterItsProcsStoppedRefusesAtOnce) {
+  monarch::mesh::ActorMesh<Worker> workers;
+  {
+    auto host = monarch::mesh::this_host(fast());
+    SpawnOptions so;
+    so.name = "stopped";
+    auto procs = host.spawn_procs(Extent{{"gpus", 2}}, so);
+    workers = procs.lookup<Worker>("worker");
+    ASSERT_EQ(workers.call(&Worker::rank).get(10s)[1], 1u);
+    ASSERT_TRUE(procs.stop());
+    try {
+      (void)workers.call(&Worker::rank);
+      ADD_FAILURE() << "a call to a stopped mesh went out";
+    } catch (const monarch::UsageError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("ActorMesh::call: proc mesh 'stopped' was stopped"));
+    }
+    EXPECT_THROW((void)workers.reduce(monarch::mesh::Sum{}, &Worker::rank), monarch::UsageError);
+    EXPECT_THROW(workers.broadcast(&Worker::where), monarch::UsageError);
+    EXPECT_THROW((void)workers.slice("gpus", 1).call_one(&Worker::rank), monarch::UsageError);
+    EXPECT_THROW((void)workers.choose(&Worker::rank), monarch::UsageError);
+    EXPECT_EQ(workers.at(1).id().name, "worker");  // the refs themselves are still readable
+  }  // the last HostMesh and ProcMesh of the client Proc go: it is shut down and freed
+  try {
+    (void)workers.call(&Worker::rank);
+    ADD_FAILURE() << "a call went through a freed Proc";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("ActorMesh::call: mesh of proc mesh 'stopped': the procs"));
+  }
+  EXPECT_THROW((void)workers.at(0), monarch::UsageError);
+  EXPECT_THROW(workers.broadcast(&Worker::where), monarch::UsageError);
+  EXPECT_THROW((void)workers.stream(&Worker::rank), monarch::UsageError);
 }
 
 // A requested stop is not a loss: neither the client nor the workers warn of messages the stopped
@@ -945,9 +984,20 @@ TEST(ProcessMesh, CAST12_CastsRouteAroundADeadRootAndADeadInteriorNode) {
 
 // spawn_procs of `n` procs of a program that does not exist fails, naming the mesh and the exec
 // failure (exit 127).
-void expect_missing_program_fails(const monarch::mesh::HostMesh& host, SpawnOptions so, size_t n) {
+void expect_missing_program_fails(const monarch::mesh::HostMesh& host, SpawnOptions so, size_t n,
+                                  bool exec_line = false) {
   so.program = "/nonexistent/worker";
-  so.log_sink = [](const LogRecord&) {};
+  struct Lines {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::string> got;
+  };
+  auto lines = std::make_shared<Lines>();
+  so.log_sink = [lines](const LogRecord& r) {
+    std::lock_guard lock(lines->mu);
+    lines->got.push_back(r.text);
+    lines->cv.notify_all();
+  };
   try {
     host.spawn_procs(Extent{{"gpus", n}}, so);
     FAIL() << "spawn_procs succeeded with a missing program";
@@ -955,13 +1005,25 @@ void expect_missing_program_fails(const monarch::mesh::HostMesh& host, SpawnOpti
     EXPECT_THAT(e.what(), HasSubstr("mesh " + so.name + ": rank ["));
     EXPECT_THAT(e.what(), HasSubstr("exited with code 127"));
   }
+  if (!exec_line) return;
+  // The child's own line names the program and why (it said only "exec failed").
+  const std::string want = "cannot execute /nonexistent/worker: no such file (errno 2)";
+  std::unique_lock lock(lines->mu);
+  EXPECT_TRUE(lines->cv.wait_for(lock, 10s,
+                                 [&] {
+                                   return std::any_of(lines->got.begin(), lines->got.end(),
+                                                      [&](const std::string& l) {
+                                                        return l.find(want) != std::string::npos;
+                                                      });
+                                 }))
+      << "no forwarded line says: " << want;
 }
 
 TEST(ProcessMesh, AWorkerThatCannotStartFailsSpawnProcs) {
   auto host = monarch::mesh::this_host(fast());
   SpawnOptions so;
   so.name = "nostart";
-  expect_missing_program_fails(host, so, 2);
+  expect_missing_program_fails(host, so, 2, true);
 }
 
 // --- PH-7: fork servers (SpawnOptions::fork_server) ---
@@ -1155,6 +1217,16 @@ TEST(ProcTimeouts, ValidateNamesTheKey) {
   HostOptions o;
   o.timeouts.stop_timeout = 0ms;
   EXPECT_THROW(monarch::mesh::this_host(o), monarch::UsageError);
+  // max() made spawn_procs time out at once (now + timeout overflowed).
+  t = {};
+  t.spawn_timeout = std::chrono::milliseconds::max();
+  try {
+    t.validate();
+    FAIL();
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("spawn_timeout"));
+    EXPECT_THAT(e.what(), HasSubstr("kMaxDuration"));
+  }
 }
 
 }  // namespace

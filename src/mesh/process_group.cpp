@@ -265,6 +265,7 @@ bool ProcessGroup::stop() {
   std::unique_lock lock(mu);
   if (stopped) return true;
   stopped = true;
+  stopped_flag->store(true, std::memory_order_release);
   std::vector<ActorRef<WorkerControl>> asked;
   std::vector<std::string>
       stopping;  // every proc of this mesh: told to each, they forget each other

@@ -6,6 +6,7 @@
 // host_mesh.cpp (the public HostMesh / ProcMesh API over these).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -33,6 +34,8 @@ struct HostMeshState {
   std::mutex groups_mu;                                                   // groups, fault_hook
   std::vector<ProcessGroup*> groups;  // live process meshes on these hosts
   Proc::FaultHook fault_hook;         // HostMesh::set_fault_hook; empty: fail fast
+  // Set once `client` is shut down, before it is freed (CastTopology::procs_gone).
+  std::shared_ptr<std::atomic<bool>> procs_gone = std::make_shared<std::atomic<bool>>(false);
   /// The client Proc's fault hook: failures of actors on our procs become MeshFailures.
   void on_fault(const ActorSupervisionEvent& ev);
   /// Hands `ev` to the group whose proc the failed actor ran on (ProcessGroup::fail_rank_of);
@@ -80,6 +83,8 @@ struct ProcessGroup {
   bool stop();
 
   std::shared_ptr<HostMeshState> hosts;
+  // Set when stop() begins (MeshLifetime::stopped): actor meshes on these procs refuse at once.
+  std::shared_ptr<std::atomic<bool>> stopped_flag = std::make_shared<std::atomic<bool>>(false);
   std::string name;
   ndslice::Extent extent;
   size_t per_host;

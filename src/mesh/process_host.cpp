@@ -405,6 +405,34 @@ struct ProcessHost::Impl {
     return exec_child(spec, std::move(on_line), std::move(on_exit), -1);
   }
 
+  // In a forked child whose execve failed: "monarch host agent: cannot execute PROGRAM: WHY
+  // (errno N)" on stderr (forwarded with the rank prefix), with write() only.
+  static void write_exec_failure(const char* program, int err) {
+    auto put = [](const char* s) { (void)!::write(2, s, std::strlen(s)); };
+    const char* why = err == ENOENT    ? "no such file"
+                      : err == EACCES  ? "permission denied"
+                      : err == ENOEXEC ? "not an executable format"
+                      : err == ENOTDIR ? "a path component is not a directory"
+                                       : "execve failed";
+    char num[16];
+    int n = 0;
+    char digits[16];
+    unsigned v = err < 0 ? 0u : static_cast<unsigned>(err);
+    do {
+      digits[n++] = static_cast<char>('0' + v % 10);
+      v /= 10;
+    } while (v != 0 && n < 15);
+    for (int i = 0; i < n; ++i) num[i] = digits[n - 1 - i];
+    num[n] = '\0';
+    put("monarch host agent: cannot execute ");
+    put(program);
+    put(": ");
+    put(why);
+    put(" (errno ");
+    put(num);
+    put(")\n");
+  }
+
   // fork + exec of spec.program. `extra_fd` >= 0 becomes the child's fd 3 (a fork server's).
   pid_t exec_child(const ChildSpec& spec, OnLine on_line, OnExit on_exit, int extra_fd) {
     // Everything the child needs is built before fork: after it only async-signal-safe calls.
@@ -448,8 +476,7 @@ struct ProcessHost::Impl {
       }
       ::syscall(SYS_close_range, first_closed, ~0U, 0U);
       ::execve(program, argv.data(), envp.data());
-      static const char msg[] = "monarch host agent: exec failed\n";
-      (void)!::write(2, msg, sizeof msg - 1);
+      write_exec_failure(program, errno);  // async-signal-safe: no strerror, no allocation
       ::_exit(127);
     }
     int fork_errno = errno;

@@ -38,6 +38,7 @@
 // stream calls each member directly instead of going through the tree.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -94,7 +95,11 @@ class ActorMesh {
   /// a dense shape over extent() = {"ranks": size()}; parent_point(i) says where member i sits.
   const ndslice::Shape& shape() const { return pick_ ? pick_->shape : view_; }
   const ndslice::Extent& extent() const { return shape().extent(); }
-  size_t size() const { return pick_ ? pick_->globals.size() : view_.num_ranks(); }
+  /// Members in this view; 0 for a default-constructed mesh.
+  size_t size() const {
+    if (!members_) return 0;
+    return pick_ ? pick_->globals.size() : view_.num_ranks();
+  }
   /// Members per proc (the product of the per-proc dims given to ProcMesh::spawn; 1 without).
   size_t per_proc() const { return per_proc_; }
 
@@ -180,8 +185,14 @@ class ActorMesh {
   const ndslice::Shape& view() const { return view_; }
   const detail::CastTopology* topology() const { return topo_.get(); }
 
-  /// The member at local rank `local` of this view.
-  const ActorRef<A>& at(size_t local) const { return (*members_)[global(local)]; }
+  /// The member at local rank `local` of this view. Throws UsageError on an empty
+  /// (default-constructed) mesh, or once the procs its references point into are gone (see
+  /// detail::MeshLifetime::gone).
+  const ActorRef<A>& at(size_t local) const {
+    if (!members_) throw UsageError("ActorMesh::at: this mesh is empty (default-constructed)");
+    check_procs("at", false);
+    return (*members_)[global(local)];
+  }
 
   /// Every member; Future<ValueMesh<R>> (ValueMesh<Unit> for void endpoints) indexed by the
   /// view's points. Each member that fails holds its error in its rank (ActorError naming the
@@ -193,6 +204,7 @@ class ActorMesh {
   template <class M, class... Args>
   auto call(M method, const Args&... args) const {
     detail::check_endpoint<A, M, const Args&...>();
+    check_procs("call");
     if (topo_ && topo_->remote && size() > 0) return remote_call(method, args...);
     auto job = make_job<detail::CastMode::Collect>(method, detail::NoReducer{}, args...);
     auto f = job->collect_future();
@@ -214,6 +226,7 @@ class ActorMesh {
     detail::check_endpoint<A, M, const Args&...>();
     if (size() == 0)
       throw UsageError("reduce: the mesh view " + extent().to_string() + " is empty");
+    check_procs("reduce");
     if (topo_ && topo_->remote) return remote_reduce(std::move(reducer), method, args...);
     auto job = make_job<detail::CastMode::Reduce>(method, std::move(reducer), args...);
     auto f = job->reduce_future();
@@ -232,6 +245,7 @@ class ActorMesh {
           "view " + extent().to_string() + " has " + std::to_string(size()) +
           " members; slice it down to exactly one");
     }
+    check_procs("call_one");
     return at(0).call_ranked(0, method, std::forward<Args>(args)...);
   }
 
@@ -257,6 +271,7 @@ class ActorMesh {
                        (members_ && !members_->empty() ? "'" + members_->front().id().name + "' "
                                                        : std::string()) +
                        "view " + extent().to_string() + " is empty");
+    check_procs("choose");
     const size_t i = choose_rank();
     return at(i).call_ranked(i, method, std::forward<Args>(args)...);
   }
@@ -270,6 +285,7 @@ class ActorMesh {
   auto stream(M method, const Args&... args) const {
     using R = typename detail::reply_type<typename detail::method_traits<M>::ret>::type;
     detail::check_endpoint<A, M, const Args&...>();
+    check_procs("stream");
     Stream<R> out(size());
     if (topo_ && topo_->remote) {
       // Across processes each member replies straight to the caller (its rank travels with the
@@ -296,10 +312,12 @@ class ActorMesh {
   /// or comm actor that cannot be reached is reported to the caster's undeliverable() (or the
   /// fault hook of the caster's Proc outside actors), as for ActorRef::send. Throws
   /// SupervisionError (naming the member and why) before sending anything when the view holds a
-  /// member on a proc known dead: broadcast to survivors() instead.
+  /// member on a proc known dead: broadcast to survivors() instead; UsageError when the mesh's
+  /// procs were stopped or are gone (check_procs).
   template <class M, class... Args>
   void broadcast(M method, const Args&... args) const {
     detail::check_endpoint<A, M, const Args&...>();
+    check_procs("broadcast");
     if (topo_ && topo_->remote && size() > 0) {
       using RC = detail::RemoteCast<A, M, detail::CastMode::Broadcast, detail::NoReducer>;
       if constexpr (!RC::castable) {
@@ -346,9 +364,11 @@ class ActorMesh {
   /// the actor base space (`per_proc` consecutive ranks per base proc), `comm` the comm actor of
   /// each base proc (detail::install_comm), `view` over the actor base space.
   /// `fence`: casts wait for it (CAST-11; set by ProcMesh::spawn).
+  /// `life`: the procs' lifetime flags, set by their owner (ProcMesh).
   static ActorMesh from_ids(Proc& client, const std::vector<ActorId>& members, ndslice::Shape view,
                             const std::vector<ActorId>& comm, size_t fanout, size_t per_proc,
-                            std::shared_ptr<detail::CastFence> fence = nullptr) {
+                            std::shared_ptr<detail::CastFence> fence = nullptr,
+                            detail::MeshLifetime life = {}) {
     auto refs = std::make_shared<std::vector<ActorRef<A>>>();
     refs->reserve(members.size());
     for (const auto& id : members) refs->emplace_back(&client, id, true);
@@ -357,6 +377,7 @@ class ActorMesh {
     topo->remote = true;
     topo->fence = std::move(fence);
     topo->client = &client;
+    topo->life = std::move(life);
     for (const auto& id : comm) topo->comm.emplace_back(&client, id, true);
     return ActorMesh(std::move(refs), std::move(view), std::move(topo), per_proc);
   }
@@ -404,6 +425,25 @@ class ActorMesh {
       throw UsageError(std::string(what) +
                        ": this view was made by select()/survivors() and is not rectangular; " +
                        what + " the mesh first, then select");
+    }
+  }
+
+  // UsageError once the Procs this mesh's references point into were shut down by their owner
+  // (using them would read freed memory), or, with `stopped`, once its proc mesh was stopped (a
+  // message to a proc that exited would wait out channel.delivery_timeout).
+  void check_procs(const char* what, bool stopped = true) const {
+    if (!topo_) return;
+    const auto& life = topo_->life;
+    if (life.gone && life.gone->load(std::memory_order_acquire)) {
+      throw UsageError(std::string("ActorMesh::") + what + ": mesh of proc mesh '" + life.mesh +
+                       "': the procs this mesh's references point into are gone (its "
+                       "ProcMesh::local, or every HostMesh and ProcMesh of its client Proc, was "
+                       "destroyed); keep one alive while the mesh is used");
+    }
+    if (stopped && life.stopped && life.stopped->load(std::memory_order_acquire)) {
+      throw UsageError(std::string("ActorMesh::") + what + ": proc mesh '" + life.mesh +
+                       "' was stopped (ProcMesh::stop, or its last view was destroyed): its "
+                       "actors are gone; spawn a new mesh");
     }
   }
 

@@ -13,6 +13,7 @@
 // stops every actor of every proc (children first) and then the shared scheduler.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,7 +40,7 @@ class ProcMesh {
 
   /// `extent` procs in this process (LocalAllocator). `options.workers` sizes the shared pool
   /// (0: one per core); `options.name` prefixes proc names ("<name>[<rank>]"). Throws UsageError
-  /// for an empty extent.
+  /// for an extent of 0 ranks (a dim of size 0); Extent{} (no dims) is one proc.
   /// `cast` sets the cast tree (fan-out; see docs/cast-tree.md). Every proc gets its comm actor
   /// (detail::install_comm). Throws UsageError for a fanout of 0.
   static ProcMesh local(const ndslice::Extent& extent, ProcOptions options = {},
@@ -123,7 +124,8 @@ class ProcMesh {
                            client().template lookup_remote<A>(address(i), name));
     }
     for (auto& [g, f] : pending) members[g] = f.get(lookup_timeout()).id();
-    return ActorMesh<A>::from_ids(client(), members, view_, comm_ids(), cast_fanout(), 1);
+    return ActorMesh<A>::from_ids(client(), members, view_, comm_ids(), cast_fanout(), 1, nullptr,
+                                  lifetime());
   }
 
   /// One A per proc of this view, constructed from copies of `args`. Does not block; each actor's
@@ -183,7 +185,7 @@ class ProcMesh {
         }
       }
       return ActorMesh<A>::from_ids(client(), members, std::move(view), comm_ids(), cast_fanout(),
-                                    k, std::move(fence));
+                                    k, std::move(fence), lifetime());
     }
     auto members = std::make_shared<std::vector<ActorRef<A>>>(state_->procs.size() * k);
     for (size_t i = 0; i < size(); ++i) {
@@ -201,6 +203,8 @@ class ProcMesh {
     std::vector<std::unique_ptr<Proc>> procs;  // by global rank (local meshes)
     std::shared_ptr<const detail::CastTopology> topo;
     std::shared_ptr<process_detail::ProcessGroup> group;  // process meshes
+    // Local meshes: set once `procs` are shut down, before they are freed (MeshLifetime::gone).
+    std::shared_ptr<std::atomic<bool>> procs_gone = std::make_shared<std::atomic<bool>>(false);
     ~State();
   };
   // This view with `per_proc`'s dims appended, over the actor base space (k ranks per proc).
@@ -208,6 +212,8 @@ class ProcMesh {
   size_t base_size() const;
   void check_usable(size_t local) const;
   std::chrono::milliseconds lookup_timeout() const;
+  // The lifetime flags of the meshes spawned here: this mesh's stop, its client Proc's end.
+  detail::MeshLifetime lifetime() const;
   process_detail::ProcessGroup& group() const;
 
   ProcMesh(std::shared_ptr<State> s, ndslice::Shape v)

@@ -63,6 +63,16 @@ class CastFence {
   std::vector<UniqueFunction<void()>> waiting_;
 };
 
+/// What an actor mesh knows of its procs' lifetime, shared with their owner, which sets the flags.
+struct MeshLifetime {
+  /// ProcMesh::stop() (or its last view's destructor) began: the procs were asked to exit.
+  std::shared_ptr<const std::atomic<bool>> stopped;
+  /// The Procs the mesh's refs point into (ProcMesh::local's procs, a process mesh's client
+  /// Proc) were shut down and are freed next: nothing may use the refs any more.
+  std::shared_ptr<const std::atomic<bool>> gone;
+  std::string mesh;  ///< the proc mesh's name, for errors
+};
+
 /// The comm actors of a ProcMesh by base proc rank, and the tree's fan-out. Shared, immutable.
 struct CastTopology {
   std::vector<ActorRef<CommActor>> comm;
@@ -73,6 +83,8 @@ struct CastTopology {
   std::shared_ptr<CastFence> fence;
   /// The caster's Proc (remote meshes): what it knows of dead procs steers the tree (CAST-12).
   Proc* client = nullptr;
+  /// Whether the procs are still there (null flags: not tracked, e.g. ActorMesh::attach).
+  MeshLifetime life;
   /// Runs `send` once casts may go (at once without a fence).
   void when_ready(UniqueFunction<void()> send) const;
   /// The procs of this tree whose Proc the client declared failed (Proc::proc_failure), with
