@@ -16,6 +16,7 @@
 
 #include "monarch/actor/actor.hpp"
 #include "monarch/actor/proc.hpp"
+#include "remote_state.hpp"
 #include "runtime_internal.hpp"
 
 namespace monarch::detail {
@@ -282,7 +283,13 @@ void Cell::finish_stop() {
     state_.store(failure_ ? Lifecycle::Failed : Lifecycle::Stopped, std::memory_order_release);
     waiters.swap(stop_waiters_);
   }
-  if (failure_) proc_->remember_failed_actor(*failure_);
+  if (failure_) {
+    proc_->remember_failed_actor(*failure_);
+  } else if (remote_owner_) {
+    // A later message from its owner's process says why, not "unknown actor" (as in process).
+    proc_->remote().add_tombstone(id_.uid,
+                                  "actor " + type_name() + " '" + id_.name + "' was stopped");
+  }
   proc_->unregister_cell(this);
   bounce_all(nullptr);
 

@@ -78,6 +78,33 @@ TEST(Lifecycle, InitRunsBeforeFirstMessageAndCleanupOnStop) {  // CELL-2
   EXPECT_EQ(proc.num_actors(), 0u);
 }
 
+// A name that would not read back from the id ("proc.name[uid]"), and a spawn into a Proc that is
+// shutting down, are refused (both used to give a working actor: `local[0].[1]`, or one that no
+// shutdown would stop).
+TEST(Lifecycle, SpawnRefusesABadNameAndAProcThatIsShuttingDown) {
+  Log log;
+  Proc proc;
+  for (std::string bad : {std::string(), std::string("a\nb"), std::string("x[3]")}) {
+    try {
+      (void)proc.spawn<Tracked>(bad, &log, bad);
+      ADD_FAILURE() << "spawned an actor named '" << bad << "'";
+    } catch (const monarch::UsageError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("actor name"));
+    }
+  }
+  auto ok = proc.spawn<Tracked>("dotted.name with space", &log, std::string("ok"));
+  EXPECT_EQ(ok.call(&Tracked::ping).get(5s), 1);
+  EXPECT_TRUE(proc.shutdown(5s));
+  EXPECT_TRUE(proc.shutting_down());
+  try {
+    (void)proc.spawn<Tracked>("late", &log, std::string("late"));
+    ADD_FAILURE() << "spawned into a shut-down proc";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("is shutting down"));
+  }
+  EXPECT_EQ(proc.num_actors(), 0u);
+}
+
 TEST(Lifecycle, ChildrenStopBeforeTheirParent) {  // CELL-4
   Log log;
   Proc proc;

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -186,6 +187,7 @@ void Proc::begin_shutdown() {
   std::vector<detail::CellPtr> roots;
   {
     std::lock_guard lock(mu_);
+    shutting_down_ = true;
     roots.reserve(root_count_);
     for (auto* c = root_head_; c != nullptr; c = c->root_next)
       roots.push_back(detail::CellPtr::share(c));
@@ -197,6 +199,17 @@ namespace detail {
 
 Cell* spawn_cell(Proc& proc, Cell* parent, std::string name, std::type_index type,
                  Cell::Factory factory, std::shared_ptr<const ndslice::Point> mesh_point) {
+  // The name is part of the actor's id ("proc.name[uid]"): it must read back as one.
+  if (name.empty() || std::any_of(name.begin(), name.end(), [](char ch) {
+        auto u = static_cast<unsigned char>(ch);
+        return u < 0x20 || u == 0x7f || ch == '[' || ch == ']';
+      })) {
+    throw UsageError("spawn: actor name '" + name +
+                     "' must be non-empty, without control characters or brackets");
+  }
+  if (parent == nullptr && proc.shutting_down()) {
+    throw UsageError("spawn('" + name + "'): proc " + proc.name() + " is shutting down");
+  }
   if (parent != nullptr && parent->state() == Lifecycle::Stopping) {
     throw UsageError("spawn('" + name + "'): owner " + parent->id().to_string() + " is stopping");
   }

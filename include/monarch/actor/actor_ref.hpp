@@ -213,9 +213,10 @@ auto remote_call(Proc& proc, const ActorId& dest, size_t message_rank, M method,
         message_rank);
   } else {
     (void)message_rank;
-    p.set_error(
-        UsageError("arguments or result of this endpoint are not serialisable, so it "
-                   "cannot be called on an actor in another process"));
+    p.set_error(UsageError(endpoint_label(demangle(typeid(A).name()), endpoint_name<A>(method)) +
+                           ": its arguments or result are not serialisable, so it cannot be "
+                           "called on actor " +
+                           dest.to_string() + " in another process"));
   }
   return f;
 }
@@ -230,9 +231,9 @@ void remote_send(Proc& proc, const ActorId& dest, size_t message_rank, M method,
                     message_rank);
   } else {
     (void)message_rank;
-    throw UsageError(
-        "arguments of this endpoint are not serialisable, so it cannot be sent to "
-        "an actor in another process");
+    throw UsageError(endpoint_label(demangle(typeid(A).name()), endpoint_name<A>(method)) +
+                     ": its arguments are not serialisable, so it cannot be sent to actor " +
+                     dest.to_string() + " in another process");
   }
 }
 

@@ -239,6 +239,12 @@ class Proc {
   /// Live actors (spawned and not yet Stopped/Failed).
   size_t num_actors() const;
   const std::string& name() const { return options_.name; }
+  /// Whether begin_shutdown() (or shutdown(), or the destructor) ran: spawn() then throws
+  /// UsageError. Any thread.
+  bool shutting_down() const {
+    std::lock_guard lock(mu_);
+    return shutting_down_;
+  }
   const ProcOptions& options() const { return options_; }
   Scheduler& scheduler() { return *scheduler_; }
   /// The deterministic scheduler; throws UsageError unless ProcOptions::deterministic.
@@ -284,6 +290,7 @@ class Proc {
   std::unordered_map<std::string, detail::CellPtr> names_;
   detail::Cell* root_head_ = nullptr;  // top-level actors (intrusive list; references held)
   size_t root_count_ = 0;
+  bool shutting_down_ = false;  // begin_shutdown() ran: no new top-level actors (guarded by mu_)
   FaultHook fault_hook_;
   std::unique_ptr<Remote> remote_;  // channel state when listening
 };
