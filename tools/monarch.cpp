@@ -50,6 +50,21 @@ static int run(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   auto* worker =
       app.add_subcommand("worker", "run as a worker proc (only when started by an agent)");
+  // CLI11 says only "A subcommand is required" for a word that names none: name it.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    if (word == "help") {
+      std::printf("%s", app.help().c_str());
+      return 0;
+    }
+    if (!agent->check_name(word) && !lighthouse->check_name(word) && !worker->check_name(word)) {
+      std::fprintf(stderr,
+                   "monarch: unknown subcommand '%s' (agent, lighthouse or worker; see "
+                   "monarch --help)\n",
+                   word.c_str());
+      return 2;
+    }
+  }
   CLI11_PARSE(app, argc, argv);
 
   if (*worker) {
