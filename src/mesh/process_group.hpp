@@ -34,7 +34,7 @@ struct HostMeshState {
   std::mutex groups_mu;                                                   // groups, fault_hook
   std::vector<ProcessGroup*> groups;  // live process meshes on these hosts
   Proc::FaultHook fault_hook;         // HostMesh::set_fault_hook; empty: fail fast
-  // Set once `client` is shut down, before it is freed (CastTopology::procs_gone).
+  // Set once `client` is shut down, before it is freed (MeshLifetime::gone).
   std::shared_ptr<std::atomic<bool>> procs_gone = std::make_shared<std::atomic<bool>>(false);
   /// The client Proc's fault hook: failures of actors on our procs become MeshFailures.
   void on_fault(const ActorSupervisionEvent& ev);

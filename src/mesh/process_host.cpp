@@ -414,23 +414,17 @@ struct ProcessHost::Impl {
                       : err == ENOEXEC ? "not an executable format"
                       : err == ENOTDIR ? "a path component is not a directory"
                                        : "execve failed";
-    char num[16];
-    int n = 0;
-    char digits[16];
+    char num[12];  // the decimal errno, written backwards from the end
+    char* p = num + sizeof num;
+    *--p = '\0';
     unsigned v = err < 0 ? 0u : static_cast<unsigned>(err);
     do {
-      digits[n++] = static_cast<char>('0' + v % 10);
+      *--p = static_cast<char>('0' + v % 10);
       v /= 10;
-    } while (v != 0 && n < 15);
-    for (int i = 0; i < n; ++i) num[i] = digits[n - 1 - i];
-    num[n] = '\0';
-    put("monarch host agent: cannot execute ");
-    put(program);
-    put(": ");
-    put(why);
-    put(" (errno ");
-    put(num);
-    put(")\n");
+    } while (v != 0);
+    for (const char* s : {"monarch host agent: cannot execute ", program, ": ", why, " (errno ",
+                          static_cast<const char*>(p), ")\n"})
+      put(s);
   }
 
   // fork + exec of spec.program. `extra_fd` >= 0 becomes the child's fd 3 (a fork server's).
