@@ -19,19 +19,20 @@ static int run(int argc, char** argv) {
 
   CLI::App app{"monarch: host agent, lighthouse and worker procs of monarch-cpp"};
   app.require_subcommand(1);
+  // --listen is required, but checked after parsing rather than with CLI11's required(): CLI11
+  // checks required options before unknown arguments, so `monarch agent --bogus` said only
+  // "--listen is required".
   std::string listen;
   auto* agent = app.add_subcommand("agent", "run a host agent until SIGTERM or SIGINT");
-  agent
-      ->add_option("--listen", listen, "channel address, e.g. tcp://0.0.0.0:26600 or unix://@agent")
-      ->required();
+  agent->add_option("--listen", listen,
+                    "channel address, e.g. tcp://0.0.0.0:26600 or unix://@agent (required)");
   monarch::tools::LighthouseFlags lf;
   int64_t join_ms = 0, heartbeat_ms = 0, recovery_ms = -1;
   auto* lighthouse = app.add_subcommand(
       "lighthouse", "run a standalone fault-tolerance lighthouse until SIGTERM or SIGINT");
-  lighthouse
-      ->add_option("--listen", lf.listen,
-                   "channel address the jobs' managers reach, e.g. tcp://0.0.0.0:29500")
-      ->required();
+  lighthouse->add_option("--listen", lf.listen,
+                         "channel address the jobs' managers reach, e.g. tcp://0.0.0.0:29500 "
+                         "(required)");
   lighthouse->add_option("--http", lf.http,
                          "HOST:PORT of the status page and JSON API (default 127.0.0.1, any port)");
   lighthouse->add_option("--secret-file", lf.secret_file,
@@ -66,6 +67,13 @@ static int run(int argc, char** argv) {
     }
   }
   CLI11_PARSE(app, argc, argv);
+  for (auto* sub : {agent, lighthouse}) {
+    if (*sub && sub->count("--listen") == 0) {
+      std::fprintf(stderr, "monarch %s: --listen is required (see monarch %s --help)\n",
+                   sub->get_name().c_str(), sub->get_name().c_str());
+      return 2;
+    }
+  }
 
   if (*worker) {
     std::fprintf(stderr,

@@ -1,0 +1,33 @@
+#!/bin/sh
+# The monarch command line's answers to bad input: each case names what was wrong and exits
+# non-zero (help exits 0). Usage: cli_test.sh PATH/TO/monarch
+monarch=$1
+failed=0
+# expect EXIT_OK(0|nonzero) TEXT ARGS...: runs monarch ARGS, checks the exit and that TEXT is in
+# its output (stdout and stderr together).
+expect() {
+  want_rc=$1 text=$2
+  shift 2
+  out=$(timeout 20 "$monarch" "$@" 2>&1)
+  rc=$?
+  if [ "$want_rc" = 0 ] && [ $rc -ne 0 ] || [ "$want_rc" != 0 ] && [ $rc -eq 0 ] ||
+    [ $rc -ge 124 ]; then
+    echo "FAIL monarch $*: exit $rc (want $want_rc); output: $out"
+    failed=1
+  elif ! printf '%s' "$out" | grep -qF -- "$text"; then
+    echo "FAIL monarch $*: output lacks '$text': $out"
+    failed=1
+  else
+    echo "ok   monarch $*: exit $rc, says '$text'"
+  fi
+}
+expect nonzero "unknown subcommand 'bogus'" bogus
+expect 0 "lighthouse" help
+expect nonzero "subcommand" 
+expect nonzero "--bogus" agent --bogus
+expect nonzero "--listen is required" agent
+expect nonzero "--bogus" lighthouse --bogus
+expect nonzero "--listen is required" lighthouse
+expect nonzero "bad channel address 'garbage'" agent --listen garbage
+expect nonzero "not started by a host agent" worker
+exit $failed
