@@ -445,6 +445,15 @@ void Config::merge_json_text(std::string_view text, const std::string& source) {
         }
       };
   walk(j, "");
+  // "actor.workers" and {"actor": {"workers": ..}} name the same key: one file giving both would
+  // keep whichever came last, silently.
+  std::set<std::string_view> seen;
+  for (const auto& [k, v] : flat) {
+    if (!seen.insert(k).second) {
+      throw ConfigError("config: '" + k + "' is set twice in " + source +
+                        " (as a dotted key and in nested objects): keep one");
+    }
+  }
   std::lock_guard lock(mu_);
   auto saved = values_;
   try {

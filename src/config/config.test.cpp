@@ -143,6 +143,12 @@ TEST(Config, BadValuesAreErrorsThatNameKeyAndSource) {
   EXPECT_NE(e.find("env MONARCH_CHANNEL_ACK_EVERY"), std::string::npos) << e;
   e = error_of([&] { c.merge_json_text("{not json", "file bad.json"); });
   EXPECT_NE(e.find("bad.json is not valid JSON"), std::string::npos) << e;
+  // Both forms of one key in one file: which one wins would depend on the order.
+  e = error_of([&] {
+    c.merge_json_text(R"({"actor.workers": 2, "actor": {"workers": 3}})", "file twice.json");
+  });
+  EXPECT_NE(e.find("'actor.workers' is set twice in file twice.json"), std::string::npos) << e;
+  EXPECT_EQ(c.source("actor.workers"), "default");  // rejected whole
   e = error_of([&] { c.merge_json_text(R"({"mesh.cast_fanout": 1.5})", "file f.json"); });
   EXPECT_NE(e.find("'mesh.cast_fanout'"), std::string::npos) << e;
   e = error_of([&] { c.set("actor.spin_us", "2000000"); });
