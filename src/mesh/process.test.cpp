@@ -203,6 +203,35 @@ TEST(ProcessMesh, AnActorMeshUsedAfterItsProcsStoppedRefusesAtOnce) {
   EXPECT_THROW((void)workers.stream(&Worker::rank), monarch::UsageError);
 }
 
+// A call still waiting when its procs are stopped and freed ends with an error in each member's
+// slot, each naming what could not be reached (not a hang, not a UsageError from the reply path:
+// the end of a call names the members of a failed hop without at(), which refuses once the procs
+// are gone).
+TEST(ProcessMesh, ACallPendingWhenItsProcsGoEndsWithAnErrorPerMember) {
+  using Pending =
+      decltype(std::declval<monarch::mesh::ActorMesh<Blocker>>().call(&Blocker::freeze));
+  std::optional<Pending> pending;
+  {
+    auto host = monarch::mesh::this_host(fast());
+    SpawnOptions so;
+    so.name = "pending";
+    so.cast.fanout = 2;  // 4 procs: rank 0 relays for the others
+    auto procs = host.spawn_procs(Extent{{"gpus", 4}}, so);
+    auto blockers = procs.lookup<Blocker>("blocker");
+    pending.emplace(blockers.call(&Blocker::freeze));
+  }  // the procs are stopped (killed after stop_timeout: freeze never returns) and freed
+  auto got = pending->get(30s);
+  EXPECT_EQ(got.failed_ranks().size(), 4u);
+  for (size_t r = 0; r < 4; ++r) {
+    // Each names what could not be reached: the member, or the comm actor relaying to it.
+    try {
+      (void)got[r];
+    } catch (const monarch::DeliveryFailure& e) {
+      EXPECT_THAT(e.what(), ::testing::AnyOf(HasSubstr("blocker["), HasSubstr("monarch.comm[")));
+    }
+  }
+}
+
 // A requested stop is not a loss: neither the client nor the workers warn of messages the stopped
 // procs did not acknowledge (workers of a cast tree used to wait out their flush and then warn
 // "reply ... lost: delivery timeout" for replies to a parent comm proc that stopped first).

@@ -553,7 +553,9 @@ class ActorMesh {
               std::rethrow_exception(e);
             } catch (const SupervisionError& x) {
               if (x.actor().name != kCommActorName || r >= mesh.size()) continue;
-              const ActorId& member = mesh.at(r).id();
+              // Not at(): this runs when the call ends, possibly after the procs are gone,
+              // where at() throws (the error would escape the reply path).
+              const ActorId& member = (*mesh.members_)[mesh.global(r)].id();
               if (member.proc == x.proc())
                 e = std::make_exception_ptr(SupervisionError(member, x.cause()));
             } catch (...) {
