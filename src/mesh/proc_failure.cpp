@@ -10,6 +10,7 @@
 // MeshFailure&) (owner_failure_handler); unhandled, it reaches the HostMesh fault hook as an
 // ActorSupervisionEvent. The actor layer's side (an actor's failure -> its owner's supervise()):
 // src/actor/supervision.cpp. Invariants PH-4, PH-5: docs/processes.md.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -91,8 +92,14 @@ void ProcessGroup::on_actor_failed(uint64_t rank, const std::string& report) {
 void ProcessGroup::on_exit(uint64_t rank, const ExitStatus& st) {
   std::lock_guard lock(mu);
   if (rank >= ranks.size()) return;
-  ranks[rank].exited = true;
-  fail_locked(rank, st.to_string());
+  auto& r = ranks[rank];
+  r.exited = true;
+  // An error exit or an abort names what the proc last wrote on stderr; a kill does not (its
+  // last line has nothing to do with it).
+  const bool said_why = st.signal == 0 ? st.code != 0 : st.signal == SIGABRT;
+  fail_locked(rank, st.to_string() + (said_why && !r.last_stderr.empty()
+                                          ? " (its last line on stderr: " + r.last_stderr + ")"
+                                          : std::string()));
   cv.notify_all();
 }
 

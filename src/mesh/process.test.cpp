@@ -83,7 +83,10 @@ struct Worker : monarch::Actor {
   // Fault injection, by name: "exit3", "segv", "throw" (a send handler that throws: the actor
   // fails unhandled), "freeze" (never returns).
   void crash(std::string how) {
-    if (how == "exit3") ::_exit(3);
+    if (how == "exit3") {
+      std::fprintf(stderr, "rank %zu gives up\n", rank_);
+      ::_exit(3);
+    }
     if (how == "segv") {
       ::signal(SIGSEGV, SIG_DFL);  // not a sanitizer's handler: die of the signal itself
       ::raise(SIGSEGV);
@@ -324,7 +327,7 @@ INSTANTIATE_TEST_SUITE_P(
               [](auto&, auto& w) {
                 (void)w.slice("gpus", 2).at(0).call(&Worker::crash, std::string("exit3"));
               },
-              "exited with code 3"},
+              "exited with code 3 (its last line on stderr: rank 2 gives up)"},
         Fault{"sigkill", [](auto& p, auto&) { ::kill(p.pid(2), SIGKILL); },
               "killed by signal 9 (SIGKILL)"},
         Fault{"segv",
@@ -1033,6 +1036,12 @@ void expect_missing_program_fails(const monarch::mesh::HostMesh& host, SpawnOpti
   } catch (const monarch::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("mesh " + so.name + ": rank ["));
     EXPECT_THAT(e.what(), HasSubstr("exited with code 127"));
+    // The failure carries the child's own last line, which names the program and why.
+    if (exec_line) {
+      EXPECT_THAT(
+          e.what(),
+          HasSubstr("(its last line on stderr: monarch host agent: cannot execute /nonexistent/"));
+    }
   }
   if (!exec_line) return;
   // The child's own line names the program and why (it said only "exec failed").
@@ -1053,6 +1062,24 @@ TEST(ProcessMesh, AWorkerThatCannotStartFailsSpawnProcs) {
   SpawnOptions so;
   so.name = "nostart";
   expect_missing_program_fails(host, so, 2, true);
+}
+
+// A worker that exits at start because of a bad setting in SpawnOptions::env: the failure says
+// which setting (the ConfigError was only in the forwarded log; the failure said "exited with
+// code 1").
+TEST(ProcessMesh, AWorkerWithABadSettingFailsSpawnProcsNamingIt) {
+  auto host = monarch::mesh::this_host(fast());
+  SpawnOptions so;
+  so.name = "badenv";
+  so.env = {"MONARCH_ACTOR_WORKERS=lots"};
+  so.log_sink = [](const LogRecord&) {};
+  try {
+    host.spawn_procs(Extent{{"gpus", 1}}, so);
+    FAIL() << "spawn_procs succeeded with a bad setting";
+  } catch (const monarch::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("exited with code 1 (its last line on stderr: "));
+    EXPECT_THAT(e.what(), HasSubstr("MONARCH_ACTOR_WORKERS"));
+  }
 }
 
 // --- PH-7: fork servers (SpawnOptions::fork_server) ---

@@ -211,6 +211,11 @@ void ProcessGroup::emit(const LogRecord& rec) {
 
 void ProcessGroup::on_log(uint64_t rank, int stream, std::string line) {
   std::unique_lock lock(mu);
+  // Kept for on_exit: a proc that exits with an error usually said why last (a ConfigError, a
+  // Python traceback's last line). The agent sends a proc's lines before its exit.
+  constexpr size_t kMaxKept = 400;
+  if (stream == 2 && rank < ranks.size() && !line.empty())
+    ranks[rank].last_stderr = line.substr(0, kMaxKept);
   if (!forward_logs) return;
   if (log_window.count() == 0) {
     lock.unlock();

@@ -60,6 +60,7 @@ struct ProcessGroup {
     ActorId comm;  // the proc's cast-tree comm actor (install_comm)
     std::chrono::steady_clock::time_point last_heartbeat{};
     bool exited = false;
+    std::string last_stderr;  // its last line on stderr (on_log), for the cause of a bad exit
   };
 
   ProcessGroup(std::shared_ptr<HostMeshState> hosts, std::string name, ndslice::Extent extent,
