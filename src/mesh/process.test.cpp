@@ -782,6 +782,35 @@ TEST(ProcessMesh, AnAgentRestartFailsItsProcsAndTheNewAgentServes) {
   EXPECT_TRUE(all_dead(fresh_pids, 5s));
 }
 
+// spawn_procs on an attached host whose agent is frozen, then gone: the error names the agent
+// and what was seen ("Future::get: timed out waiting for the result" said neither).
+TEST(ProcessMesh, SpawningOnAFrozenOrLostAgentSaysSo) {
+  const std::string addr = "unix://@monarch-agent-lost-" + std::to_string(::getpid());
+  monarch::testing::Subprocess agent(MONARCH_CLI, {"agent", "--listen", addr});
+  ASSERT_EQ(agent.listening(), addr);
+  HostOptions o = fast();
+  o.timeouts.spawn_timeout = 3s;  // below the channel's delivery_timeout (5 s)
+  auto hosts = monarch::mesh::attach_to_workers({addr}, o);
+  SpawnOptions so;
+  so.name = "on-lost";
+  auto expect_spawn_fails = [&](const std::string& want) {
+    try {
+      (void)hosts.spawn_procs(Extent{{"gpus", 1}}, so);
+      ADD_FAILURE() << "spawned on an agent that cannot answer";
+    } catch (const monarch::Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("host agent " + addr +
+                                      " could not spawn: no answer within "
+                                      "mesh.spawn_timeout (3000 ms): "));
+      EXPECT_THAT(e.what(), HasSubstr(want));
+    }
+  };
+  agent.kill(SIGSTOP);
+  expect_spawn_fails("the agent is frozen, overloaded or lost");
+  agent.kill(SIGCONT);
+  agent.kill(SIGKILL);  // reaped
+  expect_spawn_fails("the agent is lost (the last connection attempt failed: Connection refused)");
+}
+
 // Replies of a chosen size.
 struct Blobs : monarch::Actor {
   std::string make(uint64_t n) const { return std::string(n, 'x'); }

@@ -123,6 +123,15 @@ void ProcessGroup::start() {
     std::string error;
     try {
       reply = spawned[h].get(std::max(Clock::duration(0), deadline - Clock::now()));
+    } catch (const TimeoutError&) {
+      // A frozen agent, or one that is gone (the channel retries it quietly until its delivery
+      // timeout): say which, when the channel knows, rather than "Future::get: timed out".
+      const std::string last = hosts->client->link_error(hosts->agent_addrs[h]);
+      error =
+          "no answer within mesh.spawn_timeout (" + std::to_string(t.spawn_timeout.count()) +
+          " ms): " +
+          (last.empty() ? "the agent is frozen, overloaded or lost"
+                        : "the agent is lost (the last connection attempt failed: " + last + ")");
     } catch (const std::exception& e) {
       error = e.what();
     }
