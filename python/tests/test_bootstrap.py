@@ -35,6 +35,8 @@ def test_a_bootstrap_that_raises_fails_the_spawn_naming_the_rank():
     with pytest.raises(Exception) as ei:
         procs.initialized.get(timeout=60)
     assert "badboot" in str(ei.value) and "exited with code 1" in str(ei.value), str(ei.value)
+    # The proc's last line on stderr says why: the exception's own text.
+    assert "bootstrap exploded on purpose" in str(ei.value), str(ei.value)
 
 
 def test_a_bootstrap_that_is_not_callable_is_a_type_error():

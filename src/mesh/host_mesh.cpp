@@ -96,6 +96,9 @@ HostMesh attach_to_workers(const std::vector<std::string>& agents, HostOptions o
       s->agent_addrs.push_back(addr);
     } catch (const TimeoutError&) {
       const std::string why = s->client->link_error(addr);
+      // What is still queued for the agent is dropped now: the client Proc's shutdown (when `s`
+      // goes) would otherwise wait up to its stop_timeout to flush it to a peer that is not there.
+      s->client->forget_proc(addr, "attach_to_workers gave up on it");
       throw TimeoutError(
           "attach_to_workers: host agent " + addr + " did not answer within " +
           std::to_string(options.timeouts.spawn_timeout.count()) + " ms (mesh.spawn_timeout)" +

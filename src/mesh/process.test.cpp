@@ -685,10 +685,14 @@ TEST(ProcessMesh, AttachingToAnAddressWithoutAnAgentTimesOutSayingWhatToCheck) {
   HostOptions o = fast();
   o.timeouts.spawn_timeout = 3s;  // above heartbeat_timeout, below the channel's delivery_timeout
   const std::string addr = "unix://@monarch-no-agent-" + std::to_string(::getpid());
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     (void)monarch::mesh::attach_to_workers({addr}, o);
     FAIL() << "attached to " << addr << ", where nothing listens";
   } catch (const monarch::TimeoutError& e) {
+    // It gives up after spawn_timeout, not after a further stop_timeout spent flushing the
+    // lookup to nobody (it took 5 s here).
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, o.timeouts.spawn_timeout + 1s);
     EXPECT_THAT(e.what(), HasSubstr("host agent " + addr + " did not answer within 3000 ms"));
     // The channel retries a peer that is down quietly (CH-7): the error itself says why.
     EXPECT_THAT(e.what(), HasSubstr("the last connection attempt failed: Connection refused"));
@@ -793,22 +797,27 @@ TEST(ProcessMesh, SpawningOnAFrozenOrLostAgentSaysSo) {
   auto hosts = monarch::mesh::attach_to_workers({addr}, o);
   SpawnOptions so;
   so.name = "on-lost";
-  auto expect_spawn_fails = [&](const std::string& want) {
+  auto spawn_error = [&] {
     try {
       (void)hosts.spawn_procs(Extent{{"gpus", 1}}, so);
       ADD_FAILURE() << "spawned on an agent that cannot answer";
     } catch (const monarch::Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("host agent " + addr +
-                                      " could not spawn: no answer within "
-                                      "mesh.spawn_timeout (3000 ms): "));
-      EXPECT_THAT(e.what(), HasSubstr(want));
+      EXPECT_THAT(e.what(), HasSubstr("host agent " + addr + " could not spawn: "));
+      return std::string(e.what());
     }
+    return std::string();
   };
   agent.kill(SIGSTOP);
-  expect_spawn_fails("the agent is frozen, overloaded or lost");
+  EXPECT_THAT(spawn_error(), HasSubstr("no answer within mesh.spawn_timeout (3000 ms): the agent "
+                                       "is frozen, overloaded or lost"));
   agent.kill(SIGCONT);
   agent.kill(SIGKILL);  // reaped
-  expect_spawn_fails("the agent is lost (the last connection attempt failed: Connection refused)");
+  // Either the spawn times out, or the link gives up first (its delivery timeout counts from the
+  // oldest unacknowledged message, which may be the frozen agent's spawn): both say why.
+  EXPECT_THAT(spawn_error(),
+              ::testing::AnyOf(HasSubstr("the agent is lost (the last connection attempt failed: "
+                                         "Connection refused)"),
+                               HasSubstr("(last connection error: Connection refused)")));
 }
 
 // Replies of a chosen size.
