@@ -224,7 +224,7 @@ void ProcessGroup::on_log(uint64_t rank, int stream, std::string line) {
   // Python traceback's last line). The agent sends a proc's lines before its exit.
   constexpr size_t kMaxKept = 400;
   if (stream == 2 && rank < ranks.size() && !line.empty())
-    ranks[rank].last_stderr = line.substr(0, kMaxKept);
+    ranks[rank].last_stderr.assign(line, 0, kMaxKept);  // reuses its buffer
   if (!forward_logs) return;
   if (log_window.count() == 0) {
     lock.unlock();
