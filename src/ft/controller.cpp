@@ -990,7 +990,13 @@ void ReplicaController::respawn(int64_t r) {
     promote(r, std::move(spare));
     return;
   }
-  (void)spawn_group(r, true);  // no spare ready: fresh procs
+  try {
+    (void)spawn_group(r, true);  // no spare ready: fresh procs
+  } catch (const std::exception& e) {
+    // Not thrown out of this handler: that would stop the controller, and the job would only
+    // hear that its done() promise was dropped.
+    fail_run("cannot respawn " + replica_id(r) + ": " + e.what());
+  }
 }
 
 void ReplicaController::finish(bool complete) {

@@ -354,8 +354,9 @@ class ReplicaController : public Actor {
   /// agent ("host agent ADDR lost ..." or "... restarted ..."; called in supervise, before the
   /// respawn), or a respawn could not spawn procs on host_for(group) (the spawn error). Return
   /// true when host_for(group) will now give another host: the respawn goes there, and a failed
-  /// respawn spawn is retried once on it. Default false: the spawn error propagates (the
-  /// controller fails). May block (e.g. starting that host is left to host_for).
+  /// respawn spawn is retried once on it. Default false. A respawn that still cannot spawn (or
+  /// whose host_for throws) ends the run: RunStats::error "cannot respawn replicaN: <the error>".
+  /// May block (e.g. starting that host is left to host_for).
   virtual bool replace_host(int64_t group, const std::string& why) {
     (void)group;
     (void)why;

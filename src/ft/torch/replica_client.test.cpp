@@ -130,10 +130,11 @@ struct TinyTrainer : monarch::Actor {
 // not a fault); at the first quiet step >= 20 with the spare ready, a SIGKILL of replica1 only.
 // With `chaos` (spares 0), the chaos kinds instead, each at the first quiet step after the last:
 // kill_in_quorum of replica0, kill_healer_mid_heal of replica1, then replica0 and replica2 killed
-// at once.
+// at once. With `respawn_fails`, replica1 is SIGKILLed at the first quiet step >= 5, and its host
+// is gone from then on (host_for throws, as a launcher that cannot start a host would).
 struct TestController : ft::ReplicaController {
   TestController(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
-                 ft::ReplicaClientOptions client, int64_t spares, bool chaos)
+                 ft::ReplicaClientOptions client, int64_t spares, bool chaos, bool respawn_fails)
       : ReplicaController(std::move(hosts), std::move(lighthouse),
                           {.groups = kGroups,
                            .steps = client.max_steps,
@@ -142,7 +143,8 @@ struct TestController : ft::ReplicaController {
                            .spares = spares}),
         client_(std::move(client)),
         stage_(spares > 0 ? 1 : 0),
-        chaos_(chaos) {}
+        chaos_(chaos),
+        respawn_fails_(respawn_fails) {}
   std::vector<std::string> events() { return events_; }
   int64_t ready_spares() { return spares_ready(); }
   int64_t spare_failures() { return failed_spares_; }
@@ -154,6 +156,11 @@ struct TestController : ft::ReplicaController {
                                   group_meshes)
 
  protected:
+  const mesh::HostMesh& host_for(int64_t group) override {
+    if (hosts_gone_)
+      throw monarch::Error("test: the host of replica" + std::to_string(group) + " is gone");
+    return ReplicaController::host_for(group);
+  }
   Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs) override {
     auto o = client_;
     o.controller = self<ft::ReplicaController>();
@@ -170,6 +177,13 @@ struct TestController : ft::ReplicaController {
     if (line.find("(a spare: replaced") != std::string::npos) ++failed_spares_;
   }
   void on_commit(int64_t step, const ft::StepInfo&) override {
+    if (respawn_fails_) {
+      if (step >= 5 && !hosts_gone_ && quiet()) {
+        hosts_gone_ = true;
+        inject(ft::FaultKind::sigkill, 1);
+      }
+      return;
+    }
     if (chaos_) {
       if (step < 5 || !quiet()) return;
       if (stage_ == 0) inject(ft::FaultKind::kill_in_quorum, 0);
@@ -198,6 +212,8 @@ struct TestController : ft::ReplicaController {
   int stage_ = 0;
   int64_t failed_spares_ = 0;
   bool chaos_ = false;
+  bool respawn_fails_ = false;
+  bool hosts_gone_ = false;
 };
 
 struct Outcome {
@@ -209,7 +225,8 @@ struct Outcome {
 };
 
 // One run with `spares` warm spares. With spares, waits (bounded) for the refilled pool first.
-Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps) {
+Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps,
+            bool respawn_fails = false) {
   ft::StoreServer store;
   std::vector<mesh::HostMesh> hosts{mesh::this_host()};
   auto& client = hosts[0].client();
@@ -217,10 +234,16 @@ Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps) {
   ft::ReplicaClientOptions o;
   o.store_host = store.host();
   o.store_port = store.port();
-  o.store_namespace = (chaos ? "chaos" : "test") + std::to_string(spares);
+  o.store_namespace = (chaos           ? "chaos"
+                       : respawn_fails ? "respawn_fails"
+                                       : "test") +
+                      std::to_string(spares);
   o.max_steps = steps;
-  std::string name = (chaos ? "chaos" : "controller") + std::to_string(spares);
-  auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares, chaos);
+  std::string name = (chaos           ? "chaos"
+                      : respawn_fails ? "respawn_fails"
+                                      : "controller") +
+                     std::to_string(spares);
+  auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares, chaos, respawn_fails);
   auto timeout = monarch::config::global().duration("mesh.spawn_timeout");
   c.call(&TestController::spawn_all).get(timeout * 2);
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -296,6 +319,18 @@ TEST(ReplicaClient, ReplacesAFailedSpareThenPromotesOneForAKilledGroupAndRefills
   ASSERT_TRUE(faults[0]["recovery_s"].is_number()) << s.faults_json;
   EXPECT_LE(faults[0]["respawned_s"].get<double>(), faults[0]["rejoined_s"].get<double>())
       << s.faults_json;
+}
+
+// A group that cannot be respawned (its host is gone and none replaces it) ends the run with an
+// error naming the group and the cause; the controller keeps running, so done() answers.
+TEST(ReplicaClient, AGroupThatCannotBeRespawnedEndsTheRunNamingIt) {
+  Outcome out = run(0, /*chaos=*/false, kSteps, /*respawn_fails=*/true);
+  const ft::RunStats& s = out.stats;
+  EXPECT_EQ(s.error, "cannot respawn replica1: test: the host of replica1 is gone") << out.log;
+  EXPECT_FALSE(s.replicas_bitwise_equal) << out.log;  // the run did not complete
+  EXPECT_EQ(s.faults_injected, 1) << out.log;
+  EXPECT_EQ(s.respawns, 0) << out.log;
+  EXPECT_NE(out.log.find("cannot respawn replica1"), std::string::npos) << out.log;
 }
 
 // The chaos kinds at their points: each fires (a pending request, a healer mid-read, two groups
