@@ -108,7 +108,23 @@ void ScheduledController::inject_due(int64_t step) {
            static_cast<int64_t>(rng_() % static_cast<uint64_t>(options().groups)), sched_.freeze);
 }
 
+void ScheduledController::replan_unfired(int64_t step) {
+  const auto& all = faults();
+  for (; replanned_ < all.size() && !all[replanned_].open(); ++replanned_) {
+    const FaultRecord& f = all[replanned_];
+    bool point = f.kind == FaultKind::kill_donor_mid_heal ||
+                 f.kind == FaultKind::kill_healer_mid_heal || f.kind == FaultKind::kill_in_quorum;
+    if (!point || f.fired || replans_ >= kMaxReplans) continue;
+    ++replans_;
+    if (next_ >= chaos_.size()) due_at_ = step + 2;
+    chaos_.push_back({f.kind, 2});
+    event(std::string("chaos: ") + fault_name(f.kind) + " at step " + std::to_string(f.step) +
+          " closed without its point firing; planned again");
+  }
+}
+
 void ScheduledController::inject_chaos(int64_t step) {
+  replan_unfired(step);
   if (next_ >= chaos_.size() || step < due_at_ || step > options().steps * 85 / 100) return;
   FaultKind kind = chaos_[next_].kind;
   // Free groups: running and in no open fault (a frozen lighthouse holds them all).

@@ -74,6 +74,10 @@ class ScheduledController : public ReplicaController {
 
  private:
   void inject_chaos(int64_t step);
+  // A fault-point kind whose fault closed without its point firing (a donor spared as the last
+  // up-to-date group, a healer or donor already gone) is planned again, a few steps on: chaos
+  // promises every kind, and which group is where when a point is reached is timing.
+  void replan_unfired(int64_t step);
 
   ScheduleOptions sched_;
   std::mt19937_64 rng_;
@@ -84,6 +88,9 @@ class ScheduledController : public ReplicaController {
   // Past the last step a fault may start at: says once how many planned faults were left out.
   void note_left_out(int64_t step, int64_t last, size_t planned);
   int64_t due_at_ = 0;
+  size_t replanned_ = 0;  // faults_ records looked at by replan_unfired (closed ones, in order)
+  int64_t replans_ = 0;   // kinds planned again so far (at most kMaxReplans)
+  static constexpr int64_t kMaxReplans = 4;
 };
 
 /// A Lighthouse actor on a one-proc ProcMesh of its own on `host` (so that it can be frozen
