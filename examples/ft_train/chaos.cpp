@@ -112,9 +112,7 @@ void ScheduledController::replan_unfired(int64_t step) {
   const auto& all = faults();
   for (; replanned_ < all.size() && !all[replanned_].open(); ++replanned_) {
     const FaultRecord& f = all[replanned_];
-    bool point = f.kind == FaultKind::kill_donor_mid_heal ||
-                 f.kind == FaultKind::kill_healer_mid_heal || f.kind == FaultKind::kill_in_quorum;
-    if (!point || f.fired || replans_ >= kMaxReplans) continue;
+    if (!f.at_point() || f.fired || replans_ >= kMaxReplans) continue;
     ++replans_;
     if (next_ >= chaos_.size()) due_at_ = step + 2;
     chaos_.push_back({f.kind, 2});

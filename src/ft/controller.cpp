@@ -174,10 +174,7 @@ nlohmann::json FaultRecord::to_json(int64_t t0) const {
       {"rejoined_s", rel(rejoined)},
       {"recovery_s", rejoined ? nlohmann::json(static_cast<double>(rejoined - injected) / 1e9)
                               : nlohmann::json(nullptr)},
-      {"fired", kind == FaultKind::kill_donor_mid_heal || kind == FaultKind::kill_healer_mid_heal ||
-                        kind == FaultKind::kill_in_quorum
-                    ? nlohmann::json(fired)
-                    : nlohmann::json(nullptr)},
+      {"fired", at_point() ? nlohmann::json(fired) : nlohmann::json(nullptr)},
       {"unrecovered", unrecovered.empty() ? nlohmann::json(nullptr) : nlohmann::json(unrecovered)}};
 }
 

@@ -183,6 +183,11 @@ struct FaultRecord {
   int64_t thawed = 0;       ///< lighthouse_freeze: when the SIGCONT is due (injected + freeze)
   std::string unrecovered;  ///< why recovery_s is null (set when the run ends with it open)
   bool open() const { return !pending_rejoin.empty(); }
+  /// Its kill happens at a named fault point, which may not be reached (see `fired`).
+  bool at_point() const {
+    return kind == FaultKind::kill_donor_mid_heal || kind == FaultKind::kill_healer_mid_heal ||
+           kind == FaultKind::kill_in_quorum;
+  }
   /// A kill_in_quorum whose point has not fired yet: nothing happened to the group so far.
   bool armed_only() const { return kind == FaultKind::kill_in_quorum && !fired; }
   /// recovery_s = rejoined - injected; other keys "<event>_s" relative to `t0` (null when unset);

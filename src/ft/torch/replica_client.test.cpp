@@ -234,15 +234,10 @@ Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps,
   ft::ReplicaClientOptions o;
   o.store_host = store.host();
   o.store_port = store.port();
-  o.store_namespace = (chaos           ? "chaos"
-                       : respawn_fails ? "respawn_fails"
-                                       : "test") +
-                      std::to_string(spares);
+  const std::string mode = chaos ? "chaos" : respawn_fails ? "respawn_fails" : "test";
+  o.store_namespace = mode + std::to_string(spares);
   o.max_steps = steps;
-  std::string name = (chaos           ? "chaos"
-                      : respawn_fails ? "respawn_fails"
-                                      : "controller") +
-                     std::to_string(spares);
+  std::string name = mode + std::to_string(spares);
   auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares, chaos, respawn_fails);
   auto timeout = monarch::config::global().duration("mesh.spawn_timeout");
   c.call(&TestController::spawn_all).get(timeout * 2);
