@@ -8,13 +8,24 @@ out="$BUILD/bench/results.jsonl"
 mkdir -p "$BUILD/bench"
 : > "$out"
 export MONARCH_BENCH_OUT="$out"
+# A bench that leaves processes behind (orphans, reparented to init) would steal the cores of
+# every bench after it: each is named on stderr, with the bench that left it, and the run goes on.
+orphans() { ps -eo pid=,ppid=,args= | awk '$2 == 1 { $2 = ""; print }' | sort; }
+orphans_before=$(orphans)
+check_orphans() {
+  local left
+  left=$(comm -13 <(echo "$orphans_before") <(orphans) | grep -v -E ' (ps|sort|awk)( |$)' || true)
+  [ -z "$left" ] || { echo "run-bench: processes left running after $1:"; echo "$left" | cut -c1-160; } >&2
+}
 for b in "$BUILD"/bench/bench_*; do
   [ -x "$b" ] || continue
   echo "== $(basename "$b")"
   "$b" > "$BUILD/bench/$(basename "$b").log"
+  check_orphans "$(basename "$b")"
 done
 echo "== bench_ft (fault-tolerant training)"
 /usr/bin/python3 "$(dirname "$0")/../bench/ft_bench.py" "$BUILD"
+check_orphans bench_ft
 # The Python front end (issue 17), after the C++ benches: py_bench.py copies their cpp_actor and
 # cast_gather_procs figures from this run's results. Debian's interpreter (the one the package is
 # built for), not a python3 earlier on PATH. py_rdma_bench.py and the tensor engine's
