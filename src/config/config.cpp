@@ -417,11 +417,38 @@ void Config::set(std::string_view key, std::string_view value) {
 }
 
 void Config::merge_json_text(std::string_view text, const std::string& source) {
+  // A JSON object may repeat a key, and the parser keeps the last value silently: the parse
+  // callback sees every key, so a repeat is refused with its dotted path. Each open object has
+  // its path and the keys seen so far (arrays hold no keys; their values are refused below).
+  struct Open {
+    std::string path;
+    std::set<std::string> keys;
+  };
+  std::vector<Open> open;
+  std::string last_key, repeated;
+  auto on_event = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) {
+      std::string path = open.empty() ? "" : open.back().path + last_key + ".";
+      open.push_back({std::move(path), {}});
+    } else if (ev == E::object_end && !open.empty()) {
+      open.pop_back();
+    } else if (ev == E::key && !open.empty() && parsed.is_string()) {
+      last_key = parsed.get<std::string>();
+      if (!open.back().keys.insert(last_key).second && repeated.empty())
+        repeated = open.back().path + last_key;
+    }
+    return true;
+  };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, on_event);
   } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError("config: " + source + " is not valid JSON: " + e.what());
+  }
+  if (!repeated.empty()) {
+    throw ConfigError("config: '" + repeated + "' is set twice in " + source +
+                      " (the same key twice in one object): keep one");
   }
   if (!j.is_object()) throw ConfigError("config: " + source + " must hold a JSON object of keys");
   std::vector<std::pair<std::string, std::string>> flat;

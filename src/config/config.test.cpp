@@ -149,6 +149,22 @@ TEST(Config, BadValuesAreErrorsThatNameKeyAndSource) {
   });
   EXPECT_NE(e.find("'actor.workers' is set twice in file twice.json"), std::string::npos) << e;
   EXPECT_EQ(c.source("actor.workers"), "default");  // rejected whole
+  // The same spelling twice, at the top or nested: JSON parsers keep the last one silently.
+  e = error_of(
+      [&] { c.merge_json_text(R"({"actor.workers": 2, "actor.workers": 3})", "file same.json"); });
+  EXPECT_NE(e.find("'actor.workers' is set twice in file same.json"), std::string::npos) << e;
+  e = error_of([&] {
+    c.merge_json_text(R"({"mesh": {"cast_fanout": 2}, "actor": {"spin_us": 1, "spin_us": 2}})",
+                      "file nested.json");
+  });
+  EXPECT_NE(e.find("'actor.spin_us' is set twice in file nested.json"), std::string::npos) << e;
+  EXPECT_EQ(c.source("actor.spin_us"), "default");
+  // One name in two sibling objects is two keys.
+  c.merge_json_text(
+      R"({"mesh": {"heartbeat_timeout": "3s"}, "ft": {"heartbeat_timeout": "400ms"}})",
+      "file ok.json");
+  EXPECT_EQ(c.duration("mesh.heartbeat_timeout"), 3s);
+  EXPECT_EQ(c.duration("ft.heartbeat_timeout"), 400ms);
   e = error_of([&] { c.merge_json_text(R"({"mesh.cast_fanout": 1.5})", "file f.json"); });
   EXPECT_NE(e.find("'mesh.cast_fanout'"), std::string::npos) << e;
   e = error_of([&] { c.set("actor.spin_us", "2000000"); });
