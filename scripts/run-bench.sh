@@ -10,7 +10,8 @@ mkdir -p "$BUILD/bench"
 export MONARCH_BENCH_OUT="$out"
 # A bench that leaves processes behind (orphans, reparented to init) would steal the cores of
 # every bench after it: each is named on stderr, with the bench that left it, and the run goes on.
-orphans() { ps -eo pid=,ppid=,args= | awk '$2 == 1 { $2 = ""; print }' | sort; }
+# Zombies (state Z) use no CPU and are left out: this VM's init does not reap the ones it adopts.
+orphans() { ps -eo pid=,ppid=,stat=,args= | awk '$2 == 1 && $3 !~ /^Z/ { $2 = $3 = ""; print }' | sort; }
 orphans_before=$(orphans)
 check_orphans() {
   local left
