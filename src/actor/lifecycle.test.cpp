@@ -105,6 +105,20 @@ TEST(Lifecycle, SpawnRefusesABadNameAndAProcThatIsShuttingDown) {
   EXPECT_EQ(proc.num_actors(), 0u);
 }
 
+// More workers than the cap is a UsageError naming the count: the pool used to call
+// start_worker() once per worker asked, each returning at once past the cap (10^11: a hang).
+TEST(Lifecycle, APoolOfMoreThanTheCapIsRefused) {
+  using monarch::ThreadPoolScheduler;
+  try {
+    ThreadPoolScheduler pool(99999999999);
+    ADD_FAILURE() << "made a pool of 99999999999 workers";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("99999999999 workers requested; at most 256"));
+  }
+  ThreadPoolScheduler full(ThreadPoolScheduler::kMaxWorkers);
+  EXPECT_EQ(full.num_workers(), ThreadPoolScheduler::kMaxWorkers);
+}
+
 TEST(Lifecycle, ChildrenStopBeforeTheirParent) {  // CELL-4
   Log log;
   Proc proc;

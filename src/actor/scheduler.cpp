@@ -3,8 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <string>
 
 #include "monarch/actor/detail/cell.hpp"
+#include "monarch/error.hpp"
 #include "runtime_internal.hpp"
 
 namespace monarch {
@@ -46,7 +48,14 @@ struct ThreadPoolScheduler::Worker {
 ThreadPoolScheduler::ThreadPoolScheduler(size_t workers, size_t batch)
     : batch_(std::max<size_t>(1, batch)), spin_(detail::configured_spin()) {
   (void)spdlog::default_logger_raw();  // build the logging registry before any worker runs
+  if (workers > kMaxWorkers) {
+    // start_worker() would return at once past the cap: 10^11 of those calls is a hang.
+    throw UsageError("ThreadPoolScheduler: " + std::to_string(workers) +
+                     " workers requested; at most " + std::to_string(kMaxWorkers) +
+                     " (0: one per core)");
+  }
   size_t n = workers != 0 ? workers : std::max(1u, std::thread::hardware_concurrency());
+  n = std::min(n, kMaxWorkers);
   for (size_t i = 0; i < n; ++i) start_worker();
 }
 

@@ -46,9 +46,10 @@ class Scheduler {
 
 class ThreadPoolScheduler final : public Scheduler {
  public:
-  /// `workers` = 0 means std::thread::hardware_concurrency(). `batch`: messages per activation.
-  /// An idle worker spins up to `actor.spin_us` (config, read here) before it sleeps; throws
-  /// config::ConfigError on a bad config layer.
+  /// `workers` = 0 means std::thread::hardware_concurrency() (capped at kMaxWorkers); more than
+  /// kMaxWorkers throws UsageError. `batch`: messages per activation. An idle worker spins up to
+  /// `actor.spin_us` (config, read here) before it sleeps; throws config::ConfigError on a bad
+  /// config layer.
   explicit ThreadPoolScheduler(size_t workers = 0, size_t batch = 64);
   ~ThreadPoolScheduler() override;
 
