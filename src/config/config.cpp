@@ -18,6 +18,14 @@ extern char** environ;
 namespace monarch::config {
 namespace {
 
+// User text quoted in an error, cut to its first 200 bytes: a 100 kB value (or a 5000-digit
+// number in a file) would otherwise be echoed whole.
+std::string clip(std::string_view text) {
+  constexpr size_t kMax = 200;
+  if (text.size() <= kMax) return std::string(text);
+  return std::string(text.substr(0, kMax)) + "... (" + std::to_string(text.size()) + " bytes)";
+}
+
 // THE table. Every tunable of the project, every timeout in one place. Keep docs/config.md in step.
 // Timeout order (checked by validate(), see kOrder below):
 //   channel.ack_interval < mesh.heartbeat_interval < mesh.heartbeat_timeout
@@ -40,7 +48,8 @@ const std::vector<KeyInfo> kKeys = {
     {"channel.delivery_timeout", Kind::Duration, "30s",
      "a link that cannot deliver for this long closes; its messages return as DeliveryFailure"},
     // actor
-    {"actor.workers", Kind::Int, "0", "worker threads per Proc scheduler (0: one per core)"},
+    {"actor.workers", Kind::Int, "0",
+     "worker threads per Proc scheduler (0: one per core; at most 256)"},
     {"actor.batch", Kind::Int, "64", "messages an actor runs per activation before yielding"},
     {"actor.stop_timeout", Kind::Duration, "5s", "how long Proc shutdown waits for its actors"},
     {"actor.spin_us", Kind::Int, "50",
@@ -153,7 +162,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 std::string unknown_key_message(std::string_view key, const std::string& source) {
-  std::string msg = "config: unknown key '" + std::string(key) + "'";
+  std::string msg = "config: unknown key '" + clip(key) + "'";
   if (!source.empty()) msg += " (from " + source + ")";
   const KeyInfo* best = nullptr;
   size_t best_d = std::numeric_limits<size_t>::max();
@@ -229,9 +238,9 @@ std::pair<uint64_t, std::string> number_and_unit(std::string_view text, const ch
   uint64_t n = 0;
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
   if (ec == std::errc::result_out_of_range)
-    throw ConfigError(std::string(what) + " '" + t + "' is too large");
+    throw ConfigError(std::string(what) + " '" + clip(t) + "' is too large");
   if (ec != std::errc() || p == t.data()) {
-    throw ConfigError(std::string(what) + " '" + t +
+    throw ConfigError(std::string(what) + " '" + clip(t) +
                       "' does not start with a non-negative integer");
   }
   std::string unit = trim(std::string_view(p, static_cast<size_t>(t.data() + t.size() - p)));
@@ -240,7 +249,7 @@ std::pair<uint64_t, std::string> number_and_unit(std::string_view text, const ch
 
 uint64_t checked_mul(uint64_t n, uint64_t f, std::string_view text, const char* what) {
   if (f != 0 && n > std::numeric_limits<int64_t>::max() / f) {
-    throw ConfigError(std::string(what) + " '" + std::string(text) + "' is too large");
+    throw ConfigError(std::string(what) + " '" + clip(text) + "' is too large");
   }
   return n * f;
 }
@@ -271,12 +280,12 @@ std::chrono::milliseconds parse_duration(std::string_view text) {
   } else if (unit == "h") {
     f = 3'600'000;
   } else {
-    throw ConfigError("duration '" + trim(text) + "' has unknown unit '" + unit +
+    throw ConfigError("duration '" + clip(trim(text)) + "' has unknown unit '" + clip(unit) +
                       "' (use ms, s, m or h)");
   }
   std::chrono::milliseconds d(static_cast<int64_t>(checked_mul(n, f, text, "duration")));
   if (d > kMaxDuration) {
-    throw ConfigError("duration '" + trim(text) + "' is too large: at most " +
+    throw ConfigError("duration '" + clip(trim(text)) + "' is too large: at most " +
                       std::to_string(kMaxDuration.count() / 1000) + " s (about 115 days)");
   }
   return d;
@@ -290,7 +299,7 @@ uint64_t parse_bytes(std::string_view text) {
   for (const auto& [u, f] : kUnits) {
     if (unit == u) return checked_mul(n, f, text, "size");
   }
-  throw ConfigError("size '" + trim(text) + "' has unknown unit '" + unit +
+  throw ConfigError("size '" + clip(trim(text)) + "' has unknown unit '" + clip(unit) +
                     "' (use B, KiB, MiB, GiB, KB, MB or GB)");
 }
 
@@ -329,7 +338,7 @@ void Config::put(std::string_view key, std::string_view value, const std::string
         int64_t n = 0;
         auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
         if (ec != std::errc() || p != v.data() + v.size() || n < 0) {
-          throw ConfigError("'" + v + "' is not a non-negative integer");
+          throw ConfigError("'" + clip(v) + "' is not a non-negative integer");
         }
         e.number = n;
         break;
@@ -342,7 +351,7 @@ void Config::put(std::string_view key, std::string_view value, const std::string
         } else if (l == "false" || l == "0" || l == "no" || l == "off") {
           e.number = 0;
         } else {
-          throw ConfigError("'" + v + "' is not a boolean (true/false)");
+          throw ConfigError("'" + clip(v) + "' is not a boolean (true/false)");
         }
         break;
       }
@@ -350,7 +359,7 @@ void Config::put(std::string_view key, std::string_view value, const std::string
         break;
     }
   } catch (const ConfigError& err) {
-    throw ConfigError("config: bad value for '" + std::string(key) + "' (" + kind_name(k->kind) +
+    throw ConfigError("config: bad value for '" + clip(key) + "' (" + kind_name(k->kind) +
                       (source == "default" ? std::string() : ", from " + source) +
                       "): " + err.what());
   }
@@ -443,8 +452,8 @@ void Config::merge_json_text(std::string_view text, const std::string& source) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text, on_event);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ConfigError("config: " + source + " is not valid JSON: " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e5000
+    throw ConfigError("config: " + source + " is not valid JSON: " + clip(e.what()));
   }
   if (!repeated.empty()) {
     throw ConfigError("config: '" + repeated + "' is set twice in " + source +
@@ -591,6 +600,11 @@ void Config::validate() const {
   if (std::string_view b = value("rdma.backend").text;
       b != "auto" && b != "ucx" && b != "channel") {
     throw ConfigError("config: " + show("rdma.backend") + " must be auto, ucx or channel");
+  }
+  // ThreadPoolScheduler::kMaxWorkers (the actor layer refuses more; config does not depend on it).
+  if (value("actor.workers").number > 256) {
+    throw ConfigError("config: " + show("actor.workers") +
+                      " must be at most 256 (0: one per core)");
   }
   if (value("actor.spin_us").number > 1000000) {
     throw ConfigError("config: " + show("actor.spin_us") + " must be at most 1000000 (1 s)");

@@ -175,6 +175,24 @@ TEST(Config, BadValuesAreErrorsThatNameKeyAndSource) {
   // A directory read as "not valid JSON ... unexpected end of input".
   e = error_of([&] { c.merge_file(::testing::TempDir()); });
   EXPECT_NE(e.find("is a directory"), std::string::npos) << e;
+  // Past the scheduler's 256 the actor layer refused nothing and looped once per worker asked.
+  e = error_of([&] { c.set("actor.workers", "99999999999"); });
+  EXPECT_NE(e.find("actor.workers = 99999999999 (runtime) must be at most 256"), std::string::npos)
+      << e;
+  c.set("actor.workers", "256");
+  // A number no integer holds is nlohmann's out_of_range, not a parse_error: it said neither
+  // "config" nor the file. Quoted user text is cut to 200 bytes.
+  e = error_of([&] {
+    c.merge_json_text("{\"actor.workers\": " + std::string(5000, '9') + "}", "file big.json");
+  });
+  EXPECT_NE(e.find("config: file big.json is not valid JSON"), std::string::npos) << e;
+  EXPECT_LT(e.size(), 400u) << e;
+  e = error_of([&] { c.set("actor.workers", std::string(100000, 'x')); });
+  EXPECT_NE(e.find("... (100000 bytes)"), std::string::npos) << e;
+  EXPECT_LT(e.size(), 400u) << e;
+  e = error_of([&] { c.set("mesh.spawn_timeout", "5" + std::string(100000, 'q')); });
+  EXPECT_NE(e.find("... (100000 bytes)"), std::string::npos) << e;
+  EXPECT_LT(e.size(), 800u) << e;
   e = error_of([&] { c.set("actor.workers", "abc"); });
   EXPECT_NE(e.find("(an integer"), std::string::npos) << e;
 }
