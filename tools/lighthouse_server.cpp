@@ -16,9 +16,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "monarch/actor/proc.hpp"
@@ -29,25 +27,11 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string read_secret_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read --secret-file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-  if (s.empty()) throw std::runtime_error("--secret-file '" + path + "' is empty");
-  return s;
-}
-
 // The job secret as the channel layer finds it: the flag's file, $MONARCH_SECRET,
 // $MONARCH_SECRET_FILE. Empty: none (then the kill endpoint is refused).
 std::string job_secret(const std::string& secret_file) {
-  if (!secret_file.empty()) return read_secret_file(secret_file);
-  if (const char* s = std::getenv("MONARCH_SECRET"); s != nullptr && *s != '\0') return s;
-  if (const char* f = std::getenv("MONARCH_SECRET_FILE"); f != nullptr && *f != '\0')
-    return read_secret_file(f);
-  return {};
+  if (!secret_file.empty()) return channel::read_secret_file(secret_file, "--secret-file");
+  return channel::job_secret(channel::ChannelOptions{});
 }
 
 json to_json(const ft::LighthouseStatus& s) {

@@ -434,6 +434,7 @@ def test_flags(monarch, workdir):
         (["--listen", "tcp://127.0.0.1:0", "--http", "127.0.0.1:99999"], "bad port"),
         (["--listen", "tcp://127.0.0.1:0", "--secret-file", os.path.join(workdir, "absent")],
          "cannot read --secret-file"),
+        (["--listen", "tcp://127.0.0.1:0", "--secret-file", workdir], "is a directory"),
         ([], "--listen is required"),
         (["--listen", "tcp://127.0.0.1:0", "--heartbeat-timeout-ms", "1"],
          "below twice ft.heartbeat_interval"),

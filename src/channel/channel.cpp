@@ -5,7 +5,10 @@
 #include <openssl/rand.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -17,6 +20,29 @@ namespace monarch::channel {
 
 using namespace detail;
 
+std::string read_secret_file(const std::string& path, const std::string& label) {
+  const std::string what = label + " '" + path + "'";
+  std::error_code ec;
+  // An ifstream opens a directory and reads nothing: it would be called empty.
+  if (std::filesystem::is_directory(path, ec)) throw ChannelError(what + " is a directory");
+  std::ifstream in(path);
+  if (!in) throw ChannelError("cannot read " + what + ": " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string secret = ss.str();
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) throw ChannelError(what + " is empty");
+  return secret;
+}
+
+std::string job_secret(const ChannelOptions& o) {
+  if (!o.secret.empty()) return o.secret;
+  if (const char* s = std::getenv("MONARCH_SECRET"); s != nullptr && *s != '\0') return s;
+  if (const char* f = std::getenv("MONARCH_SECRET_FILE"); f != nullptr && *f != '\0')
+    return read_secret_file(f, "MONARCH_SECRET_FILE");
+  return {};
+}
+
 namespace detail {
 
 uint64_t random64() {
@@ -26,22 +52,6 @@ uint64_t random64() {
     v = (uint64_t{rd()} << 32) ^ rd();
   }
   return v == 0 ? 1 : v;
-}
-
-std::string resolve_secret(const ChannelOptions& o) {
-  if (!o.secret.empty()) return o.secret;
-  if (const char* s = std::getenv("MONARCH_SECRET"); s != nullptr && *s != '\0') return s;
-  if (const char* f = std::getenv("MONARCH_SECRET_FILE"); f != nullptr && *f != '\0') {
-    std::ifstream in(f);
-    if (!in) throw ChannelError(std::string("cannot read MONARCH_SECRET_FILE '") + f + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string secret = ss.str();
-    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-    if (secret.empty()) throw ChannelError(std::string("MONARCH_SECRET_FILE '") + f + "' is empty");
-    return secret;
-  }
-  return {};
 }
 
 Bytes compute_hmac(const std::string& secret, const Bytes& nonce, uint64_t session,

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <mutex>
 
@@ -253,6 +254,35 @@ TEST(Channel, TcpListenerWithoutSecretRefusesToStart) {
   } catch (const ChannelError& e) {
     EXPECT_THAT(e.what(), HasSubstr("shared secret"));
   }
+}
+
+// A secret file that is a directory was read as nothing and called empty.
+TEST(Channel, ASecretFileThatCannotBeUsedIsNamedWithWhy) {
+  const std::string dir = ::testing::TempDir();
+  auto error_of = [](const std::string& path) {
+    try {
+      (void)read_secret_file(path, "--secret-file");
+    } catch (const ChannelError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of(dir), "--secret-file '" + dir + "' is a directory");
+  EXPECT_THAT(error_of(dir + "/absent-secret"), HasSubstr("No such file or directory"));
+  const std::string empty = dir + "/empty-secret", ok = dir + "/ok-secret";
+  std::ofstream(empty) << "\n";
+  std::ofstream(ok) << "s3cret\r\n";
+  EXPECT_EQ(error_of(empty), "--secret-file '" + empty + "' is empty");
+  EXPECT_EQ(read_secret_file(ok, "x"), "s3cret");
+  ::setenv("MONARCH_SECRET_FILE", dir.c_str(), 1);
+  ::unsetenv("MONARCH_SECRET");
+  try {
+    (void)job_secret(ChannelOptions{});
+    ADD_FAILURE() << "a directory was taken as the secret";
+  } catch (const ChannelError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("MONARCH_SECRET_FILE '" + dir + "' is a directory"));
+  }
+  ::unsetenv("MONARCH_SECRET_FILE");
 }
 
 TEST(Channel, WrongSecretIsRefusedAndOtherPeersKeepWorking) {  // CH-5

@@ -37,9 +37,6 @@ using wire::FrameKind;
 
 /// Never 0.
 uint64_t random64();
-/// The job's shared secret: ChannelOptions::secret, else MONARCH_SECRET, else the contents of
-/// MONARCH_SECRET_FILE; empty when none is set.
-std::string resolve_secret(const ChannelOptions& o);
 /// The handshake's proof: HMAC-SHA256 over nonce, session and incarnation.
 Bytes compute_hmac(const std::string& secret, const Bytes& nonce, uint64_t session,
                    uint64_t incarnation);

@@ -302,7 +302,7 @@ std::unique_ptr<Listener> Listener::serve(IoRuntime& io, const ChannelAddr& addr
   if (addr.transport == Transport::Inproc) return serve_inproc(addr, std::move(handler));
 
   auto core = std::make_shared<ListenerCore>(ctx, options);
-  core->secret = resolve_secret(options);
+  core->secret = job_secret(options);
   if (addr.transport == Transport::Tcp && core->secret.empty()) {
     throw ChannelError("tcp listener " + addr.to_string() +
                        " requires the job's shared secret: set ChannelOptions::secret, "

@@ -555,7 +555,7 @@ std::shared_ptr<Sender> Sender::connect(IoRuntime& io, const ChannelAddr& addr,
     return connect_inproc(ctx, target, std::move(options), std::move(on_failure));
   }
   auto core = std::make_shared<SenderCore>(ctx, target, options, std::move(on_failure));
-  core->secret = resolve_secret(options);
+  core->secret = job_secret(options);
   if (target.transport == Transport::Tcp && core->secret.empty()) {
     throw ChannelError("tcp channel to " + target.to_string() +
                        " requires the job's shared secret: set ChannelOptions::secret, "

@@ -108,6 +108,15 @@ struct ChannelOptions {
   std::string secret{};
 };
 
+/// The job's shared secret as channels use it: `o.secret`, else $MONARCH_SECRET, else the contents
+/// of the file named by $MONARCH_SECRET_FILE (read_secret_file); empty when none is set. Throws
+/// ChannelError naming the file when it cannot be used. Any thread.
+std::string job_secret(const ChannelOptions& o);
+/// The contents of the secret file `path` without trailing newlines. `label` says where the path
+/// came from ("MONARCH_SECRET_FILE", "--secret-file") in errors. Throws ChannelError naming the
+/// file when it cannot be read, is a directory, or holds nothing. Any thread.
+std::string read_secret_file(const std::string& path, const std::string& label);
+
 /// The event loop that runs channel I/O: one thread, owned by this object.
 class IoRuntime {
  public:
