@@ -320,7 +320,7 @@ static int run(int argc, char** argv) {
     // the quorum) but not the mesh's (which would declare the proc frozen and replace it).
     if (std::chrono::milliseconds(run.freeze_ms) + 2s > conf.duration("mesh.heartbeat_timeout"))
       conf.set("mesh.heartbeat_timeout", std::to_string(run.freeze_ms + 3000) + "ms");
-    std::filesystem::create_directories(out_dir);
+    ex::make_dir("--out", out_dir);
     if (!json_summary.empty()) ex::write_file("--json-summary", json_summary, nullptr);
     ex::Launcher launcher(lo);
     ft::StoreServer store(launcher.advertise_host());
@@ -340,11 +340,12 @@ static int run(int argc, char** argv) {
           client.spawn<ft::Lighthouse>("lighthouse." + o.name, ft::LighthouseOptions{});
       return run_job(hosts, lighthouse, true, cfg, o, store);
     };
+    const std::string lh = lighthouse_addr.empty() ? "" : ", lighthouse " + lighthouse_addr;
     std::printf(
-        "ft_train: %s, %lld replica group(s) x %lld rank(s), %lld steps, batch %lld, seed %llu\n",
+        "ft_train: %s, %lld replica group(s) x %lld rank(s), %lld steps, batch %lld, seed %llu%s\n",
         cfg.model.c_str(), static_cast<long long>(cfg.replicas), static_cast<long long>(cfg.ranks),
         static_cast<long long>(cfg.steps), static_cast<long long>(cfg.global_batch),
-        static_cast<unsigned long long>(cfg.seed));
+        static_cast<unsigned long long>(cfg.seed), lh.c_str());
     RunOptions ff_opts = run;
     ff_opts.name = "fault_free";
     ff_opts.faults = 0;

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -124,6 +125,12 @@ void write_file(const std::string& flag, const std::string& path, const std::str
   if (!f) {
     throw std::runtime_error("cannot write " + flag + " '" + path + "': " + std::strerror(errno));
   }
+}
+
+void make_dir(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) throw std::runtime_error("cannot create " + flag + " '" + path + "': " + ec.message());
 }
 
 }  // namespace monarch::ft::example

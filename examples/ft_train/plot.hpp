@@ -31,4 +31,8 @@ void plot_loss_accuracy(const std::string& fault_free_jsonl, const std::string& 
 /// permission, a full disk). Any thread.
 void write_file(const std::string& flag, const std::string& path, const std::string* text);
 
+/// Creates directory `path` and its parents (nothing when it exists). Throws std::runtime_error
+/// naming `flag`, `path` and the reason (a regular file in the way, no permission). Any thread.
+void make_dir(const std::string& flag, const std::string& path);
+
 }  // namespace monarch::ft::example

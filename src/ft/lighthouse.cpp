@@ -470,8 +470,11 @@ ActorRef<Lighthouse> connect_lighthouse(Proc& proc, const std::string& addr,
   try {
     return proc.lookup_remote<Lighthouse>(addr, kLighthouseName).get(timeout);
   } catch (const TimeoutError& e) {
-    throw TimeoutError(fmt::format("no lighthouse answered at {} within {} ms: {}", addr,
-                                   timeout.count(), e.what()));
+    // Why the link got nowhere ("Connection refused") says more than the wait that ran out.
+    const std::string why = proc.link_error(addr);
+    throw TimeoutError(fmt::format("no lighthouse answered at {} within {} ms{}", addr,
+                                   timeout.count(),
+                                   why.empty() ? "" : " (last connection error: " + why + ")"));
   } catch (const Error& e) {
     // A malformed address or a missing secret fails at once: no "within N ms" here. Keeps the code
     // (ChannelError for those two, DeliveryFailure when the proc serves no lighthouse).
