@@ -309,6 +309,7 @@ def test_ft_train_flags(ft_train, workdir):
         (["--no-faults", "--json-summary", workdir], "cannot write --json-summary"),
         (["--data", "/etc/passwd"], "/etc/passwd is not a directory"),
         (["--model", "llama-tiny", "--data", "/etc/passwd"], "/etc/passwd is not a directory"),
+        (["--out", "/etc/passwd/x"], "cannot create --out '/etc/passwd/x': Not a directory"),
         # Fails at once, so the error must not claim it waited ("within 30000 ms").
         (["--lighthouse", "garbage"], "cannot reach the lighthouse at garbage: bad channel"),
     ]
