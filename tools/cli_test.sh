@@ -29,5 +29,7 @@ expect nonzero "--listen is required" agent
 expect nonzero "--bogus" lighthouse --bogus
 expect nonzero "--listen is required" lighthouse
 expect nonzero "bad channel address 'garbage'" agent --listen garbage
+expect nonzero "reachable only inside this process" agent --listen inproc://a
+expect nonzero "reachable only inside this process" lighthouse --listen inproc://lh
 expect nonzero "not started by a host agent" worker
 exit $failed

@@ -73,6 +73,15 @@ static int run(int argc, char** argv) {
                    sub->get_name().c_str(), sub->get_name().c_str());
       return 2;
     }
+    // An inproc address binds, but no other process can ever reach it.
+    const std::string& addr = sub == agent ? listen : lf.listen;
+    if (*sub && addr.rfind("inproc://", 0) == 0) {
+      std::fprintf(stderr,
+                   "monarch %s: --listen %s: an inproc:// address is reachable only inside this "
+                   "process; use unix:// or tcp://\n",
+                   sub->get_name().c_str(), addr.c_str());
+      return 2;
+    }
   }
 
   if (*worker) {
