@@ -426,26 +426,24 @@ void Config::set(std::string_view key, std::string_view value) {
 }
 
 void Config::merge_json_text(std::string_view text, const std::string& source) {
-  // A JSON object may repeat a key, and the parser keeps the last value silently: the parse
-  // callback sees every key, so a repeat is refused with its dotted path. Each open object has
-  // its path and the keys seen so far (arrays hold no keys; their values are refused below).
-  struct Open {
-    std::string path;
-    std::set<std::string> keys;
-  };
-  std::vector<Open> open;
+  // One key given twice in the file: repeated in one object (the parser keeps the last value
+  // silently), or given both dotted and nested ("actor.workers" and {"actor": {"workers": ..}}).
+  // The parse callback sees every key: each gets its dotted path, and a path seen before is the
+  // first repeat. `open` holds the path prefix of each open object (arrays hold no keys; their
+  // values are refused below).
+  std::vector<std::string> open;
+  std::set<std::string> seen;
   std::string last_key, repeated;
   auto on_event = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
     if (ev == E::object_start) {
-      std::string path = open.empty() ? "" : open.back().path + last_key + ".";
-      open.push_back({std::move(path), {}});
+      open.push_back(open.empty() ? "" : open.back() + last_key + ".");
     } else if (ev == E::object_end && !open.empty()) {
       open.pop_back();
     } else if (ev == E::key && !open.empty() && parsed.is_string()) {
       last_key = parsed.get<std::string>();
-      if (!open.back().keys.insert(last_key).second && repeated.empty())
-        repeated = open.back().path + last_key;
+      std::string path = open.back() + last_key;
+      if (!seen.insert(path).second && repeated.empty()) repeated = std::move(path);
     }
     return true;
   };
@@ -456,8 +454,7 @@ void Config::merge_json_text(std::string_view text, const std::string& source) {
     throw ConfigError("config: " + source + " is not valid JSON: " + clip(e.what()));
   }
   if (!repeated.empty()) {
-    throw ConfigError("config: '" + repeated + "' is set twice in " + source +
-                      " (the same key twice in one object): keep one");
+    throw ConfigError("config: '" + clip(repeated) + "' is set twice in " + source + ": keep one");
   }
   if (!j.is_object()) throw ConfigError("config: " + source + " must hold a JSON object of keys");
   std::vector<std::pair<std::string, std::string>> flat;
@@ -481,15 +478,6 @@ void Config::merge_json_text(std::string_view text, const std::string& source) {
         }
       };
   walk(j, "");
-  // "actor.workers" and {"actor": {"workers": ..}} name the same key: one file giving both would
-  // keep whichever came last, silently.
-  std::set<std::string_view> seen;
-  for (const auto& [k, v] : flat) {
-    if (!seen.insert(k).second) {
-      throw ConfigError("config: '" + k + "' is set twice in " + source +
-                        " (as a dotted key and in nested objects): keep one");
-    }
-  }
   std::lock_guard lock(mu_);
   auto saved = values_;
   try {
