@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 
 #include "fork_server.hpp"
 #include "host_agent.hpp"
@@ -103,6 +104,16 @@ int run_worker(const WorkerSetup& setup) {
     quit(2);
   }
   std::vector<std::string> stopping;  // procs stopped with this one
+  // Heartbeats go out every interval whether or not the last one was answered: an answer can
+  // queue behind bulk data on the owner->worker link (tensors, large replies) for longer than
+  // heartbeat_timeout, and the owner declares a rank that stays silent for that long failed.
+  // The owner is gone when its link closes: this Proc's delivery_timeout is heartbeat_timeout,
+  // so a heartbeat the owner's process does not acknowledge in that time (killed, frozen, host
+  // lost) closes the link (CH-4, CH-7) and fails the heartbeats pending on it (REM-1).
+  // Answers are read in order; at most kMaxBeatsInFlight wait (an owner whose process acks but
+  // never answers is then left to its own monitor).
+  constexpr size_t kMaxBeatsInFlight = 64;
+  std::deque<Future<bool>> beats;
   while (true) {
     std::optional<std::string> failure;
     {
@@ -115,16 +126,19 @@ int run_worker(const WorkerSetup& setup) {
       }
     }
     if (failure) report(*failure);
-    bool wanted = false;
     try {
-      wanted = owner_ref.call(&MeshController::heartbeat, uint64_t{info.rank}).get(timeout);
+      while (!beats.empty() && beats.front().ready()) {
+        if (!beats.front().get()) quit(0);  // the owner no longer wants this rank
+        beats.pop_front();
+      }
+      if (beats.size() < kMaxBeatsInFlight)
+        beats.push_back(owner_ref.call(&MeshController::heartbeat, uint64_t{info.rank}));
     } catch (const std::exception& e) {
       // The owner is gone (killed, or its link lost): a worker never outlives its owner.
       std::fprintf(stderr, "monarch worker %s[%zu]: owner unreachable (%s); exiting\n",
                    info.mesh.c_str(), info.rank, e.what());
       quit(0);
     }
-    if (!wanted) quit(0);
   }
   // Not under shared->mu: forget_proc waits for the channel I/O thread, which runs the fault hook.
   for (const auto& peer : stopping) {

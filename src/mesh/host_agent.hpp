@@ -9,7 +9,8 @@
 //   agent -> client   MeshController::exited(rank, code, signal, core) at once on exit (pidfd);
 //                     MeshController::log(rank, stream, line)
 //   worker -> client  MeshController::ready(rank, addr, pid, control, comm); heartbeat(rank) every
-//                     heartbeat_interval (false = you were declared failed: exit);
+//                     heartbeat_interval, answered or not (false = you were declared failed:
+//                     exit; a failed call = the link to the owner closed: exit);
 //                     actor_failed(rank, report) before exiting on an unhandled actor failure
 //   client -> worker  WorkerControl::stop_worker(addresses of the procs stopped with it);
 //                     proc_failed(addr, cause) when any proc of this host mesh was declared failed
@@ -110,7 +111,8 @@ class MeshController : public Actor {
   explicit MeshController(std::shared_ptr<Link> link) : link_(std::move(link)) {}
   bool ready(uint64_t rank, std::string addr, int64_t pid, ActorRef<WorkerControl> control,
              ActorId comm);
-  bool heartbeat(uint64_t rank);
+  /// Whether the group still wants `rank`. Answered at once, unless the fault point below holds it.
+  Future<bool> heartbeat(uint64_t rank);
   void actor_failed(uint64_t rank, std::string report);
   void exited(uint64_t rank, int code, int sig, bool core);
   void log(uint64_t rank, int stream, std::string line);
@@ -119,6 +121,13 @@ class MeshController : public Actor {
  private:
   std::shared_ptr<Link> link_;
 };
+
+/// Fault point "mesh.heartbeat_reply_held", for tests: between hold and release, the
+/// MeshControllers of this (client) process still take heartbeats (the rank is not silent) but
+/// keep their answers; release sends every kept answer. It stands in for an answer queued behind
+/// bulk data on a busy owner->worker link. Process-wide; any thread.
+void hold_heartbeat_replies();
+void release_heartbeat_replies();
 
 /// Exit and log callbacks of the agent's children run on the reaper thread and post to the
 /// controller through its Proc. An embedded agent's Proc is the client's, which the HostMesh

@@ -451,6 +451,38 @@ TEST(ProcessMesh, ActorRankIsThePointInTheWholeSpawnedMesh) {
   EXPECT_TRUE(procs.stop());
 }
 
+// A heartbeat answered later than heartbeat_timeout by an owner that is alive ends nothing: the
+// worker keeps heartbeating and waits for the answer. Fault point mesh.heartbeat_reply_held
+// stands in for what happened in python_tensor_test: the answers queued behind 400 MiB of
+// tensors on the owner->worker link, and the worker exited "owner unreachable" after
+// heartbeat_timeout (its owner then saw a MeshFailure).
+TEST(ProcessMesh, AHeartbeatAnsweredLatePastTheTimeoutEndsNothing) {
+  namespace pd = monarch::mesh::process_detail;
+  const auto opts = fast();
+  auto host = monarch::mesh::this_host(opts);
+  Failures failures;
+  SpawnOptions so;
+  so.name = "late";
+  so.on_failure = failures.handler();
+  auto procs = host.spawn_procs(Extent{{"gpus", 2}}, so);
+  auto workers = procs.lookup<Worker>("worker");
+  ASSERT_EQ(workers.call(&Worker::rank).get(10s)[1], 1u);
+  pd::hold_heartbeat_replies();
+  struct Release {
+    ~Release() { monarch::mesh::process_detail::release_heartbeat_replies(); }
+  } release;
+  // Three heartbeat_timeouts without an answer: the first one ended both workers before.
+  EXPECT_FALSE(failures.wait(1, 3 * opts.timeouts.heartbeat_timeout))
+      << failures.snapshot().front().to_string();
+  pd::release_heartbeat_replies();
+  auto ranks = workers.call(&Worker::rank).get(10s);
+  EXPECT_EQ(ranks[0], 0u);
+  EXPECT_EQ(ranks[1], 1u);
+  for (int pid : pids_of(procs)) EXPECT_TRUE(monarch::testing::process_alive(pid));
+  EXPECT_TRUE(failures.snapshot().empty());
+  EXPECT_TRUE(procs.stop());
+}
+
 // CAST-11: a cast right after ProcMesh::spawn travels through comm actors, not on the link that
 // carried the Spawns; it must still reach every new actor (before the fence, ~1 run in 3 of
 // bench_procs failed with "unknown actor"). Also CAST-10's member runs: a strided slice breaks
@@ -873,7 +905,7 @@ int run_client(const std::string& mode) {
     std::printf("SERVER %d\n", server);
   std::printf("READY\n");
   std::fflush(stdout);
-  if (!mode.ends_with("sigkill")) {
+  if (!mode.ends_with("sigkill") && !mode.ends_with("sigstop")) {
     char c;
     while (::read(0, &c, 1) > 0) {  // until the test closes our stdin
     }
@@ -883,7 +915,7 @@ int run_client(const std::string& mode) {
   if (mode == "unhandled") {
     ::kill(procs.pid(1), SIGKILL);  // default fault hook: print and exit(1)
   }
-  while (true) ::pause();  // "sigkill": the test kills us
+  while (true) ::pause();  // "sigkill", "sigstop": the test kills or freezes us
 }
 
 class NoOrphans : public ::testing::TestWithParam<std::string> {};
@@ -921,6 +953,10 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {  // PH-1 (and PH-7: nor its fork 
   for (int p : pids) EXPECT_TRUE(monarch::testing::process_alive(p));
   if (GetParam().ends_with("sigkill")) {
     client.kill(SIGKILL);
+  } else if (GetParam().ends_with("sigstop")) {
+    // A frozen client acknowledges nothing: each worker's link to it closes after the
+    // worker's delivery_timeout (its heartbeat_timeout), failing the heartbeats pending on it.
+    client.kill(SIGSTOP);
   } else {
     client.close_stdin();
   }
@@ -928,8 +964,9 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {  // PH-1 (and PH-7: nor its fork 
 }
 
 INSTANTIATE_TEST_SUITE_P(ClientEnds, NoOrphans,
-                         ::testing::Values("exit", "throw", "sigkill", "unhandled", "agent-sigkill",
-                                           "fork-sigkill", "fork-exit"),
+                         ::testing::Values("exit", "throw", "sigkill", "sigstop", "unhandled",
+                                           "agent-sigkill", "agent-sigstop", "fork-sigkill",
+                                           "fork-exit"),
                          [](const auto& p) {
                            std::string n = p.param;
                            std::replace(n.begin(), n.end(), '-', '_');

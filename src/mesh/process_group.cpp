@@ -41,8 +41,49 @@ bool MeshController::ready(uint64_t rank, std::string addr, int64_t pid, ActorRe
                            ActorId comm) {
   MONARCH_WITH_GROUP(on_ready(rank, std::move(addr), pid, std::move(c), std::move(comm)), false)
 }
-bool MeshController::heartbeat(uint64_t rank) {
-  MONARCH_WITH_GROUP(on_heartbeat(rank), false)
+namespace {
+struct HeldReplies {
+  std::atomic<bool> held{false};
+  std::mutex mu;
+  std::vector<std::pair<Promise<bool>, bool>> replies;  // guarded by mu
+};
+HeldReplies& held_replies() {
+  static HeldReplies h;
+  return h;
+}
+}  // namespace
+
+void hold_heartbeat_replies() {
+  held_replies().held.store(true);
+}
+
+void release_heartbeat_replies() {
+  auto& h = held_replies();
+  std::vector<std::pair<Promise<bool>, bool>> out;
+  {
+    std::lock_guard lock(h.mu);
+    h.held.store(false);
+    out.swap(h.replies);
+  }
+  for (auto& [p, wanted] : out) p.set_value(wanted);
+}
+
+Future<bool> MeshController::heartbeat(uint64_t rank) {
+  bool wanted = false;
+  {
+    std::lock_guard lock(link_->mu);
+    if (link_->group != nullptr) wanted = link_->group->on_heartbeat(rank);
+  }
+  if (auto& h = held_replies(); h.held.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(h.mu);
+    if (h.held.load()) {
+      Promise<bool> p;
+      auto f = p.get_future();
+      h.replies.emplace_back(std::move(p), wanted);
+      return f;
+    }
+  }
+  return Future<bool>::ready_value(wanted);
 }
 void MeshController::actor_failed(uint64_t rank, std::string report) {
   MONARCH_WITH_GROUP(on_actor_failed(rank, report), )
