@@ -32,4 +32,14 @@ expect nonzero "bad channel address 'garbage'" agent --listen garbage
 expect nonzero "reachable only inside this process" agent --listen inproc://a
 expect nonzero "reachable only inside this process" lighthouse --listen inproc://lh
 expect nonzero "not started by a host agent" worker
+# Lighthouse timing flags: 0 where it would silently mean the config default, and durations past
+# the config layer's limit, are refused before anything binds.
+lh="lighthouse --listen unix://@monarch-cli-test-$$"
+expect nonzero "--join-timeout-ms 0: must be above 0" $lh --join-timeout-ms 0
+expect nonzero "--heartbeat-timeout-ms 0: must be above 0" $lh --heartbeat-timeout-ms 0
+expect nonzero "--min-replicas 0: a quorum needs at least 1" $lh --min-replicas 0
+expect nonzero "--join-timeout-ms: duration '9223372036854775807ms' is too large" $lh \
+  --join-timeout-ms 9223372036854775807
+expect nonzero "--recovery-wait-ms: duration '99999999999999ms' is too large" $lh \
+  --recovery-wait-ms 99999999999999
 exit $failed

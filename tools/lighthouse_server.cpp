@@ -14,9 +14,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "monarch/actor/proc.hpp"
@@ -73,6 +76,29 @@ std::string json_body(const json& j) {
 void reply_error(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
   res.set_content(json_body(json{{"error", message}}), "application/json");
+}
+
+// The replica id of a kill request's path ("/replica/ID/kill"), if it is one.
+std::optional<std::string> kill_target(const std::string& path) {
+  const std::string prefix = "/replica/", suffix = "/kill";
+  if (path.rfind(prefix, 0) != 0 || path.size() <= prefix.size() + suffix.size() ||
+      path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return std::nullopt;
+  }
+  std::string id = path.substr(prefix.size(), path.size() - prefix.size() - suffix.size());
+  if (id.find('/') != std::string::npos) return std::nullopt;
+  return id;
+}
+
+// No route takes this request: 405 (with Allow) on a path that exists, else 404.
+void reply_no_route(const httplib::Request& req, httplib::Response& res) {
+  const bool kill_path = kill_target(req.path).has_value();
+  if (kill_path || req.path == "/" || req.path == "/status") {
+    res.set_header("Allow", kill_path ? "POST" : "GET");
+    reply_error(res, 405, "method " + req.method + " not allowed on " + req.path);
+  } else {
+    reply_error(res, 404, "no such path: " + req.path);
+  }
 }
 
 // A replica group id as the managers send it: printable ASCII, no spaces or slashes.
@@ -158,6 +184,9 @@ int run_lighthouse(const LighthouseFlags& flags) {
     if (colon == std::string::npos || colon == 0)
       throw std::runtime_error("--http '" + flags.http + "': expected HOST:PORT");
     http_host = flags.http.substr(0, colon);
+    // An IPv6 literal is written in brackets ([::1]:8080, as in a URL); the resolver takes it bare.
+    if (http_host.size() > 2 && http_host.front() == '[' && http_host.back() == ']')
+      http_host = http_host.substr(1, http_host.size() - 2);
     try {
       size_t used = 0;
       http_port = std::stoi(flags.http.substr(colon + 1), &used);
@@ -231,34 +260,21 @@ int run_lighthouse(const LighthouseFlags& flags) {
     std::fprintf(stderr, "monarch lighthouse: kill of %s requested over HTTP\n", id.c_str());
     res.set_content(json_body(json{{"killing", id}}), "application/json");
   };
+  // Every request that is not a GET or HEAD is answered here too: no route reads a body, and
+  // routing would wait out the read timeout (5 s) for one that was announced but never sent.
   http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-    const std::string prefix = "/replica/", suffix = "/kill";
-    if (req.method != "POST" || req.path.rfind(prefix, 0) != 0 ||
-        req.path.size() <= prefix.size() + suffix.size() ||
-        req.path.compare(req.path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    if (req.method == "GET" || req.method == "HEAD")
       return httplib::Server::HandlerResponse::Unhandled;
+    if (auto id = kill_target(req.path); id && req.method == "POST") {
+      kill(*id, req, res);
+    } else {
+      reply_no_route(req, res);
     }
-    std::string id =
-        req.path.substr(prefix.size(), req.path.size() - prefix.size() - suffix.size());
-    if (id.find('/') != std::string::npos) return httplib::Server::HandlerResponse::Unhandled;
-    kill(id, req, res);
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if ((res.status == 404 || res.status == 405) && res.body.empty()) {  // no route matched
-      bool known = req.path == "/" || req.path == "/status" ||
-                   (req.path.rfind("/replica/", 0) == 0 && req.path.size() > 14 &&
-                    req.path.compare(req.path.size() - 5, 5, "/kill") == 0);
-      if (known) {
-        res.status = 405;
-        res.set_header("Allow", req.path.rfind("/replica/", 0) == 0 ? "POST" : "GET");
-        res.set_content(
-            json_body(json{{"error", "method " + req.method + " not allowed on " + req.path}}),
-            "application/json");
-      } else {
-        res.set_content(json_body(json{{"error", "no such path: " + req.path}}),
-                        "application/json");
-      }
+      reply_no_route(req, res);
     } else if (res.status >= 400 && res.body.empty()) {  // refused by the parser (bad request)
       res.set_content(
           json_body(json{{"error", "request refused (HTTP " + std::to_string(res.status) + ")"}}),
@@ -283,15 +299,22 @@ int run_lighthouse(const LighthouseFlags& flags) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
+  const std::string shown_host =
+      http_host.find(':') != std::string::npos ? "[" + http_host + "]" : http_host;
+  errno = 0;  // cpp-httplib says only whether the bind worked; errno says why it did not
   int bound = http_port == 0 ? http.bind_to_any_port(http_host) : http_port;
   if (http_port != 0 && !http.bind_to_port(http_host, http_port)) bound = -1;
-  if (bound <= 0)
-    throw std::runtime_error("cannot bind the HTTP server to " + http_host + ":" +
-                             std::to_string(http_port));
+  if (bound <= 0) {
+    const int err = errno;
+    throw std::runtime_error("cannot bind the HTTP server to " + shown_host + ":" +
+                             std::to_string(http_port) +
+                             (err != 0 ? std::string(" (") + std::strerror(err) + ")"
+                                       : std::string(" (not an address of this machine?)")));
+  }
   std::thread http_thread([&] { http.listen_after_bind(); });
 
   std::printf("LISTENING %s\n", proc.address().c_str());
-  std::printf("HTTP http://%s:%d/\n", http_host.c_str(), bound);
+  std::printf("HTTP http://%s:%d/\n", shown_host.c_str(), bound);
   std::fflush(stdout);
   int sig = 0;
   ::sigwait(&set, &sig);

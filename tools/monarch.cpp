@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "lighthouse_server.hpp"
+#include "monarch/config/config.hpp"
 #include "monarch/mesh/process.hpp"
 #include "monarch/run_main.hpp"
 
@@ -90,6 +91,37 @@ static int run(int argc, char** argv) {
     return 2;
   }
   if (*lighthouse) {
+    // A timing flag is a duration as the config layer takes one (at most about 115 days: beyond
+    // that the lighthouse's clock arithmetic overflows). 0 is refused where the lighthouse reads
+    // it as "the config default": a user who writes 0 means something else.
+    struct Timing {
+      const char* flag;
+      int64_t ms;
+      const char* zero_means;  // null: 0 is a value of its own
+    };
+    for (const Timing& t : {Timing{"--join-timeout-ms", join_ms, "ft.quorum_join_timeout"},
+                            Timing{"--heartbeat-timeout-ms", heartbeat_ms, "ft.heartbeat_timeout"},
+                            Timing{"--recovery-wait-ms", recovery_ms, nullptr}}) {
+      if (lighthouse->count(t.flag) == 0) continue;
+      if (t.ms == 0 && t.zero_means != nullptr) {
+        std::fprintf(stderr,
+                     "monarch lighthouse: %s 0: must be above 0 (leave the flag out for %s)\n",
+                     t.flag, t.zero_means);
+        return 2;
+      }
+      try {
+        (void)monarch::config::parse_duration(std::to_string(t.ms) + "ms");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "monarch lighthouse: %s: %s\n", t.flag, e.what());
+        return 2;
+      }
+    }
+    if (lighthouse->count("--min-replicas") != 0 && lf.min_replicas == 0) {
+      std::fprintf(stderr,
+                   "monarch lighthouse: --min-replicas 0: a quorum needs at least 1 replica group "
+                   "(leave the flag out for ft.min_replicas)\n");
+      return 2;
+    }
     lf.join_timeout = std::chrono::milliseconds(join_ms);
     lf.heartbeat_timeout = std::chrono::milliseconds(heartbeat_ms);
     lf.recovery_wait = std::chrono::milliseconds(recovery_ms);

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -254,6 +255,17 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
                 if code != want or "error" not in json.loads(body):
                     fail("%s %s -> %d %s, expected %d with an error body" %
                          (method, path, code, body, want))
+            # A request that announces a body and never sends it is answered at once, not after
+            # the server's 5 s read timeout (no route reads a body).
+            host, port = lh.url.split("//", 1)[1].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=3) as conn:
+                conn.sendall(b"POST /status HTTP/1.1\r\nHost: lh\r\nContent-Length: 10\r\n\r\n")
+                try:
+                    head = conn.recv(64)
+                except socket.timeout:
+                    head = b"(nothing within 3 s)"
+            if not head.startswith(b"HTTP/1.1 405"):
+                fail("POST /status with an unsent body -> %r, expected 405 at once" % head)
             if lh.proc.poll() is not None:
                 fail("the lighthouse exited (%s) on a bad request" % lh.proc.poll())
             if lh.status()["members"] != st["members"]:
@@ -444,7 +456,9 @@ def test_flags(monarch, workdir):
     first = Lighthouse(monarch, "tcp://127.0.0.1:0")
     try:
         cases.append((["--listen", "tcp://127.0.0.1:0", "--http",
-                       first.url.split("//", 1)[1]], "cannot bind the HTTP server"))
+                       first.url.split("//", 1)[1]],
+                      "cannot bind the HTTP server to %s (Address already in use)" %
+                      first.url.split("//", 1)[1]))
         for args, want in cases:
             r = subprocess.run([monarch, "lighthouse"] + args, capture_output=True, text=True,
                                timeout=20)
