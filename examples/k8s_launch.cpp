@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli_checks.hpp"
 #include "launcher.hpp"
 #include "monarch/launch/kubernetes.hpp"
 #include "monarch/run_main.hpp"
@@ -123,9 +124,15 @@ static int run(int argc, char** argv) {
   app.add_option("--name", o.name, "Job and Service name")->required();
   app.add_option("--image", o.image, "container image with monarch and this program")->required();
   app.add_option("--namespace", o.ns, "namespace")->capture_default_str();
-  app.add_option("--replicas", o.replicas, "pods (hosts)")->capture_default_str();
-  app.add_option("--port", o.agent_port, "agent port in each pod")->capture_default_str();
-  app.add_option("--gpus", o.gpus_per_pod, "GPUs per pod")->capture_default_str();
+  app.add_option("--replicas", o.replicas, "pods (hosts)")
+      ->check(monarch::cli::integer_in(1, 100000))
+      ->capture_default_str();
+  app.add_option("--port", o.agent_port, "agent port in each pod")
+      ->check(monarch::cli::integer_in(1, 65535))
+      ->capture_default_str();
+  app.add_option("--gpus", o.gpus_per_pod, "GPUs per pod")
+      ->check(monarch::cli::integer_in(0, 1024))
+      ->capture_default_str();
   app.add_option("--gpu-vendor", vendor, "nvidia or amd")->check(CLI::IsMember({"nvidia", "amd"}));
   app.add_option("--cpu", o.cpu, "cpu request per pod, e.g. 8");
   app.add_option("--memory", o.memory, "memory request per pod, e.g. 64Gi");
@@ -134,7 +141,9 @@ static int run(int argc, char** argv) {
   app.add_option("--kubectl-arg", o.kubectl_args,
                  "extra kubectl argument (repeatable), e.g. --context=c");
   app.add_flag("--jobset", o.jobset, "render a JobSet instead of a Job");
-  app.add_option("--procs", procs_per_pod, "procs per pod")->capture_default_str();
+  app.add_option("--procs", procs_per_pod, "procs per pod")
+      ->check(monarch::cli::integer_in(1, 1024))
+      ->capture_default_str();
   app.add_option("--listen", listen, "client address the pods can reach, e.g. tcp://$MY_POD_IP:0");
   app.add_flag("--render", render, "print the manifests and exit");
   app.add_option("--render-format", render_format, "yaml or json (a v1 List)")

@@ -32,6 +32,13 @@ expect nonzero "bad channel address 'garbage'" agent --listen garbage
 expect nonzero "reachable only inside this process" agent --listen inproc://a
 expect nonzero "reachable only inside this process" lighthouse --listen inproc://lh
 expect nonzero "not started by a host agent" worker
+# TCP without the job secret: the message names the CLI's ways to give it, not a C++ field.
+( unset MONARCH_SECRET MONARCH_SECRET_FILE
+  expect nonzero "a TCP address needs the job's shared secret: set MONARCH_SECRET or" \
+    agent --listen tcp://127.0.0.1:0
+  expect nonzero "set --secret-file, MONARCH_SECRET or MONARCH_SECRET_FILE" \
+    lighthouse --listen tcp://127.0.0.1:0
+  exit $failed ) || failed=1
 # Lighthouse timing flags: 0 where it would silently mean the config default, and durations past
 # the config layer's limit, are refused before anything binds.
 lh="lighthouse --listen unix://@monarch-cli-test-$$"
@@ -42,4 +49,9 @@ expect nonzero "--join-timeout-ms: duration '9223372036854775807ms' is too large
   --join-timeout-ms 9223372036854775807
 expect nonzero "--recovery-wait-ms: duration '99999999999999ms' is too large" $lh \
   --recovery-wait-ms 99999999999999
+# Numbers are checked as text before CLI11 converts them: what is wrong is said in words (CLI11's
+# own check said "not in range 0.000000 to" a 309-digit bound for all of these).
+expect nonzero "--min-replicas: 'abc' is not an integer" $lh --min-replicas abc
+expect nonzero "--min-replicas: must be at least 0, not -1" $lh --min-replicas -1
+expect nonzero "--heartbeat-timeout-ms: must be at least 0, not -5" $lh --heartbeat-timeout-ms -5
 exit $failed

@@ -10,7 +10,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cli_checks.hpp"
 #include "lighthouse_server.hpp"
+#include "monarch/channel/channel.hpp"
 #include "monarch/config/config.hpp"
 #include "monarch/mesh/process.hpp"
 #include "monarch/run_main.hpp"
@@ -40,16 +42,16 @@ static int run(int argc, char** argv) {
                          "file holding the job secret (TCP channels, POST /replica/ID/kill); "
                          "default $MONARCH_SECRET, $MONARCH_SECRET_FILE");
   lighthouse->add_option("--min-replicas", lf.min_replicas, "default ft.min_replicas")
-      ->check(CLI::NonNegativeNumber);
+      ->check(monarch::cli::integer_in(0));
   lighthouse->add_option("--join-timeout-ms", join_ms, "default ft.quorum_join_timeout")
-      ->check(CLI::NonNegativeNumber);
+      ->check(monarch::cli::integer_in(0));
   lighthouse->add_option("--heartbeat-timeout-ms", heartbeat_ms, "default ft.heartbeat_timeout")
-      ->check(CLI::NonNegativeNumber);
+      ->check(monarch::cli::integer_in(0));
   lighthouse
       ->add_option("--recovery-wait-ms", recovery_ms,
                    "after a start or a freeze, wait this long before leaving a group out "
                    "of a quorum (default: the heartbeat timeout; 0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(monarch::cli::integer_in(0));
   auto* worker =
       app.add_subcommand("worker", "run as a worker proc (only when started by an agent)");
   // CLI11 says only "A subcommand is required" for a word that names none: name it.
@@ -82,6 +84,24 @@ static int run(int argc, char** argv) {
                    "process; use unix:// or tcp://\n",
                    sub->get_name().c_str(), addr.c_str());
       return 2;
+    }
+    // A TCP listener refuses to start without the job secret; say so in the CLI's own terms (the
+    // channel layer's message names ChannelOptions::secret, a C++ field).
+    if (*sub && addr.rfind("tcp://", 0) == 0 && (sub == agent || lf.secret_file.empty())) {
+      std::string secret;
+      try {
+        secret = monarch::channel::job_secret(monarch::channel::ChannelOptions{});
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "monarch %s: %s\n", sub->get_name().c_str(), e.what());
+        return 2;
+      }
+      if (secret.empty()) {
+        std::fprintf(stderr,
+                     "monarch %s: --listen %s: a TCP address needs the job's shared secret: "
+                     "set %sMONARCH_SECRET or MONARCH_SECRET_FILE\n",
+                     sub->get_name().c_str(), addr.c_str(), sub == agent ? "" : "--secret-file, ");
+        return 2;
+      }
     }
   }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "cli_checks.hpp"
 #include "monarch/config/config.hpp"
 
 namespace monarch::ft::example {
@@ -12,7 +13,7 @@ void add_chaos_flags(CLI::App& app, ChaosOptions& o) {
                "the faulty run injects a seeded random fault schedule (--seed): two groups at "
                "once, faults during heals and quorums, the lighthouse frozen, overlapping");
   app.add_option("--chaos-faults", o.faults, "faults of a --chaos run (at least 4)")
-      ->check(CLI::Range(4, 1000));
+      ->check(monarch::cli::integer_in(4, 1000));
 }
 
 int64_t prepare_chaos(const ChaosOptions& o, int64_t replicas, int64_t freeze_ms,

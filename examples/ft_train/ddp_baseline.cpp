@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
 #include "monarch/ft/torch/allreduce.hpp"
@@ -148,13 +149,17 @@ int worker(const Options& o) {
 static int run(int argc, char** argv) {
   Options o;
   CLI::App app{"Static gloo data-parallel training of the ft_train MLP (the FT baseline)"};
-  app.add_option("--replicas", o.replicas, "worker processes")->check(CLI::Range(1, 64));
-  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--batch", o.global_batch, "global batch (samples per step over all replicas)");
-  app.add_option("--lr", o.lr, "Adam learning rate");
-  app.add_option("--seed", o.seed, "model init and data order seed");
+  app.add_option("--replicas", o.replicas, "worker processes")
+      ->check(monarch::cli::integer_in(1, 64));
+  app.add_option("--steps", o.steps, "optimizer steps")
+      ->check(monarch::cli::integer_in(1, 1000000));
+  app.add_option("--batch", o.global_batch, "global batch (samples per step over all replicas)")
+      ->check(monarch::cli::integer_in(1, 1 << 20));
+  app.add_option("--lr", o.lr, "Adam learning rate")->check(monarch::cli::positive_number());
+  app.add_option("--seed", o.seed, "model init and data order seed")
+      ->check(monarch::cli::unsigned_integer());
   app.add_option("--eval-every", o.eval_every, "test-set evaluation period in steps")
-      ->check(CLI::PositiveNumber);
+      ->check(monarch::cli::integer_in(1, 1000000));
   app.add_option("--data", o.data_dir, "Fashion-MNIST directory");
   app.add_option("--metrics", o.metrics, "JSONL metrics output (rank 0)");
   app.add_option("--json-summary", o.json_summary, "summary JSON output");

@@ -22,6 +22,7 @@
 #include <random>
 
 #include "chaos.hpp"
+#include "cli_checks.hpp"
 #include "launcher.hpp"
 #include "model.hpp"
 #include "monarch/config/config.hpp"
@@ -254,34 +255,33 @@ static int run(int argc, char** argv) {
   ex::LauncherOptions lo;
   CLI::App app{"ft_train: fault-tolerant elastic training (monarch-cpp's main job)"};
   app.add_option("--model", cfg.model, "mlp (Fashion-MNIST) or llama-tiny");
-  app.add_option("--steps", cfg.steps, "training steps (committed)")->check(CLI::Range(1, 1000000));
-  app.add_option("--replicas", cfg.replicas, "replica groups")->check(CLI::Range(1, 64));
-  app.add_option("--ranks", cfg.ranks, "ranks per replica group")->check(CLI::Range(1, 16));
+  app.add_option("--steps", cfg.steps, "training steps (committed)")
+      ->check(monarch::cli::integer_in(1, 1000000));
+  app.add_option("--replicas", cfg.replicas, "replica groups")
+      ->check(monarch::cli::integer_in(1, 64));
+  app.add_option("--ranks", cfg.ranks, "ranks per replica group")
+      ->check(monarch::cli::integer_in(1, 16));
   app.add_option("--faults", run.faults, "faults to inject in the faulty run")
-      ->check(CLI::Range(0, 1000));
+      ->check(monarch::cli::integer_in(0, 1000));
   app.add_option("--seed", cfg.seed, "seed of the model, the data order and the fault injector")
-      ->check(CLI::Range(0.0, 18446744073709551615.0));  // before it wraps (-1) or saturates
+      ->check(monarch::cli::unsigned_integer());
   app.add_flag("--no-faults", no_faults, "run only the fault-free run");
   app.add_option("--batch", cfg.global_batch, "global batch (samples per step, all groups)")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--lr", cfg.lr, "Adam learning rate")
-      ->check([](const std::string& v) {
-        return std::isfinite(std::strtod(v.c_str(), nullptr)) ? "" : "not a finite number: " + v;
-      })
-      ->check(CLI::PositiveNumber);
+      ->check(monarch::cli::integer_in(1, 1 << 20));
+  app.add_option("--lr", cfg.lr, "Adam learning rate")->check(monarch::cli::positive_number());
   app.add_option("--data", cfg.data_dir, "the model's data (default: its Debian package's)");
   app.add_option("--spares", run.spares, "warm spare groups (a failed group's quick replacement)")
-      ->check(CLI::Range(0, 16));
+      ->check(monarch::cli::integer_in(0, 16));
   app.add_flag("!--no-fork-server", run.fork_server,
                "exec every group's procs instead of forking them from a fork server per host");
   app.add_option("--freeze-ms", run.freeze_ms, "how long a SIGSTOP fault freezes its victim")
-      ->check(CLI::Range(1, 5000));
+      ->check(monarch::cli::integer_in(1, 5000));
   app.add_option("--json-summary", json_summary, "write the summary JSON here");
   app.add_option("--out", out_dir, "directory for metrics JSONL and the PNG chart");
   app.add_flag("!--no-progress", run.progress, "no progress and event lines");
   app.add_option("--progress-every", run.progress_every,
                  "when stdout is not a terminal: a plain progress line every N steps")
-      ->check(CLI::Range(1, 1000000));
+      ->check(monarch::cli::integer_in(1, 1000000));
   app.add_option(
       "--lighthouse", lighthouse_addr,
       "a standalone lighthouse (`monarch lighthouse --listen ADDR`) instead of one here");

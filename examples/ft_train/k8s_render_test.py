@@ -98,6 +98,14 @@ def main():
           "--job ft_train without --render: %d %s" % (r.returncode, r.stderr))
     r = run([k8s, "--job", "ft_train", "--name", "Bad_Name", "--image", "i", "--render"], ok=False)
     check(r.returncode != 0 and "name" in r.stderr, "a bad name rendered: %s" % r.stderr)
+    # -1 pods once rendered as completions: 18446744073709551615.
+    for flag, value, want in [("--replicas", "-1", "--replicas: must be from 1 to 100000, not -1"),
+                              ("--port", "70000", "--port: must be from 1 to 65535, not 70000"),
+                              ("--procs", "0", "--procs: must be from 1 to 1024, not 0")]:
+        r = run([k8s, "--name", "ok", "--image", "i", "--render", flag, value], ok=False)
+        check(r.returncode != 0 and want in r.stderr and not r.stdout,
+              "%s %s: exit %d, stderr %r, stdout %d bytes" %
+              (flag, value, r.returncode, r.stderr, len(r.stdout)))
     r = run([ft_train, "--launcher", "kubernetes", "--steps", "1"], ok=False)
     check(r.returncode != 0 and "--k8s-image" in r.stderr, "ft_train without --k8s-image: %s"
           % r.stderr)

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cli_checks.hpp"
 #include "monarch/error.hpp"
 #include "monarch/launch/slurm.hpp"
 
@@ -134,16 +135,23 @@ void add_launcher_flags(CLI::App& app, LauncherOptions& o) {
       ->check(CLI::IsMember({"local", "slurm", "kubernetes"}))
       ->capture_default_str();
   const char* sl = "SLURM (--launcher slurm)";
-  app.add_option("--slurm-nodes", o.nodes, "nodes (default: one per replica group)")->group(sl);
+  app.add_option("--slurm-nodes", o.nodes, "nodes (default: one per replica group)")
+      ->check(monarch::cli::integer_in(1, 100000))
+      ->group(sl);
   app.add_option("--slurm-tasks-per-node", o.tasks_per_node,
                  "agents (hosts) per node; group r runs on host r % (nodes x tasks)")
+      ->check(monarch::cli::integer_in(1, 1024))
       ->group(sl)
       ->capture_default_str();
   app.add_option("--slurm-partition", o.partition, "partition (default: the cluster's)")->group(sl);
   app.add_option("--slurm-time", o.time_limit, "time limit, e.g. 30 or 01:00:00")->group(sl);
   app.add_option("--slurm-account", o.account, "account to charge")->group(sl);
-  app.add_option("--slurm-cpus-per-task", o.cpus_per_task, "CPUs per agent")->group(sl);
-  app.add_option("--slurm-gpus-per-node", o.gpus_per_node, "GPUs per node")->group(sl);
+  app.add_option("--slurm-cpus-per-task", o.cpus_per_task, "CPUs per agent")
+      ->check(monarch::cli::integer_in(1, 100000))
+      ->group(sl);
+  app.add_option("--slurm-gpus-per-node", o.gpus_per_node, "GPUs per node")
+      ->check(monarch::cli::integer_in(0, 1024))
+      ->group(sl);
   app.add_option("--slurm-sbatch", o.extra_sbatch, "extra sbatch option (repeatable)")->group(sl);
   app.add_option("--slurm-job-name", o.job_name, "job name")->group(sl)->capture_default_str();
   app.add_option("--slurm-shared-dir", o.shared_dir,
@@ -152,6 +160,7 @@ void add_launcher_flags(CLI::App& app, LauncherOptions& o) {
       ->group(sl);
   app.add_option("--slurm-start-timeout", o.start_timeout_s,
                  "seconds from sbatch until every agent listens")
+      ->check(monarch::cli::integer_in(1, 10'000'000))
       ->group(sl)
       ->capture_default_str();
   app.add_option("--agent-program", o.agent_program,
@@ -165,7 +174,9 @@ void add_launcher_flags(CLI::App& app, LauncherOptions& o) {
   app.add_option("--k8s-namespace", o.k8s_namespace, "namespace")->group(kg)->capture_default_str();
   app.add_option("--k8s-image", o.k8s_image, "image holding monarch and ft_train")->group(kg);
   app.add_option("--k8s-secret", o.k8s_secret, "Secret with key MONARCH_SECRET")->group(kg);
-  app.add_option("--k8s-gpus", o.k8s_gpus, "GPUs per pod")->group(kg);
+  app.add_option("--k8s-gpus", o.k8s_gpus, "GPUs per pod")
+      ->check(monarch::cli::integer_in(0, 1024))
+      ->group(kg);
   app.add_option("--k8s-cpu", o.k8s_cpu, "cpu request per pod")->group(kg);
   app.add_option("--k8s-memory", o.k8s_memory, "memory request per pod")->group(kg);
   app.add_option("--k8s-shm", o.k8s_shm, "size of /dev/shm per pod")->group(kg);

@@ -316,7 +316,14 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
 def test_ft_train_flags(ft_train, workdir):
     """Bad ft_train input fails before training, naming the flag."""
     cases = [
-        (["--lr", "nan"], "not a finite number"),
+        (["--lr", "nan"], "--lr: must be a finite number above 0, not nan"),
+        (["--lr", "-1"], "--lr: must be a finite number above 0, not -1"),
+        (["--steps", "abc"], "--steps: 'abc' is not an integer"),
+        (["--batch", "99999999999999999999"], "--batch: must be from 1 to 1048576, not 9999"),
+        # One past 2^64-1 was once clamped to it, and training started.
+        (["--seed", "18446744073709551616"], "--seed: 18446744073709551616 is above 1844674"),
+        (["--seed", "-1"], "--seed: '-1' is not an unsigned integer"),
+        (["--slurm-nodes", "-1"], "--slurm-nodes: must be from 1 to 100000, not -1"),
         (["--replicas", "1"], "one replica group cannot heal a fault"),
         (["--no-faults", "--json-summary", workdir], "cannot write --json-summary"),
         (["--data", "/etc/passwd"], "/etc/passwd is not a directory"),

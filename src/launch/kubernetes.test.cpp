@@ -236,6 +236,8 @@ TEST(KubernetesRender, OptionsAreValidatedNamingTheOption) {
   bad([](KubernetesOptions& o) { o.ns = "a_b"; }, "namespace 'a_b'");
   bad([](KubernetesOptions& o) { o.image.clear(); }, "image is empty");
   bad([](KubernetesOptions& o) { o.replicas = 0; }, "replicas is 0");
+  bad([](KubernetesOptions& o) { o.replicas = size_t(-1); },
+      "replicas is 18446744073709551615 (an Indexed Job runs at most 100000 pods)");
   bad([](KubernetesOptions& o) { o.agent_port = 0; }, "agent_port is 0");
   bad([](KubernetesOptions& o) { o.env = {"NOVALUE"}; }, "env entry 'NOVALUE'");
   KubernetesJob job(sample());

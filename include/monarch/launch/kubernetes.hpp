@@ -62,7 +62,7 @@ struct KubernetesOptions {
   std::string name{};
   std::string ns = "default";   ///< namespace
   std::string image{};          ///< container image holding `monarch` (and the worker binary)
-  size_t replicas = 1;          ///< pods = hosts of the HostMesh
+  size_t replicas = 1;          ///< pods = hosts of the HostMesh: 1 to 100000 (Indexed Job limit)
   uint16_t agent_port = 26600;  ///< the agent's TCP port in each pod
   size_t gpus_per_pod = 0;      ///< GPU limit per pod (0: none)
   GpuVendor gpu_vendor = GpuVendor::nvidia;
