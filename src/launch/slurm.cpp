@@ -239,9 +239,18 @@ struct SlurmJob::Impl : std::enable_shared_from_this<Impl> {
   std::atomic<bool> cancelling{false};
   bool cancelled = false;
   bool start_failed = false;
-  std::string ended_state;  // final state seen by the monitor
+  bool made_shared_dir = false;  // submit() created opt.shared_dir: removed with dir when empty
+  std::string ended_state;       // final state seen by the monitor
   FailureHandler on_end;
   std::thread monitor;
+
+  // Removes the work dir, and the shared dir when this job created it and nothing else is left
+  // in it (another job's work dir keeps it).
+  void discard_work_dir() const {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (made_shared_dir) fs::remove(opt.shared_dir, ec);
+  }
 
   std::string label() const {
     return "SLURM job " + (id.empty() ? std::string("(not submitted)") : id) + " '" + opt.job_name +
@@ -409,8 +418,7 @@ SlurmJob::~SlurmJob() {
   }
   impl_->stop_monitor();
   if (clean && !impl_->start_failed && !impl_->opt.keep_work_dir && !impl_->id.empty()) {
-    std::error_code ec;
-    fs::remove_all(impl_->dir, ec);
+    impl_->discard_work_dir();
   }
 }
 
@@ -462,6 +470,7 @@ std::string SlurmJob::submit() {
   auto& im = *impl_;
   if (!im.id.empty()) throw UsageError(im.label() + " was already submitted");
   std::error_code ec;
+  im.made_shared_dir = !fs::exists(im.opt.shared_dir, ec);
   fs::create_directories(im.dir, ec);
   if (ec) throw SlurmError("cannot create SLURM work dir " + im.dir.string() + ": " + ec.message());
   fs::path script = im.dir / "job.sbatch";
@@ -481,15 +490,21 @@ std::string SlurmJob::submit() {
   if (!ch.secret.empty()) env.push_back("MONARCH_SECRET=" + ch.secret);
   detail::CommandResult r =
       run_slurm({"sbatch", "--parsable", script.string()}, env, im.opt.command_timeout);
+  // Refused by sbatch, the job has nothing in its work dir but the script (which
+  // render_sbatch() gives back): nothing is left behind unless keep_work_dir.
+  auto refused = [&](const std::string& why) {
+    if (!im.opt.keep_work_dir) im.discard_work_dir();
+    return SlurmError(why);
+  };
   if (r.status != 0) {
-    throw SlurmError("`sbatch --parsable " + script.string() + "` failed (exit " +
-                     std::to_string(r.status) + "): " + trim(r.err + r.out));
+    throw refused("`sbatch --parsable " + script.string() + "` failed (exit " +
+                  std::to_string(r.status) + "): " + trim(r.err + r.out));
   }
   std::string id = trim(r.out);
   id = id.substr(0, id.find(';'));  // "42;cluster" on federated setups
   if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos) {
-    throw SlurmError("sbatch printed no job id (stdout '" + trim(r.out) + "', stderr '" +
-                     trim(r.err) + "')");
+    throw refused("sbatch printed no job id (stdout '" + trim(r.out) + "', stderr '" + trim(r.err) +
+                  "')");
   }
   im.id = id;
   spdlog::info("{} submitted ({} group(s), work dir {})", im.label(), im.opt.groups.size(),

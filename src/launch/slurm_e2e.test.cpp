@@ -142,7 +142,8 @@ SlurmOptions options(const std::string& name) {
 }
 
 void expect_job_gone(const std::string& id, const fs::path& shared_dir) {
-  EXPECT_TRUE(fs::is_empty(shared_dir)) << "work dir left under " << shared_dir;
+  // The job created the shared dir, so it goes with its work dir.
+  EXPECT_FALSE(fs::exists(shared_dir)) << "work dir left under " << shared_dir;
   fs::remove_all(shared_dir);
   // Pending/running/completing jobs: what squeue lists by default.
   std::string q = run("squeue -h -o %i");
@@ -364,6 +365,25 @@ TEST(SlurmE2E, FailedStartsNameTheCause) {
   auto left = processes_of_job(id);
   EXPECT_TRUE(all_dead(left, 10s));
   fs::remove_all(o.shared_dir);  // a failed start keeps its work dir for diagnosis
+}
+
+// A job sbatch refuses (here: a partition the cluster does not have) says why, and leaves no
+// work dir behind: it had only the script, and the shared dir it made goes too.
+TEST(SlurmE2E, ARefusedSubmitSaysWhyAndLeavesNoDirectory) {
+  if (auto why = why_skip(); !why.empty()) GTEST_SKIP() << why;
+  auto o = options("monarch-e2e-refused");
+  o.groups[0].partition = "no-such-partition";
+  ASSERT_FALSE(fs::exists(o.shared_dir));
+  try {
+    SlurmJob job(o);
+    job.start();
+    ADD_FAILURE() << "sbatch took a job for a partition that does not exist";
+  } catch (const monarch::launch::SlurmError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("`sbatch --parsable "));
+    EXPECT_THAT(e.what(), HasSubstr("failed (exit 1)"));
+    EXPECT_THAT(e.what(), HasSubstr("invalid partition"));
+  }
+  EXPECT_FALSE(fs::exists(o.shared_dir)) << "left behind: " << o.shared_dir;
 }
 
 int main(int argc, char** argv) {

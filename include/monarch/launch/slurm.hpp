@@ -64,10 +64,12 @@ struct SlurmOptions {
   /// Shell expression (inside single quotes, evaluated per task) for the host agents listen on.
   std::string agent_host = "${SLURMD_NODENAME}";
   /// Where the script and the agents' address files go; see the header comment. Empty:
-  /// $MONARCH_SLURM_SHARED_DIR, else ./.monarch-slurm under the current directory.
+  /// $MONARCH_SLURM_SHARED_DIR, else ./.monarch-slurm under the current directory. A shared dir
+  /// that did not exist before submit() is removed with the work dir when nothing else is in it.
   std::string shared_dir{};
   /// Keep the work dir (script, agent output, batch output) after the job was stopped; it is
-  /// always kept when starting or stopping failed.
+  /// always kept when starting or stopping failed after sbatch took the job. When sbatch refuses
+  /// it, the work dir (only the script: render_sbatch()) is removed unless this is set.
   bool keep_work_dir = false;
   /// How the client attaches (HostOptions::listen empty: tcp://<this host name>:0). Without a
   /// secret in channel.secret, MONARCH_SECRET or MONARCH_SECRET_FILE, a random one is made for
