@@ -84,10 +84,17 @@ def pool():
         return _POOL
 
 
+class InitError(Exception):
+    """The actor class's ``__init__`` raised: the text names the class and holds the user's
+    traceback (PyActor::init makes it the actor's failure cause)."""
+
+
 class ActorHost:
-    def __init__(self, spec, rank, actor_id, name, me=None):
+    def __init__(self, spec, rank, actor_id, name, me=None, set_label=None):
         self.me = me  # .fail(text) fails this actor
         cls, args, kwargs = pickle.loads(spec)
+        if set_label is not None:  # reports name this class, not the C++ PyActor
+            set_label(cls.__qualname__)
         self.cls = cls
         self.endpoints = _actor._endpoints_of(cls)
         self.is_async = any(e.is_async for e in self.endpoints.values())
@@ -99,7 +106,12 @@ class ActorHost:
         try:
             self.instance = cls.__new__(cls)
             self.instance._monarch_instance = self.instance_info
-            self.instance.__init__(*args, **kwargs)
+            try:
+                self.instance.__init__(*args, **kwargs)
+            except BaseException as e:  # the traceback from the class's own frame on
+                tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+                raise InitError("%s.__init__ raised:\n%s" % (cls.__qualname__, "".join(
+                    traceback.format_exception(type(e), e, tb)).rstrip())) from None
         finally:
             _actor._current.reset(token)
 

@@ -469,6 +469,10 @@ class _Failure:
     def __init__(self, error):
         self.error = error
 
+    def __repr__(self):  # a ValueMesh's repr shows what failed, not an object address
+        return "<failed: %s: %s>" % (type(self.error).__name__,
+                                      str(self.error).split("\n", 1)[0])
+
 
 def _decode_reply(b, rank=None, where="endpoint"):
     """An encoded reply: the value, or a _Failure holding the member's error (not raised).

@@ -493,14 +493,26 @@ class FailsInInit(Actor):
 def test_every_call_to_an_actor_whose_init_raised_names_the_cause(fault_hook):
     """The first call used to get `undeliverable: actor failed` and, once the actor was gone,
     `unknown actor`: neither said why. Whichever error a call gets (DeliveryFailure from the proc,
-    SupervisionError once the client knows the proc failed), it quotes __init__'s exception."""
+    SupervisionError once the client knows the proc failed), it quotes __init__'s exception. It
+    names the Python class (not the C++ PyActor that hosts it) and the user's own frame, with no
+    frame of monarch's."""
     pm = this_host().spawn_procs(per_host={"gpus": 2}, name="badinit")
     try:
         m = pm.spawn("bad", FailsInInit)
         for _ in range(5):
             with pytest.raises(Exception) as info:
                 m.slice(gpus=0).ok.call_one().get(timeout=30)
-            assert "init threw: ValueError: no config XYZ" in str(info.value), info.value
+            text = str(info.value)
+            # "message FailsInInit::call to ADDR undeliverable: actor failed: init threw: ..." or
+            # "... actor ADDR (FailsInInit) failed: init threw: ..."
+            assert ("FailsInInit::call to " in text or "(FailsInInit) failed: " in text), text
+            assert "init threw: FailsInInit.__init__ raised:\nTraceback" in text, text
+            assert 'in __init__\n    raise ValueError("no config XYZ")' in text, text
+            assert "ValueError: no config XYZ" in text, text
+            assert "PyActor" not in text and "_host.py" not in text, text
+        # A ValueMesh of failures shows them, not object addresses.
+        shown = repr(m.ok.call().get(timeout=30))
+        assert "<failed: SupervisionError: " in shown and " object at " not in shown, shown
     finally:
         pm.stop().get(timeout=60)
 

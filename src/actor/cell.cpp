@@ -79,10 +79,27 @@ Cell::~Cell() {
   for (Cell* c : children_) c->release();
   if (parent_ != nullptr) parent_->release();
   g_live_cells.fetch_sub(1, std::memory_order_relaxed);
+  delete type_label_.load(std::memory_order_relaxed);
 }
 
 std::string Cell::type_name() const {
+  if (const std::string* label = type_label_.load(std::memory_order_acquire)) return *label;
+  return cpp_type_name();
+}
+
+std::string Cell::cpp_type_name() const {
   return demangle(type_.name());
+}
+
+void Cell::set_type_label(std::string label) {
+  auto owned = std::make_unique<const std::string>(std::move(label));
+  const std::string* none = nullptr;
+  if (!type_label_.compare_exchange_strong(none, owned.get(), std::memory_order_release,
+                                           std::memory_order_relaxed)) {
+    throw UsageError("Actor::set_type_label: actor " + id_.to_string() +
+                     " already has the label '" + *none + "'");
+  }
+  (void)owned.release();
 }
 
 void Cell::schedule() {

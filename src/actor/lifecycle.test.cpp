@@ -295,6 +295,54 @@ TEST(Supervision, InitAndConstructorFailuresAreSupervisionEvents) {
   EXPECT_EQ(c.state(), Lifecycle::Failed);
 }
 
+// An actor that stands for another language's class (the Python front end's) names that class in
+// reports, once it set the label in init(); lookups by type still compare the C++ type.
+struct Labelled : monarch::Actor {
+  void init() override {
+    set_type_label("python Trainer");
+    try {
+      set_type_label("again");
+    } catch (const monarch::UsageError& e) {
+      second = e.what();
+    }
+  }
+  std::string second_label() { return second; }
+  int ping() { return 1; }
+  void boom() { throw std::runtime_error("boom"); }
+  MONARCH_ENDPOINTS(Labelled, second_label, ping, boom)
+  std::string second;
+};
+
+TEST(Supervision, ATypeLabelNamesTheActorInReportsButNotInLookups) {
+  Proc proc;
+  HookCatcher hook;
+  hook.install(proc);
+  auto a = proc.spawn<Labelled>("labelled");
+  EXPECT_THAT(a.call(&Labelled::second_label).get(5s),
+              HasSubstr("already has the label 'python Trainer'"));
+  proc.register_name("trainer", a);
+  auto found = proc.lookup<Labelled>("trainer");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->call(&Labelled::ping).get(5s), 1);
+  try {
+    (void)proc.lookup<Tracked>("trainer");
+    ADD_FAILURE() << "a Labelled was found as a Tracked";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("Labelled, not a "));  // the C++ type
+  }
+  a.send(&Labelled::boom);
+  auto ev = hook.future.get(5s);
+  EXPECT_EQ(ev.actor_type, "python Trainer");
+  EXPECT_THAT(ev.to_string(),
+              HasSubstr("(python Trainer) failed: send handler python Trainer::boom"));
+  try {
+    a.call(&Labelled::ping).get(5s);
+    ADD_FAILURE() << "a failed actor answered";
+  } catch (const monarch::DeliveryFailure& e) {
+    EXPECT_EQ(e.endpoint(), "python Trainer::ping");
+  }
+}
+
 TEST(Supervision, ChildInitFailureReachesParentSupervise) {
   Proc proc;
   auto p = proc.spawn<Parent>("parent", true);

@@ -149,7 +149,7 @@ detail::CellPtr Proc::lookup_cell(const std::string& name, std::type_index type)
   if (it == names_.end()) return {};
   if (it->second->type() != type) {
     throw UsageError("Proc::lookup('" + name + "'): actor " + it->second->id().to_string() +
-                     " is a " + it->second->type_name() + ", not a " +
+                     " is a " + it->second->cpp_type_name() + ", not a " +
                      detail::demangle(type.name()));
   }
   return it->second;

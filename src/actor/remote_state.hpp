@@ -680,8 +680,9 @@ struct Proc::Remote {
     auto inv = detail::find_invoker(c->type(), h.endpoint);
     if (!inv) {
       return fail(DeliveryFailure(h.dest, h.endpoint,
-                                  "actor type " + c->type_name() + " has no registered endpoint '" +
-                                      h.endpoint + "' (MONARCH_ENDPOINTS)"));
+                                  "actor type " + c->cpp_type_name() +
+                                      " has no registered endpoint '" + h.endpoint +
+                                      "' (MONARCH_ENDPOINTS)"));
     }
     detail::RemoteRequest req;
     req.payload = std::move(payload);
@@ -716,9 +717,9 @@ struct Proc::Remote {
       if (it == proc->names_.end()) {
         throw UsageError("proc " + address + " has no actor registered as '" + h.dest.name + "'");
       }
-      if (it->second->type_name() != h.endpoint) {
+      if (it->second->cpp_type_name() != h.endpoint) {
         throw UsageError("actor '" + h.dest.name + "' in " + address + " is a " +
-                         it->second->type_name() + ", not a " + h.endpoint);
+                         it->second->cpp_type_name() + ", not a " + h.endpoint);
       }
       r.payload = wire::encode(it->second->id());
     } catch (...) {

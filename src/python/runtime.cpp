@@ -235,15 +235,26 @@ void PyActor::init() {
   }
   if (!py_alive()) throw Error("python actor " + id().to_string() + ": interpreter is exiting");
   Gil gil;
+  py::object host_mod;
   try {
-    auto host_mod = py::module_::import("monarch._host");
+    host_mod = py::module_::import("monarch._host");
     auto me = std::make_shared<Reply>();  // fail(): fails this actor (from any thread)
     me->self = self<PyActor>();
+    // Reports name the Python class ("actor ... (Trainer) failed"), not PyActor: ActorHost
+    // calls this once it has unpickled the class, before the class's __init__ runs.
+    py::cpp_function set_label([this](std::string label) { set_type_label(std::move(label)); });
     py::object h = host_mod.attr("ActorHost")(py::bytes(spec_), point_tuple(rank), id().to_string(),
-                                              id().name, me);
+                                              id().name, me, set_label);
     host_ = new py::object(std::move(h));
     spec_.clear();
   } catch (py::error_already_set& e) {
+    // The class's __init__ raised: ActorHost's InitError carries "Cls.__init__ raised:" and the
+    // user's traceback, without pybind's "At:" frames of ActorHost itself.
+    if (host_mod && e.matches(host_mod.attr("InitError"))) {
+      std::string text = py::str(e.value());
+      PyErr_Clear();
+      throw Error(text);
+    }
     rethrow_python(e);
   }
 }

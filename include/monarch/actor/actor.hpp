@@ -117,6 +117,13 @@ class Actor {
                        true);
   }
 
+  /// Names this actor's type `label` in reports (supervision events and MeshFailure text,
+  /// DeliveryFailure and ActorError endpoint labels) instead of its C++ type: for an actor that
+  /// stands for a class of another language (the Python front end's actors report their Python
+  /// class). Lookups by type still compare the C++ type. Call it at most once, from init() or a
+  /// handler (UsageError on a second call); reports made before it name the C++ type.
+  void set_type_label(std::string label) { cell()->set_type_label(std::move(label)); }
+
   /// Stops this actor once the messages already queued have run (like ref.stop()).
   void stop() { (void)cell()->request_stop(false); }
 

@@ -14,7 +14,7 @@ namespace monarch {
 /// did not handle a child's failure, so a chain reads from the outermost owner to the root cause.
 struct ActorSupervisionEvent {
   ActorId actor;           ///< the actor that failed
-  std::string actor_type;  ///< its C++ type name, e.g. "Counter"
+  std::string actor_type;  ///< its type: the C++ name ("Counter"), or Actor::set_type_label's
   std::string cause;       ///< e.g. "send handler Counter::boom threw: std::runtime_error: x"
   std::shared_ptr<const ActorSupervisionEvent> caused_by;  ///< child event, or null
 

@@ -71,8 +71,15 @@ class Cell {
   const ActorId& id() const noexcept { return id_; }
   Proc& proc() const noexcept { return *proc_; }
   std::type_index type() const noexcept { return type_; }
-  /// Demangled C++ type name of the actor, e.g. "Counter" (computed on demand, for reports).
+  /// The actor's type as reports name it (supervision events, DeliveryFailure and ActorError
+  /// labels): the label set_type_label() gave, else the demangled C++ type name, e.g. "Counter".
+  /// Any thread.
   std::string type_name() const;
+  /// The demangled C++ type name, always: what lookups by type compare. Any thread.
+  std::string cpp_type_name() const;
+  /// Actor thread, once (Actor::set_type_label): a label for type_name(). Throws UsageError when
+  /// one was set before.
+  void set_type_label(std::string label);
   /// The actor object; valid only on the actor's own thread while it is initialized and running.
   Actor* actor() const noexcept { return actor_.get(); }
 
@@ -129,6 +136,7 @@ class Cell {
   ActorId id_;
   Cell* parent_;  // reference held until we report our stop; nullptr = the Proc's root
   std::type_index type_;
+  std::atomic<const std::string*> type_label_{nullptr};  // set once, freed by ~Cell
   bool record_steps_;  // deterministic scheduler: remember last_endpoint_
   Factory factory_;
   std::unique_ptr<Actor> actor_;
