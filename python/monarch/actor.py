@@ -72,6 +72,13 @@ __all__ = [
 # --- Points and extents --------------------------------------------------------------------------
 
 
+class _DimKeyError(KeyError):
+    """A KeyError whose text reads as written (KeyError's own str() shows its message quoted)."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
 class Extent(Mapping):
     """Named dims with sizes, e.g. ``{"hosts": 2, "gpus": 4}``; ranks are row-major."""
 
@@ -98,21 +105,25 @@ class Extent(Mapping):
         return Point(list(reversed(coords)), self)
 
     def rank_of(self, coords: Dict[str, int]) -> int:
+        """The rank at ``coords`` (dim -> int; a negative one counts from the end, as in
+        ``slice()``; a dim of size 1 may be left out). Raises KeyError for an unknown or missing
+        dim, TypeError for a coordinate that is not an int, IndexError for one out of range."""
         unknown = set(coords) - set(self.labels)
         if unknown:
-            raise KeyError("unknown dim %s of extent %s" % (", ".join(sorted(unknown)), self))
+            raise _DimKeyError("unknown dim %s of extent %s" % (", ".join(sorted(unknown)), self))
         r = 0
         for lab, s in zip(self.labels, self.sizes):
             c = coords.get(lab, 0 if s == 1 else None)
             if c is None:
-                raise KeyError("missing coordinate for dim %r of extent %s" % (lab, self))
+                raise _DimKeyError("missing coordinate for dim %r of extent %s" % (lab, self))
             if isinstance(c, bool) or not hasattr(c, "__index__"):
                 raise TypeError("coordinate %s= takes an int, not %r (%s)"
                                 % (lab, c, type(c).__name__))
             c = operator.index(c)
-            if not 0 <= c < s:
+            i = c + s if c < 0 else c
+            if not 0 <= i < s:
                 raise IndexError("%s=%d out of range for size %d" % (lab, c, s))
-            r = r * s + c
+            r = r * s + i
         return r
 
     def __getitem__(self, k):
@@ -626,7 +637,9 @@ class ValueMesh(Generic[R]):
         return v
 
     def item(self, **coords) -> R:
-        """The value at these coordinates (every dim of size > 1 must be given)."""
+        """The value at these coordinates (every dim of size > 1 must be given; a negative one
+        counts from the end). Raises what the member failed with, or KeyError / TypeError /
+        IndexError for bad coordinates (Extent.rank_of)."""
         return self._at(self.extent.rank_of(coords))
 
     def items(self) -> Iterator[Tuple[Point, R]]:

@@ -71,8 +71,12 @@ def test_call_gives_a_value_mesh(members):
     assert all(isinstance(p, Point) and p["gpus"] == p.rank for p, _ in items)
     assert [v for _, v in items] == [101, 111, 121, 131]
     assert vm.item(gpus=2) == 121
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError) as missing:
         vm.item()  # gpus has size 4: its coordinate is required
+    assert str(missing.value) == "missing coordinate for dim 'gpus' of extent {gpus=4}"
+    assert vm.item(gpus=-1) == 131 and vm.item(gpus=-4) == 101  # from the end, as slice() counts
+    with pytest.raises(IndexError, match="gpus=-5 out of range for size 4"):
+        vm.item(gpus=-5)
     for bad in ("2", 2.0, True):  # a TypeError naming the dim, not one from a comparison
         with pytest.raises(TypeError, match="coordinate gpus= takes an int"):
             vm.item(gpus=bad)
