@@ -125,7 +125,8 @@ static int run(int argc, char** argv) {
   app.add_option("--image", o.image, "container image with monarch and this program")->required();
   app.add_option("--namespace", o.ns, "namespace")->capture_default_str();
   app.add_option("--replicas", o.replicas, "pods (hosts)")
-      ->check(monarch::cli::integer_in(1, 100000))
+      ->check(monarch::cli::integer_in(
+          1, static_cast<int64_t>(monarch::launch::kMaxKubernetesReplicas)))
       ->capture_default_str();
   app.add_option("--port", o.agent_port, "agent port in each pod")
       ->check(monarch::cli::integer_in(1, 65535))

@@ -28,8 +28,9 @@ inline CLI::Validator integer_in(int64_t lo, int64_t hi = INT64_MAX) {
       [lo, hi, range](std::string& text) -> std::string {
         int64_t v = 0;
         auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        const bool digits = end == text.data() + text.size() && !text.empty();
-        if (ec == std::errc::invalid_argument || (!digits && ec == std::errc{}))
+        // Empty text and no digits are invalid_argument; digits followed by more are not.
+        if (ec == std::errc::invalid_argument ||
+            (ec == std::errc{} && end != text.data() + text.size()))
           return "'" + text + "' is not an integer";
         if (ec == std::errc::result_out_of_range || v < lo || v > hi)
           return "must be " + range + ", not " + text;
@@ -61,7 +62,7 @@ inline CLI::Validator positive_number() {
       [](std::string& text) -> std::string {
         double v = 0;
         auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (ec == std::errc::invalid_argument || end != text.data() + text.size() || text.empty())
+        if (ec == std::errc::invalid_argument || end != text.data() + text.size())
           return "'" + text + "' is not a number";
         if (ec == std::errc::result_out_of_range || !std::isfinite(v) || !(v > 0))
           return "must be a finite number above 0, not " + text;

@@ -14,9 +14,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>

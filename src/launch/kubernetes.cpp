@@ -26,8 +26,6 @@ namespace {
 // The label that selects our pods (Service selector, pod listing).
 constexpr const char* kJobLabel = "monarch/job";
 constexpr const char* kIndexKey = "batch.kubernetes.io/job-completion-index";
-// The API server's limit on an Indexed Job's completions (and parallelism).
-constexpr size_t kMaxIndexedCompletions = 100000;
 
 // Container states that will not get better by waiting: the launch fails at once.
 const std::set<std::string> kFatalWaiting = {
@@ -64,9 +62,9 @@ void validate(const KubernetesOptions& o) {
   }
   if (o.image.empty()) throw UsageError("KubernetesJob " + o.name + ": image is empty");
   if (o.replicas == 0) throw UsageError("KubernetesJob " + o.name + ": replicas is 0");
-  if (o.replicas > kMaxIndexedCompletions) {
+  if (o.replicas > kMaxKubernetesReplicas) {
     throw UsageError("KubernetesJob " + o.name + ": replicas is " + std::to_string(o.replicas) +
-                     " (an Indexed Job runs at most " + std::to_string(kMaxIndexedCompletions) +
+                     " (an Indexed Job runs at most " + std::to_string(kMaxKubernetesReplicas) +
                      " pods)");
   }
   if (o.agent_port == 0) throw UsageError("KubernetesJob " + o.name + ": agent_port is 0");

@@ -57,12 +57,15 @@ struct KubernetesError : monarch::Error {
       : monarch::Error(ErrorCode::Kubernetes, message) {}
 };
 
+/// The most pods a KubernetesJob runs: the API server's limit on an Indexed Job's completions.
+inline constexpr size_t kMaxKubernetesReplicas = 100000;
+
 struct KubernetesOptions {
   /// Job and Service name: a DNS-1035 label of at most 52 characters (pods are NAME-INDEX-xxxxx).
   std::string name{};
   std::string ns = "default";   ///< namespace
   std::string image{};          ///< container image holding `monarch` (and the worker binary)
-  size_t replicas = 1;          ///< pods = hosts of the HostMesh: 1 to 100000 (Indexed Job limit)
+  size_t replicas = 1;          ///< pods = hosts of the HostMesh: 1 to kMaxKubernetesReplicas
   uint16_t agent_port = 26600;  ///< the agent's TCP port in each pod
   size_t gpus_per_pod = 0;      ///< GPU limit per pod (0: none)
   GpuVendor gpu_vendor = GpuVendor::nvidia;
