@@ -168,11 +168,29 @@ struct IoRuntime::Impl {
   std::thread thread;
 };
 
+namespace {
+thread_local bool tls_io_thread = false;
+}  // namespace
+
 IoRuntime::IoRuntime() : impl_(std::make_unique<Impl>()) {
   // Create spdlog's registry before our thread starts: it is a lazily built static inside the
   // (uninstrumented) shared library, so racing to build it would be invisible to TSan.
   (void)spdlog::default_logger_raw();
-  impl_->thread = std::thread([this] { impl_->ctx.run(); });
+  // asio's error categories are statics built on first use, and destroyed at exit in the reverse
+  // order of construction. Built here, they outlive this runtime's thread (joined by the atexit
+  // handlers and static destructors registered after this point), which reads them to fail a
+  // pending operation.
+  (void)asio::error::get_misc_category();
+  (void)asio::error::get_netdb_category();
+  (void)asio::error::get_addrinfo_category();
+  impl_->thread = std::thread([this] {
+    tls_io_thread = true;
+    impl_->ctx.run();
+  });
+}
+
+bool IoRuntime::on_io_thread() noexcept {
+  return tls_io_thread;
 }
 
 IoRuntime::~IoRuntime() {

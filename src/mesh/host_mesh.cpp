@@ -3,7 +3,15 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
 
+#include "monarch/actor/detail/hooks.hpp"
+#include "monarch/channel/channel.hpp"
 #include "process_group.hpp"
 
 namespace monarch::mesh {
@@ -27,6 +35,76 @@ namespace {
 // numbers addresses and controllers).
 std::atomic<uint64_t> g_mesh_counter{0};
 
+// HostMeshes that may be alive at exit (keep_hosts_at_exit in process.hpp). Never destroyed: the
+// exit handler reads it after main returned.
+struct LiveHosts {
+  std::mutex mu;
+  std::vector<std::weak_ptr<HostMesh::State>> states;   // in creation order
+  std::vector<std::shared_ptr<HostMesh::State>> stuck;  // whose actors did not stop at exit
+  bool keep = false;
+  bool registered = false;  // the atexit handler
+};
+LiveHosts& live_hosts() {
+  static auto* l = new LiveHosts();
+  return *l;
+}
+
+// The atexit handler. A HostMesh alive here is kept by something that was never destroyed: most
+// often an actor of its own client holding a copy (a cycle), which kept the client's I/O and
+// actor threads running into the static destructors (asio's and spdlog's statics, used by them).
+void stop_live_hosts_at_exit() {
+  // exit() from a handler or the I/O thread: stopping would wait on the calling thread itself.
+  if (monarch::detail::current_cell() != nullptr || channel::IoRuntime::on_io_thread()) return;
+  std::vector<std::shared_ptr<HostMesh::State>> held;
+  {
+    auto& l = live_hosts();
+    std::lock_guard lock(l.mu);
+    if (l.keep) return;
+    for (auto& w : l.states) {
+      if (auto s = w.lock()) held.push_back(std::move(s));
+    }
+    l.states.clear();
+  }
+  while (!held.empty()) {  // newest first, as destructors would run
+    auto s = std::move(held.back());
+    held.pop_back();
+    // Failures from here on are the exit's own (a mesh whose agent stops under it): not reported.
+    s->exiting.store(true, std::memory_order_release);
+    // Its process meshes stop first, side by side, while the client's actors (the agent, the
+    // mesh controllers) still serve them. Held here, none is freed meanwhile by its last handle.
+    std::vector<std::shared_ptr<process_detail::ProcessGroup>> groups;
+    {
+      std::lock_guard lock(s->groups_mu);
+      for (auto* g : s->groups) {
+        if (auto live = g->weak_from_this().lock()) groups.push_back(std::move(live));
+      }
+    }
+    {
+      std::vector<std::jthread> stops;
+      for (auto& g : groups) stops.emplace_back([&g] { g->stop(); });
+    }
+    groups.clear();
+    // Then the client's actors (cleanup() runs); destroying them releases the handles they held.
+    if (!s->client->shutdown(s->client->options().stop_timeout)) {
+      // Destroying it would wait on the actors that did not stop: the process's exit ends them.
+      std::lock_guard lock(live_hosts().mu);
+      live_hosts().stuck.push_back(std::move(s));
+      continue;
+    }
+    s.reset();  // the last handle, unless something else still holds one: ~HostMeshState, here
+  }
+}
+
+void track_at_exit(const std::shared_ptr<HostMesh::State>& s) {
+  auto& l = live_hosts();
+  std::lock_guard lock(l.mu);
+  std::erase_if(l.states, [](const auto& w) { return w.expired(); });
+  l.states.push_back(s);
+  // Registered after the client Proc was built: the statics its threads use (spdlog's registry,
+  // asio's error categories: IoRuntime builds them) are destroyed after this handler runs.
+  if (!std::exchange(l.registered, true)) std::atexit(stop_live_hosts_at_exit);
+}
+
 std::shared_ptr<HostMesh::State> make_host_state(const HostOptions& options,
                                                  const std::string& listen) {
   options.timeouts.validate();
@@ -40,9 +118,15 @@ std::shared_ptr<HostMesh::State> make_host_state(const HostOptions& options,
   // Failures reaching the client: of actors on our procs -> MeshFailure; others -> the user hook.
   auto* raw = s.get();
   s->client->set_fault_hook([raw](const ActorSupervisionEvent& ev) { raw->on_fault(ev); });
+  track_at_exit(s);
   return s;
 }
 }  // namespace
+
+void keep_hosts_at_exit() {
+  std::lock_guard lock(live_hosts().mu);
+  live_hosts().keep = true;
+}
 
 HostMesh this_host(HostOptions options) {
   std::string listen = options.listen.empty()

@@ -10,6 +10,8 @@
 // MeshFailure&) (owner_failure_handler); unhandled, it reaches the HostMesh fault hook as an
 // ActorSupervisionEvent. The actor layer's side (an actor's failure -> its owner's supervise()):
 // src/actor/supervision.cpp. Invariants PH-4, PH-5: docs/processes.md.
+#include <spdlog/spdlog.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +61,10 @@ void HostMeshState::notify_proc_failed(const std::vector<std::string>& dead,
 }
 
 void HostMeshState::on_fault(const ActorSupervisionEvent& ev) {
+  if (exiting.load(std::memory_order_acquire)) {  // the program is exiting: stopping, not failing
+    spdlog::debug("monarch: at exit, not reported: {}", ev.to_string());
+    return;
+  }
   if (dispatch(ev)) return;
   Proc::FaultHook hook;
   {

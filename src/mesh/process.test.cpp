@@ -891,8 +891,43 @@ TEST(ProcessMesh, AnOversizeReplyFailsItsCallNamingTheLimit) {
   EXPECT_TRUE(procs.stop());
 }
 
+// An actor of the client that holds the client's own HostMesh and a mesh of its procs: neither is
+// ever destroyed by the program, only by the exit handler (keep_hosts_at_exit in process.hpp).
+struct Keeper : monarch::Actor {
+  Keeper(monarch::mesh::HostMesh host, ProcMesh procs)
+      : host_(std::move(host)), procs_(std::move(procs)) {}
+  void cleanup(const std::optional<monarch::ActorSupervisionEvent>&) override {
+    std::printf("CLEANUP %zu procs\n", procs_.size());
+    std::fflush(stdout);
+  }
+  int freeze() {
+    std::promise<void> never;
+    never.get_future().wait();
+    return 0;
+  }
+  MONARCH_ENDPOINTS(Keeper, freeze)
+  monarch::mesh::HostMesh host_;
+  ProcMesh procs_;
+};
+
+// "keeper-exit": main returns while a Keeper holds the HostMesh; "keeper-stuck-exit": the same,
+// with the Keeper frozen in a handler.
+int run_keeper_client(const std::string& mode) {
+  auto host = monarch::mesh::this_host(fast());
+  SpawnOptions so;
+  so.name = "kept";
+  auto procs = host.spawn_procs(Extent{{"gpus", 2}}, so);
+  for (size_t i = 0; i < procs.size(); ++i) std::printf("PID %d\n", procs.pid(i));
+  auto keeper = host.client().spawn<Keeper>("keeper", host, procs);
+  if (mode == "keeper-stuck-exit") keeper.send(&Keeper::freeze);
+  std::printf("READY\n");
+  std::fflush(stdout);
+  return 0;  // host, procs and keeper's ref go; the Keeper keeps the HostMesh alive
+}
+
 // A client in a child process: spawns 3 workers, prints their pids, then ends as told.
 int run_client(const std::string& mode) {
+  if (mode.starts_with("keeper-")) return run_keeper_client(mode);
   const char* agent = std::getenv("MONARCH_TEST_AGENT");  // attach to it instead of this_host()
   auto host = agent != nullptr ? monarch::mesh::attach_to_workers({agent}, fast())
                                : monarch::mesh::this_host(fast());
@@ -918,6 +953,13 @@ int run_client(const std::string& mode) {
   while (true) ::pause();  // "sigkill", "sigstop": the test kills or freezes us
 }
 
+std::string self_exe() {
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
+  return std::string(self, static_cast<size_t>(n));
+}
+
 class NoOrphans : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {  // PH-1 (and PH-7: nor its fork server)
@@ -931,10 +973,7 @@ TEST_P(NoOrphans, NoWorkerSurvivesItsClient) {  // PH-1 (and PH-7: nor its fork 
     ::setenv("MONARCH_TEST_AGENT", agent->listening().c_str(), 1);
   }
   ::setenv("MONARCH_TEST_CLIENT", GetParam().c_str(), 1);
-  char self[4096];
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  ASSERT_GT(n, 0);
-  monarch::testing::Subprocess client(std::string(self, static_cast<size_t>(n)), {});
+  monarch::testing::Subprocess client(self_exe(), {});
   ::unsetenv("MONARCH_TEST_CLIENT");
   ::unsetenv("MONARCH_TEST_AGENT");
   std::vector<int> pids, servers;
@@ -972,6 +1011,46 @@ INSTANTIATE_TEST_SUITE_P(ClientEnds, NoOrphans,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// A HostMesh that only an actor of its own client holds (a cycle) is stopped at exit, before the
+// static destructors: the actor's cleanup runs, the program exits 0, and its workers are gone. It
+// used to stay up: its I/O thread ran into the static destructors and, in one CI run, crashed
+// there (getting_started under ASan, whose Controller holds its HostMesh).
+TEST(ClientEnds, AHostMeshKeptByItsOwnActorIsStoppedAtExit) {
+  ::setenv("MONARCH_TEST_CLIENT", "keeper-exit", 1);
+  monarch::testing::Subprocess client(self_exe(), {});
+  ::unsetenv("MONARCH_TEST_CLIENT");
+  std::vector<int> pids;
+  std::optional<std::string> l;
+  while ((l = client.line(20s)) && *l != "READY") {
+    if (l->starts_with("PID ")) pids.push_back(std::stoi(l->substr(4)));
+  }
+  ASSERT_TRUE(l.has_value()) << "client ended before READY";
+  ASSERT_EQ(pids.size(), 2u);
+  EXPECT_EQ(client.line(20s).value_or("<no line: the Keeper was not stopped>"), "CLEANUP 2 procs");
+  auto status = client.wait(20s);
+  ASSERT_TRUE(status.has_value()) << "the client did not exit";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
+  EXPECT_TRUE(all_dead(pids, 10s));
+}
+
+// The same with the Keeper frozen in a handler: the exit waits the client's stop_timeout (3 s
+// here) for it, then goes on; it neither hangs nor fails.
+TEST(ClientEnds, AHostMeshWhoseActorIsFrozenAtExitDoesNotHoldTheExit) {
+  ::setenv("MONARCH_TEST_CLIENT", "keeper-stuck-exit", 1);
+  monarch::testing::Subprocess client(self_exe(), {});
+  ::unsetenv("MONARCH_TEST_CLIENT");
+  std::vector<int> pids;
+  std::optional<std::string> l;
+  while ((l = client.line(20s)) && *l != "READY") {
+    if (l->starts_with("PID ")) pids.push_back(std::stoi(l->substr(4)));
+  }
+  ASSERT_TRUE(l.has_value()) << "client ended before READY";
+  auto status = client.wait(20s);
+  ASSERT_TRUE(status.has_value()) << "the client did not exit";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
+  EXPECT_TRUE(all_dead(pids, 10s));
+}
 
 // mesh.cast_fanout shapes the tree of a process mesh (issue 16 item 1). 4 procs: with fan-out 2
 // the path to proc 2 is 0 -> 1 -> 2, so a cast to proc 2 waits while proc 1 is frozen; with the
@@ -1312,12 +1391,8 @@ TEST(ForkServer, AProgramThatCannotServeForksIsExecdWithAWarning) {  // PH-7
 // MONARCH_FORK_SERVER set by hand (no agent's socket behind it) is refused with a message, and
 // the program runs on: no hang waiting on a descriptor that is not the agent's.
 TEST(ForkServer, AHandSetVariableIsRefusedAndTheProgramRunsOn) {  // PH-7
-  char self[4096];
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  ASSERT_GT(n, 0);
   for (const char* value : {"junk", "0"}) {
-    std::string cmd = std::string("MONARCH_FORK_SERVER=") + value + " '" +
-                      std::string(self, static_cast<size_t>(n)) +
+    std::string cmd = std::string("MONARCH_FORK_SERVER=") + value + " '" + self_exe() +
                       "' --gtest_filter=NoSuchTest 2>&1 </dev/null";
     FILE* p = ::popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);

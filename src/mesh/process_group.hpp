@@ -34,6 +34,8 @@ struct HostMeshState {
   std::mutex groups_mu;                                                   // groups, fault_hook
   std::vector<ProcessGroup*> groups;  // live process meshes on these hosts
   Proc::FaultHook fault_hook;         // HostMesh::set_fault_hook; empty: fail fast
+  // Set by the exit handler (keep_hosts_at_exit): on_fault then drops failures quietly.
+  std::atomic<bool> exiting{false};
   // Set once `client` is shut down, before it is freed (MeshLifetime::gone).
   std::shared_ptr<std::atomic<bool>> procs_gone = std::make_shared<std::atomic<bool>>(false);
   /// The client Proc's fault hook: failures of actors on our procs become MeshFailures.
@@ -49,7 +51,7 @@ struct HostMeshState {
   ~HostMeshState();
 };
 
-struct ProcessGroup {
+struct ProcessGroup : std::enable_shared_from_this<ProcessGroup> {
   enum class St { Starting, Ready, Stopping, Failed };
   struct Rank {
     St st = St::Starting;

@@ -696,6 +696,9 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "monarch-cpp's runtime (internal; use monarch.actor).";
   register_errors();
   note_main_thread();
+  // monarch.actor stops this process's meshes in its own atexit handler, while Python still runs;
+  // the C++ one would stop the client's Python actors after the interpreter finalized.
+  mesh::keep_hosts_at_exit();
   m.def("prepare_exit", &prepare_exit,
         "At exit: runtime threads stop entering Python before the interpreter finalizes.");
   register_reply(m);

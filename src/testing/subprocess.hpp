@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,6 +94,21 @@ class Subprocess {
   }
 
   pid_t pid() const { return pid_; }
+
+  /// Waits for the child to end and reaps it: its wait status (WIFEXITED, WEXITSTATUS...), or
+  /// nullopt if it is still running after `deadline`.
+  std::optional<int> wait(std::chrono::milliseconds deadline) {
+    int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+    if (fd < 0) throw std::runtime_error("Subprocess: pidfd_open failed");
+    pollfd p{fd, POLLIN, 0};
+    int ready = ::poll(&p, 1, static_cast<int>(deadline.count()));
+    ::close(fd);
+    if (ready <= 0) return std::nullopt;
+    int status = 0;
+    if (::waitpid(pid_, &status, 0) != pid_) throw std::runtime_error("Subprocess: waitpid failed");
+    reaped_ = true;
+    return status;
+  }
 
   /// Closes the child's stdin (a child waiting for EOF goes on).
   void close_stdin() {

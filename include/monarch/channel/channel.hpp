@@ -128,6 +128,8 @@ class IoRuntime {
   void* context();
   /// A process-wide runtime, created on first use.
   static IoRuntime& shared();
+  /// True on the thread of any IoRuntime (where channel handlers run). Any thread.
+  static bool on_io_thread() noexcept;
 
  private:
   struct Impl;
