@@ -511,6 +511,15 @@ void ReplicaController::attach(int64_t r) {
     for (size_t i = 0; i < g.unit.agents->size(); ++i)
       g.unit.agents->at(i).send(&FaultAgent::arm, std::string(kFaultHealAfterFirstChunk));
   }
+  // A kill_in_quorum armed in a process that died of something else first (another fault made it
+  // a donor and killed it, say) is armed again in its replacement: else it never fires, and the
+  // run ends with it open.
+  for (const auto& f : faults_) {
+    if (f.open() && f.armed_only() && f.victims.count(replica_id(r))) {
+      g.unit.agents->at(0).send(&FaultAgent::arm, std::string(kFaultQuorumAfterRequest));
+      break;
+    }
+  }
 }
 
 // Starts a replacement once its Manager answers (so no rank asks it for a quorum before it runs).

@@ -129,9 +129,10 @@ struct TinyTrainer : monarch::Actor {
 // spares 1: before training, spare0 is killed from outside (a spare failing: replaced by spare1,
 // not a fault); at the first quiet step >= 20 with the spare ready, a SIGKILL of replica1 only.
 // With `chaos` (spares 0), the chaos kinds instead, each at the first quiet step after the last:
-// kill_in_quorum of replica0, kill_healer_mid_heal of replica1, then replica0 and replica2 killed
-// at once. With `respawn_fails`, replica1 is SIGKILLed at the first quiet step >= 5, and its host
-// is gone from then on (host_for throws, as a launcher that cannot start a host would).
+// kill_in_quorum of replica0 together with a SIGKILL of it, kill_healer_mid_heal of replica1, then
+// replica0 and replica2 killed at once. With `respawn_fails`, replica1 is SIGKILLed at the first
+// quiet step >= 5, and its host is gone from then on (host_for throws, as a launcher that cannot
+// start a host would).
 struct TestController : ft::ReplicaController {
   TestController(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
                  ft::ReplicaClientOptions client, int64_t spares, bool chaos, bool respawn_fails)
@@ -186,7 +187,12 @@ struct TestController : ft::ReplicaController {
     }
     if (chaos_) {
       if (step < 5 || !quiet()) return;
-      if (stage_ == 0) inject(ft::FaultKind::kill_in_quorum, 0);
+      if (stage_ == 0) {
+        // Armed, then its process dies of another fault before the point can fire: the point
+        // is armed again in the replacement, and fires there.
+        inject(ft::FaultKind::kill_in_quorum, 0);
+        inject(ft::FaultKind::sigkill, 0);
+      }
       if (stage_ == 1) inject(ft::FaultKind::kill_healer_mid_heal, 1);
       if (stage_ == 2) inject_two(0, 2);
       ++stage_;
@@ -329,7 +335,8 @@ TEST(ReplicaClient, AGroupThatCannotBeRespawnedEndsTheRunNamingIt) {
 }
 
 // The chaos kinds at their points: each fires (a pending request, a healer mid-read, two groups
-// at once), each is counted per failed group, each recovers; replicas end bitwise equal.
+// at once), each is counted per failed group, each recovers; replicas end bitwise equal. The
+// kill_in_quorum fires in replica0's second process: its first was SIGKILLed while armed.
 TEST(ReplicaClient, ChaosKindsFireAtTheirPointsAndRecover) {
   // The survivors keep stepping (~0.7 k steps/s) while each fault recovers (1-2 s with a process
   // start), and each kind waits for the previous one to recover: 1500 steps once ran out before
@@ -340,19 +347,21 @@ TEST(ReplicaClient, ChaosKindsFireAtTheirPointsAndRecover) {
   EXPECT_TRUE(s.replicas_bitwise_equal) << log;
   EXPECT_EQ(s.survivor_restarts, 0) << log;
   EXPECT_EQ(s.faults_outside, 0) << log;
-  EXPECT_EQ(s.faults_injected, 5) << log;  // 1 in quorum, the victim and its healer, 2 at once
-  EXPECT_EQ(s.respawns, 5) << log;
+  // The SIGKILL and the kill in quorum, the victim and its healer, 2 at once.
+  EXPECT_EQ(s.faults_injected, 6) << log;
+  EXPECT_EQ(s.respawns, 6) << log;
   EXPECT_TRUE(s.error.empty()) << s.error;
   auto faults = nlohmann::json::parse(s.faults_json);
-  ASSERT_EQ(faults.size(), 3u) << s.faults_json;
+  ASSERT_EQ(faults.size(), 4u) << s.faults_json;
   EXPECT_EQ(faults[0]["fault"], "kill_in_quorum") << s.faults_json;
   EXPECT_EQ(faults[0]["fired"], true) << s.faults_json;
-  EXPECT_EQ(faults[1]["fault"], "kill_healer_mid_heal") << s.faults_json;
-  EXPECT_EQ(faults[1]["fired"], true) << s.faults_json;
-  EXPECT_EQ(faults[2]["fault"], "sigkill_two_at_once") << s.faults_json;
-  EXPECT_EQ(faults[2]["victims"].size(), 2u) << s.faults_json;
+  EXPECT_EQ(faults[1]["fault"], "sigkill") << s.faults_json;
+  EXPECT_EQ(faults[2]["fault"], "kill_healer_mid_heal") << s.faults_json;
+  EXPECT_EQ(faults[2]["fired"], true) << s.faults_json;
+  EXPECT_EQ(faults[3]["fault"], "sigkill_two_at_once") << s.faults_json;
+  EXPECT_EQ(faults[3]["victims"].size(), 2u) << s.faults_json;
   for (auto& f : faults) EXPECT_FALSE(f["recovery_s"].is_null()) << f.dump() << "\n" << log;
-  EXPECT_EQ(s.recovery_s.size(), 3u) << log;
+  EXPECT_EQ(s.recovery_s.size(), 4u) << log;
 }
 
 // In one process: a lighthouse, one Manager per group and each group's ReplicaClient on a thread
