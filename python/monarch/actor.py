@@ -1268,11 +1268,15 @@ class ProcMesh(MeshTrait):
 
     def spawn(self, name: str, Class, *args, **kwargs) -> ActorMesh:
         """One ``Class(*args, **kwargs)`` per proc of this view. Does not wait for the procs.
-        Raises TypeError when Class is not an Actor subclass, mixes def and async def
-        endpoints, or its arguments cannot be serialised (cloudpickle)."""
-        if not isinstance(name, str) or not name:
+        Raises TypeError when name is not a str, Class is not an Actor subclass, mixes def and
+        async def endpoints, or its arguments cannot be serialised (cloudpickle); ValueError
+        when name is empty or holds a control character or a bracket (actor ids quote it)."""
+        if not isinstance(name, str):
             raise TypeError("spawn: the first argument is the mesh's name (a non-empty str), "
                             "not %r; call spawn(name, Class, *args)" % (name,))
+        if not name or any(c in "[]" or ord(c) < 0x20 or ord(c) == 0x7f for c in name):
+            raise ValueError("spawn: mesh name %r must be non-empty, without control characters "
+                             "or brackets" % (name,))
         _check_actor_class(Class)
         self._live.check()
         try:

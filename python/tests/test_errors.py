@@ -378,6 +378,9 @@ def test_spawning_a_non_actor(procs):
         procs.spawn("na", Faulty())
     with pytest.raises(TypeError):
         procs.spawn(Faulty)  # the name is missing
+    for bad in ("", "a[0]", "tab\there"):  # refused here, not at the first call on the mesh
+        with pytest.raises(ValueError, match="must be non-empty, without control characters"):
+            procs.spawn(bad, Faulty)
     with pytest.raises(TypeError, match="spawn lockholder"):
         procs.spawn("lockholder", Cleaned, threading.Lock())  # an argument cloudpickle refuses
 
