@@ -134,14 +134,15 @@ HostMesh attach_to_workers(const std::vector<std::string>& agents, HostOptions o
 
 /// At the program's exit (a return from main, or std::exit), a HostMesh that is still alive, such
 /// as one kept only by an actor of its own client, is stopped by an atexit handler before static
-/// destructors run:
-///   - the client Proc's actors stop (their cleanup() runs), which releases the handles they held;
-///   - a HostMesh that nothing else holds then goes as its destructor does (its procs stop).
-/// Newest HostMesh first. Left running (the process's exit ends them): a HostMesh whose actors
-/// did not stop within the client's stop_timeout, and all of them when exit is called from an
-/// actor's handler or a channel I/O thread. keep_hosts_at_exit() turns the handler off for this
-/// process: the Python client calls it, because it stops its meshes itself, before the
-/// interpreter finalizes. Any thread.
+/// destructors run, newest first:
+///   - its ProcMeshes stop side by side (as ProcMesh::stop, within stop_timeout each);
+///   - then the client Proc's actors stop (their cleanup() runs), which releases what they held;
+///   - a HostMesh that nothing else holds then goes as its destructor does.
+/// Failures during it are not reported (no fault hook runs). Left running (the process's exit
+/// ends them): a HostMesh with a client actor that did not stop within the client Proc's
+/// stop_timeout, and all of them when exit is called from an actor's handler or a channel I/O
+/// thread. keep_hosts_at_exit() turns the handler off for this process: the Python client calls
+/// it, because it stops its meshes itself, before the interpreter finalizes. Any thread.
 void keep_hosts_at_exit();
 
 /// What a worker knows about itself.
