@@ -11,7 +11,6 @@
 #include <random>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "monarch/actor/proc.hpp"
 #include "monarch/ndslice/extent.hpp"
@@ -113,14 +112,16 @@ struct Proc::Remote {
   std::unordered_map<std::string, std::string> failed;  // guarded by mu
   std::atomic<size_t> failed_count{0};                  // failed.size(), readable without mu
   // Procs forget() was told are gone by design, until a request comes from them again (the
-  // address may be reused). A reply to one is dropped with a debug log: its caller was stopped,
-  // and a new link to it would only wait out the delivery timeout and warn. Bounded.
+  // address may be reused): address -> why. A reply to one is dropped with a debug log: its
+  // caller was stopped. A new link to one (a call through a stale reference) closes at its first
+  // refused connection (ChannelOptions::close_if_refused), so the call fails at once, naming
+  // why, instead of waiting out the delivery timeout. Bounded.
   // Its own mutex: once a Proc forgot a peer, every request and reply looks here.
   static constexpr size_t kMaxGone = 4096;
   std::mutex gone_mu;
-  std::unordered_set<std::string> gone;  // guarded by gone_mu
-  std::deque<std::string> gone_order;    // guarded by gone_mu; may hold addresses not in `gone`
-  std::atomic<bool> any_gone{false};     // !gone.empty(), read without a lock on every request
+  std::unordered_map<std::string, std::string> gone;  // guarded by gone_mu
+  std::deque<std::string> gone_order;  // guarded by gone_mu; may hold addresses not in `gone`
+  std::atomic<bool> any_gone{false};   // !gone.empty(), read without a lock on every request
   // Why actors of this Proc are gone (a remote spawn refused, an actor failed: Cell::finish_stop
   // via Proc::remember_failed_actor): uid -> reason, so a later message to them says more than
   // "unknown actor". Bounded, oldest dropped first.
@@ -164,11 +165,20 @@ struct Proc::Remote {
     // leaves no entry behind.
     auto target = channel::ChannelAddr::parse(addr);
     auto quiet = std::make_shared<std::atomic<bool>>(false);
+    // A proc forgotten as stopped: a refused connection closes the new link at once, and what it
+    // returns says why the proc went (gone_why takes gone_mu, never held around mu).
+    std::string stopped = gone_why(addr);
+    channel::ChannelOptions o = opts;
+    o.close_if_refused = !stopped.empty();
+    auto because = [stopped](const std::string& why) {
+      return stopped.empty() ? why : why + "; " + stopped;
+    };
     auto s = channel::Sender::connect(
-        *io, target, opts, [this, addr, quiet](channel::Message&& m, const std::string& why) {
-          on_returned(std::move(m), addr, why, quiet->load());
+        *io, target, o, [this, addr, quiet, because](channel::Message&& m, const std::string& why) {
+          on_returned(std::move(m), addr, because(why), quiet->load());
         });
-    s->on_close([this, addr](const std::string& why) { on_link_closed(addr, why); });
+    s->on_close(
+        [this, addr, because](const std::string& why) { on_link_closed(addr, because(why)); });
     senders[addr] = s;
     forgotten[addr] = std::move(quiet);
     return s;
@@ -224,7 +234,7 @@ struct Proc::Remote {
     std::shared_ptr<channel::Sender> link;
     {
       std::lock_guard lock(gone_mu);
-      if (gone.insert(addr).second) {
+      if (gone.emplace(addr, why).second) {
         gone_order.push_back(addr);
         while (gone_order.size() > kMaxGone) {
           gone.erase(gone_order.front());
@@ -262,6 +272,13 @@ struct Proc::Remote {
     if (!any_gone.load(std::memory_order_relaxed)) return false;
     std::lock_guard lock(gone_mu);
     return gone.count(addr) != 0;
+  }
+  // Why forget() was told `addr` is gone; empty when it was not (or was heard from since).
+  std::string gone_why(const std::string& addr) {
+    if (!any_gone.load(std::memory_order_relaxed)) return {};
+    std::lock_guard lock(gone_mu);
+    auto it = gone.find(addr);
+    return it == gone.end() ? std::string() : it->second;
   }
   // A request (it wants a reply) came from `addr`: it is there again, so replies to it go out.
   void heard_from(const std::string& addr) {

@@ -8,12 +8,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "test_util.hpp"
 
@@ -387,6 +390,62 @@ TEST(Channel, ReconnectsAndResendsToANewListenerOnTheSameAddress) {  // CH-2, CH
   std::lock_guard lock(mu);
   EXPECT_EQ(got.size() + failed.size(), 10u);
   for (size_t i = 1; i < got.size(); ++i) EXPECT_LT(std::stoi(got[i - 1]), std::stoi(got[i]));
+}
+
+// ChannelOptions::close_if_refused (a link to a peer known to have exited): the first refused
+// connection closes the link and returns everything sent, naming the refusal, instead of
+// retrying until delivery_timeout. A peer that is listening is reached as usual.
+TEST(Channel, ALinkToAPeerKnownToHaveExitedClosesAtItsFirstRefusal) {
+  IoRuntime io;
+  ChannelOptions o = opts();
+  o.delivery_timeout = 60s;  // waiting for it would outlast the deadline below
+  o.close_if_refused = true;
+  std::string tcp;  // a port whose listener is gone
+  {
+    Inbox none;
+    auto l = Listener::serve(io, ChannelAddr::parse("tcp://127.0.0.1:0"), opts(), none.handler());
+    tcp = "tcp://127.0.0.1:" + std::to_string(l->bound_addr().port);
+  }
+  const std::string path = "unix://" + ::testing::TempDir() + unique_name("gone.sock");
+  for (const std::string& addr : {"unix://@" + unique_name("gone"), path, tcp}) {
+    SCOPED_TRACE(addr);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::string> failed;
+    std::string closed_why;
+    auto s =
+        Sender::connect(io, ChannelAddr::parse(addr), o, [&](Message&& m, const std::string& why) {
+          std::lock_guard lock(mu);
+          failed.push_back(text(m.parts[0]) + ": " + why);
+          cv.notify_all();
+        });
+    s->on_close([&](const std::string& why) {
+      std::lock_guard lock(mu);
+      closed_why = why;
+      cv.notify_all();
+    });
+    s->send(Message{{bytes("one")}});
+    s->send(Message{{bytes("two")}});
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 20s, [&] { return failed.size() == 2 && !closed_why.empty(); }))
+        << failed.size() << " returned";
+    EXPECT_THAT(failed[0], HasSubstr("one: peer "));
+    EXPECT_THAT(failed[0], HasSubstr(" has exited ("));
+    EXPECT_THAT(failed[1], HasSubstr("two: peer "));
+    EXPECT_THAT(closed_why, HasSubstr("has exited"));
+    EXPECT_TRUE(s->closed());
+  }
+  Inbox inbox;
+  const std::string there = "unix://@" + unique_name("there");
+  auto l = Listener::serve(io, ChannelAddr::parse(there), opts(), inbox.handler());
+  std::atomic<int> failures{0};
+  auto s = Sender::connect(io, ChannelAddr::parse(there), o,
+                           [&](Message&&, const std::string&) { ++failures; });
+  for (int i = 0; i < 3; ++i) s->send(Message{{bytes(std::to_string(i))}});
+  ASSERT_TRUE(inbox.wait_for_count(3, 10s));
+  EXPECT_THAT(inbox.texts(), ::testing::ElementsAre("0", "1", "2"));
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_FALSE(s->closed());
 }
 
 }  // namespace

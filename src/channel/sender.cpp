@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <deque>
 #include <mutex>
 
@@ -80,6 +81,7 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
   uint64_t peer_incarnation = 0;
   std::shared_ptr<Socket> sock;
   bool connected = false;
+  bool ever_connected = false;     // once true, ChannelOptions::close_if_refused no longer applies
   Clock::time_point down_since{};  // when the peer became unreachable (CH-7); epoch = reachable
   std::string last_error;          // of the last failed connection, for reports (err_mu)
   mutable std::mutex err_mu;       // last_error: written here, read by last_connection_error()
@@ -286,6 +288,7 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
       try {
         co_await connect_and_handshake();
         was_connected = true;
+        ever_connected = true;
         down_since = Clock::time_point{};
         set_last_error({});
         backoff = opt.reconnect_initial;
@@ -299,6 +302,13 @@ struct SenderCore : std::enable_shared_from_this<SenderCore> {
       } catch (const std::system_error& e) {
         spdlog::debug("channel to {}: connection lost: {}", addr.to_string(), e.what());
         set_last_error(e.code().message());
+        if (opt.close_if_refused && !ever_connected &&
+            (e.code() == asio::error::connection_refused ||
+             e.code() == asio::error_code(ENOENT, asio::error::get_system_category()))) {
+          // Quietly: the owner said the peer exited; each message goes back to its handler.
+          close_link("peer " + addr.to_string() + " has exited (" + e.code().message() + ")",
+                     /*quiet=*/true);
+        }
       }
       connected = false;
       stop_direct();

@@ -194,6 +194,17 @@ TEST(ProcessMesh, AnActorMeshUsedAfterItsProcsStoppedRefusesAtOnce) {
     EXPECT_THROW((void)workers.slice("gpus", 1).call_one(&Worker::rank), monarch::UsageError);
     EXPECT_THROW((void)workers.choose(&Worker::rank), monarch::UsageError);
     EXPECT_EQ(workers.at(1).id().name, "worker");  // the refs themselves are still readable
+    // A reference taken out of the mesh (at) is not checked: its call goes out, and fails at
+    // once, naming the stop, instead of waiting out the 5 s delivery timeout (the link to the
+    // exited proc closes at its first refused connection).
+    auto stale = workers.at(1);
+    try {
+      (void)stale.call(&Worker::rank).get(4s);
+      ADD_FAILURE() << "a call to a stopped proc was answered";
+    } catch (const monarch::DeliveryFailure& e) {
+      EXPECT_THAT(e.what(), HasSubstr("has exited"));
+      EXPECT_THAT(e.what(), HasSubstr("proc of mesh stopped stopped"));
+    }
   }  // the last HostMesh and ProcMesh of the client Proc go: it is shut down and freed
   try {
     (void)workers.call(&Worker::rank);

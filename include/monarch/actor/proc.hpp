@@ -169,11 +169,14 @@ class Proc {
   /// not yet acknowledged are dropped with a debug log (sends and spawns are not bounced to their
   /// senders); calls, lookups and remote stops pending on it fail with DeliveryFailure ("link to
   /// proc closed: <why>"). Unlike declare_proc_failed the address is not barred: a later message
-  /// opens a new link. Replies this Proc still owes to calls from `proc_addr` are dropped with a
-  /// debug log (even when there is no link yet), until a request comes from that address again.
-  /// For a proc that crashed or froze use declare_proc_failed. `why` appears in the debug log and
-  /// in those DeliveryFailures. Any thread; never blocks on the network; throws nothing; no-op
-  /// when this Proc does not listen.
+  /// opens a new link. While nothing answers there, that link closes at its first refused
+  /// connection, so a later call (a stale reference) fails at once with DeliveryFailure ("peer
+  /// <addr> has exited (Connection refused); <why>") and a later send comes back as undeliverable
+  /// the same way, instead of after channel.delivery_timeout. Replies this Proc still owes to calls
+  /// from `proc_addr` are dropped with a debug log (even when there is no link yet), until a
+  /// request comes from that address again. For a proc that crashed or froze use
+  /// declare_proc_failed. `why` appears in the debug log and in those DeliveryFailures. Any thread;
+  /// never blocks on the network; throws nothing; no-op when this Proc does not listen.
   void forget_proc(const std::string& proc_addr, const std::string& why);
 
   /// A ref to the actor registered as `name` (register_name) in the Proc serving `proc_addr`.

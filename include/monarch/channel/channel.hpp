@@ -103,6 +103,11 @@ struct ChannelOptions {
   /// SO_SNDBUF and SO_RCVBUF of unix-socket connections, bytes (0: the system default). The
   /// kernel caps it at net.core.wmem_max / rmem_max. TCP connections keep autotuning.
   size_t unix_socket_buffer = config::global().bytes("channel.unix_socket_buffer");
+  /// For a link to a peer known to have exited (Proc::forget_proc): a connection refused (or, for
+  /// a unix path, a socket file missing) before the link's first connection closes the link at
+  /// once, returning what was sent through the failure handler (CH-4), instead of retrying until
+  /// delivery_timeout. A peer listening at the address again is reached as usual.
+  bool close_if_refused = false;
   /// Shared secret for TCP (CH-5). Empty: taken from $MONARCH_SECRET, else from the file named by
   /// $MONARCH_SECRET_FILE. A TCP Listener without any secret refuses to start.
   std::string secret{};
