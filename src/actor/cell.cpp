@@ -302,8 +302,9 @@ void Cell::finish_stop() {
   }
   if (failure_) {
     proc_->remember_failed_actor(*failure_);
-  } else if (remote_owner_) {
-    // A later message from its owner's process says why, not "unknown actor" (as in process).
+  } else if (remote_owner_ || !proc_->options().listen.empty()) {
+    // A later message from another process (its owner's, or one holding a ref to an actor
+    // spawned here, as a comm actor) says why, not "unknown actor" (as in process).
     proc_->remote().add_tombstone(id_.uid,
                                   "actor " + type_name() + " '" + id_.name + "' was stopped");
   }

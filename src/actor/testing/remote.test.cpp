@@ -66,6 +66,24 @@ TEST(Remote, CallSendAndErrorsAcrossProcs) {  // REM-1, REM-3
   EXPECT_EQ(c.call(&Counter::get).get(5s), 105);  // the actor lived on
 }
 
+// A call from another process to an actor that was spawned in its own (listening) Proc and has
+// stopped says so, as for a remotely spawned one (not "unknown actor").
+TEST(Remote, ACallToAStoppedLocallySpawnedActorSaysItStopped) {
+  Proc server(listening("server"));
+  Proc client(listening("client"));
+  auto local = server.spawn<Counter>("counter");
+  server.register_name("counter", local);
+  auto c = client.lookup_remote<Counter>(server.address(), "counter").get(5s);
+  EXPECT_EQ(c.call(&Counter::incr, 1).get(5s), 1);
+  local.stop().get(5s);
+  try {
+    (void)c.call(&Counter::get).get(5s);
+    ADD_FAILURE() << "a stopped actor answered";
+  } catch (const monarch::DeliveryFailure& e) {
+    EXPECT_THAT(e.reason(), HasSubstr("'counter' was stopped"));
+  }
+}
+
 TEST(Remote, LookupErrorsNameWhatIsWrong) {
   Proc server(listening("server"));
   Proc client(listening("client"));
