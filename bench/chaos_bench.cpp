@@ -24,6 +24,20 @@ using monarch::bench::report;
 
 int main(int argc, char** argv) {
   monarch::mesh::bootstrap(argc, argv, chaos::worker_setup);  // a worker never returns from here
+  if (argc > 1) {  // settings come from the environment; any argument is a request for help
+    const std::string a = argv[1];
+    const bool help = a == "-h" || a == "--help";
+    std::fprintf(help ? stdout : stderr,
+                 "%s%s takes no arguments; it runs the chaos benchmark (200 rounds, a few "
+                 "minutes) with settings from the environment:\n"
+                 "  MONARCH_CHAOS_ROUNDS=N     rounds (default 200)\n"
+                 "  MONARCH_CHAOS_SEED=N       the seed of a run to reproduce\n"
+                 "  MONARCH_CHAOS_FAULTS=a,b   only these fault kinds (sigkill, sigstop_long, "
+                 "sigstop_short, agent_restart)\n"
+                 "  MONARCH_CHAOS_VERBOSE=1    print each round\n",
+                 help ? "" : ("bench_chaos: unexpected argument '" + a + "'\n").c_str(), argv[0]);
+    return help ? 0 : 2;
+  }
   chaos::print_stack_on_crash();
   auto cfg = chaos::Config::from_env(200);
   cfg.cli = MONARCH_CLI;

@@ -936,9 +936,23 @@ int run_keeper_client(const std::string& mode) {
   return 0;  // host, procs and keeper's ref go; the Keeper keeps the HostMesh alive
 }
 
+// A child that starts a `monarch agent` as the chaos harness does (die_with_parent), prints its
+// pid, and waits to be killed.
+int run_agent_parent() {
+  monarch::testing::Subprocess agent(
+      MONARCH_CLI,
+      {"agent", "--listen", "unix://@monarch-agent-parent-" + std::to_string(::getpid())},
+      /*die_with_parent=*/true);
+  agent.listening();
+  std::printf("PID %d\nREADY\n", agent.pid());
+  std::fflush(stdout);
+  while (true) ::pause();
+}
+
 // A client in a child process: spawns 3 workers, prints their pids, then ends as told.
 int run_client(const std::string& mode) {
   if (mode.starts_with("keeper-")) return run_keeper_client(mode);
+  if (mode == "agent-parent") return run_agent_parent();
   const char* agent = std::getenv("MONARCH_TEST_AGENT");  // attach to it instead of this_host()
   auto host = agent != nullptr ? monarch::mesh::attach_to_workers({agent}, fast())
                                : monarch::mesh::this_host(fast());
@@ -1023,9 +1037,9 @@ INSTANTIATE_TEST_SUITE_P(ClientEnds, NoOrphans,
                            return n;
                          });
 
-// A run_keeper_client child in `mode`, and its workers' pids once it printed READY (none when it
-// ended before).
-std::pair<std::unique_ptr<monarch::testing::Subprocess>, std::vector<int>> start_keeper_client(
+// A run_client child in `mode`, and the pids it printed once it printed READY (none when it ended
+// before).
+std::pair<std::unique_ptr<monarch::testing::Subprocess>, std::vector<int>> start_client(
     const std::string& mode) {
   ::setenv("MONARCH_TEST_CLIENT", mode.c_str(), 1);
   auto client =
@@ -1045,7 +1059,7 @@ std::pair<std::unique_ptr<monarch::testing::Subprocess>, std::vector<int>> start
 // used to stay up: its I/O thread ran into the static destructors and, in one CI run, crashed
 // there (getting_started under ASan, whose Controller holds its HostMesh).
 TEST(ClientEnds, AHostMeshKeptByItsOwnActorIsStoppedAtExit) {
-  auto [client, pids] = start_keeper_client("keeper-exit");
+  auto [client, pids] = start_client("keeper-exit");
   ASSERT_EQ(pids.size(), 2u) << "client ended before READY";
   EXPECT_EQ(client->line(20s).value_or("<no line: the Keeper was not stopped>"), "CLEANUP 2 procs");
   auto status = client->wait(20s);
@@ -1057,12 +1071,22 @@ TEST(ClientEnds, AHostMeshKeptByItsOwnActorIsStoppedAtExit) {
 // The same with the Keeper frozen in a handler: the exit waits the client Proc's stop_timeout
 // (actor.stop_timeout, 5 s) for it, then goes on; it neither hangs nor fails.
 TEST(ClientEnds, AHostMeshWhoseActorIsFrozenAtExitDoesNotHoldTheExit) {
-  auto [client, pids] = start_keeper_client("keeper-stuck-exit");
+  auto [client, pids] = start_client("keeper-stuck-exit");
   ASSERT_EQ(pids.size(), 2u) << "client ended before READY";
   auto status = client->wait(20s);
   ASSERT_TRUE(status.has_value()) << "the client did not exit";
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
   EXPECT_TRUE(all_dead(pids, 10s));
+}
+
+// testing::Subprocess's die_with_parent, as the chaos harness starts its agents: a parent killed
+// takes its agent along (an interrupted bench_chaos used to leave its 4 agents running).
+TEST(ClientEnds, AnAgentStartedToDieWithItsParentGoesWhenTheParentIsKilled) {
+  auto [parent, pids] = start_client("agent-parent");
+  ASSERT_EQ(pids.size(), 1u) << "the parent ended before READY";
+  EXPECT_TRUE(monarch::testing::process_alive(pids[0]));
+  parent->kill(SIGKILL);
+  EXPECT_TRUE(all_dead(pids, 10s)) << "the agent outlived its parent";
 }
 
 // mesh.cast_fanout shapes the tree of a process mesh (issue 16 item 1). 4 procs: with fan-out 2

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,8 +21,12 @@ namespace monarch::testing {
 class Subprocess {
  public:
   /// Starts `path` with `args` (argv[1..]). The child exits when the pipe to its stdin closes
-  /// (if it reads stdin) or is killed by the destructor.
-  Subprocess(const std::string& path, const std::vector<std::string>& args) {
+  /// (if it reads stdin) or is killed by the destructor. With `die_with_parent` it also gets
+  /// SIGKILL when the thread that started it exits, which includes this process being killed
+  /// (PR_SET_PDEATHSIG): nothing outlives a test or bench that was killed. Start such a child
+  /// from a thread that lives as long as the child should.
+  Subprocess(const std::string& path, const std::vector<std::string>& args,
+             bool die_with_parent = false) {
     int in[2], out[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) {
       throw std::runtime_error("Subprocess: pipe failed");
@@ -30,8 +35,12 @@ class Subprocess {
     argv.push_back(const_cast<char*>(path.c_str()));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (die_with_parent && (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent)) {
+        ::_exit(127);  // the parent is gone already (or the death signal cannot be set)
+      }
       ::dup2(in[0], 0);
       ::dup2(out[1], 1);
       ::execv(path.c_str(), argv.data());

@@ -378,8 +378,11 @@ class Harness {
     for (size_t h = 0; h < cfg_.hosts; ++h) {
       addrs_.push_back("unix://@monarch-chaos-" + std::to_string(::getpid()) + "-" +
                        std::to_string(h));
+      // die_with_parent: a harness killed mid-run (bench_chaos interrupted) leaves no agents,
+      // and so no workers, behind. Agents start and restart on the thread that runs the rounds.
       agents_.emplace_back(std::make_unique<Subprocess>(
-          cfg_.cli, std::vector<std::string>{"agent", "--listen", addrs_.back()}));
+          cfg_.cli, std::vector<std::string>{"agent", "--listen", addrs_.back()},
+          /*die_with_parent=*/true));
       agents_.back()->listening();
       g_agent_pids[h % 64] = agents_.back()->pid();
     }
@@ -397,7 +400,8 @@ class Harness {
     g_agent_pids[h % 64] = 0;
     agents_[h]->kill(SIGKILL);  // reaps it: the address is free again
     agents_[h] = std::make_unique<Subprocess>(
-        cfg_.cli, std::vector<std::string>{"agent", "--listen", addrs_[h]});
+        cfg_.cli, std::vector<std::string>{"agent", "--listen", addrs_[h]},
+        /*die_with_parent=*/true);
     g_agent_pids[h % 64] = agents_[h]->pid();
     agents_[h]->listening();
   }
