@@ -166,7 +166,8 @@ struct Proc::Remote {
     auto target = channel::ChannelAddr::parse(addr);
     auto quiet = std::make_shared<std::atomic<bool>>(false);
     // A proc forgotten as stopped: a refused connection closes the new link at once, and what it
-    // returns says why the proc went (gone_why takes gone_mu, never held around mu).
+    // returns says why the proc went. (gone_why takes gone_mu inside mu; nothing takes mu while
+    // holding gone_mu.)
     std::string stopped = gone_why(addr);
     channel::ChannelOptions o = opts;
     o.close_if_refused = !stopped.empty();
