@@ -343,7 +343,8 @@ Future<void> remote_stop(Proc& proc, const ActorId& dest, bool kill) {
 }
 
 void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const char* endpoint,
-                     Bytes payload, ReplyHandler on_reply, size_t message_rank) {
+                     Bytes payload, ReplyHandler on_reply, size_t message_rank,
+                     const ReportTo* report_to) {
   auto& r = proc.remote();
   RemoteHeader h;
   h.kind = kind;
@@ -351,7 +352,14 @@ void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const cha
   h.dest = dest;
   h.endpoint = endpoint;
   h.reply_proc = r.address;
-  if (Cell* c = current_cell()) h.sender = c->id();
+  if (report_to != nullptr && kind == RemoteKind::Send) {
+    // The receiver bounces to (reply_proc, sender); so does this Proc when the link returns the
+    // message (Remote::return_report).
+    h.reply_proc = report_to->proc;
+    h.sender = report_to->sender;
+  } else if (Cell* c = current_cell()) {
+    h.sender = c->id();
+  }
   if (kind == RemoteKind::Call) {
     h.request_id = r.add_pending(dest, endpoint, std::move(on_reply));
     h.reply_limit = r.opts.max_frame_bytes;
@@ -365,6 +373,18 @@ void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const cha
       return;
     }
     throw;
+  }
+}
+
+void return_to_sender(Proc& proc, const ReportTo& to, const DeliveryFailure& f) noexcept {
+  try {
+    if (proc.options().listen.empty()) return route_undeliverable(nullptr, &proc, f);
+    auto& r = proc.remote();
+    if (to.proc.empty() || to.proc == r.address) return r.local_bounce(to.sender, f);
+    r.bounce_to_sender(to.proc, to.sender, f);
+  } catch (const std::exception& e) {
+    spdlog::warn("monarch: undeliverable report for {} lost ({}): {}", to.sender.to_string(),
+                 e.what(), f.what());
   }
 }
 

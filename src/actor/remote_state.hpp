@@ -452,7 +452,7 @@ struct Proc::Remote {
         // the mesh layer has reported that very failure (MeshFailure), so the client's fault hook
         // is not called a second time for it. A spawn's failure is the mesh's to report.
         DeliveryFailure lost(h.dest, h.endpoint, "its proc was declared failed: " + *cause);
-        if (h.kind != RemoteKind::Spawn && h.sender.uid != 0) return local_bounce(h.sender, lost);
+        if (h.kind != RemoteKind::Spawn && h.sender.uid != 0) return return_report(h, lost);
         spdlog::debug("monarch: {}: dropped: {}", address, lost.what());
         return;
       }
@@ -464,7 +464,7 @@ struct Proc::Remote {
         return fail_call(h.request_id, why);
       case RemoteKind::Send:
       case RemoteKind::PortSend:
-        return local_bounce(h.sender, f);
+        return return_report(h, f);
       case RemoteKind::Spawn:
         return deliver_event(h.sender,
                              std::make_shared<const ActorSupervisionEvent>(ActorSupervisionEvent{
@@ -494,6 +494,14 @@ struct Proc::Remote {
                        h.kind == RemoteKind::Reply ? "reply" : "report", h.request_id, to, why);
         }
     }
+  }
+
+  // A Send this Proc made on behalf of an actor of another Proc (a comm actor relaying a
+  // broadcast, ReportTo) reports there; any other goes to the local sender (REM-2).
+  void return_report(const RemoteHeader& h, const DeliveryFailure& f) {
+    if (!h.reply_proc.empty() && h.reply_proc != address)
+      return bounce_to_sender(h.reply_proc, h.sender, f);
+    local_bounce(h.sender, f);
   }
 
   // Routes f to the local actor that sent the message (REM-2).
@@ -641,6 +649,13 @@ struct Proc::Remote {
         try {
           std::rethrow_exception(f);
         } catch (const DeliveryFailure& d) {
+          // REM-6 for reports a relay forwards (CAST-9): outside actors, a loss on a proc this
+          // Proc declared failed was reported with that failure already.
+          if (h.sender.uid == 0 && failure_of(d.destination().proc)) {
+            spdlog::debug("monarch: {}: report dropped (its proc's failure was reported): {}",
+                          address, d.what());
+            return;
+          }
           return local_bounce(h.sender, d);
         } catch (...) {
           return;

@@ -221,20 +221,31 @@ auto remote_call(Proc& proc, const ActorId& dest, size_t message_rank, M method,
   return f;
 }
 
+/// A Send to `dest` (in another Proc). Its undeliverable report goes to the actor running on this
+/// thread, or to `report_to` when not null (ReportTo: a relay sending on a caster's behalf).
+/// Throws as remote_dispatch does, and UsageError when the endpoint's arguments are not
+/// serialisable.
 template <class A, class M, class... Args>
-void remote_send(Proc& proc, const ActorId& dest, size_t message_rank, M method, Args&&... args) {
+void remote_send_as(Proc& proc, const ReportTo* report_to, const ActorId& dest, size_t message_rank,
+                    M method, Args&&... args) {
   using traits = method_traits<M>;
   if constexpr (remotable<M>()) {
     const char* name = remote_endpoint_name<A>(method);
     typename traits::stored stored(std::forward<Args>(args)...);
-    remote_dispatch(proc, dest, RemoteKind::Send, name, wire::encode(stored), nullptr,
-                    message_rank);
+    remote_dispatch(proc, dest, RemoteKind::Send, name, wire::encode(stored), nullptr, message_rank,
+                    report_to);
   } else {
     (void)message_rank;
+    (void)report_to;
     throw UsageError(endpoint_label(demangle(typeid(A).name()), endpoint_name<A>(method)) +
                      ": its arguments are not serialisable, so it cannot be sent to actor " +
                      dest.to_string() + " in another process");
   }
+}
+
+template <class A, class M, class... Args>
+void remote_send(Proc& proc, const ActorId& dest, size_t message_rank, M method, Args&&... args) {
+  remote_send_as<A>(proc, nullptr, dest, message_rank, method, std::forward<Args>(args)...);
 }
 
 /// Makes A's registered endpoints callable from other processes (once per type).

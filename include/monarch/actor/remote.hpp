@@ -120,12 +120,30 @@ struct RemoteRequest {
 using RemoteInvoker = UniqueFunction<void(Cell&, RemoteRequest&&)>;
 void add_remote_invoker(std::type_index type, std::string endpoint, RemoteInvoker inv);
 
+/// Whom a message's undeliverable report goes to when that is not the actor running on the
+/// sending thread: a comm actor relays a caster's broadcast on the caster's behalf (CAST-9), so a
+/// member or hop it cannot reach is reported to the caster, in the caster's own Proc.
+struct ReportTo {
+  std::string proc;  // the address of the Proc the caster sent from (its reply_proc)
+  ActorId sender;    // the caster; uid 0: code outside actors (that Proc's fault hook)
+};
+
 /// Sends a Call or Send to `dest` (in another Proc) through `proc`'s channel. For a call,
 /// `on_reply` runs once with the result, or a DeliveryFailure when it cannot be delivered.
-/// `message_rank` travels to the handler's Context::message_rank() (SIZE_MAX: none).
+/// `message_rank` travels to the handler's Context::message_rank() (SIZE_MAX: none). A Send's
+/// undeliverable report goes to the actor running on this thread (outside actors: `proc`'s fault
+/// hook), or to `report_to` when given (ReportTo). Throws what the channel throws for a Send (for
+/// a proc declared failed: SupervisionError).
 void remote_dispatch(Proc& proc, const ActorId& dest, RemoteKind kind, const char* endpoint,
                      Bytes payload, ReplyHandler on_reply,
-                     size_t message_rank = static_cast<size_t>(-1));
+                     size_t message_rank = static_cast<size_t>(-1),
+                     const ReportTo* report_to = nullptr);
+
+/// Hands `f` to `to.sender`: in `proc` itself (to.proc is proc's name, or proc does not listen),
+/// to that actor's undeliverable() or, for uid 0 or an actor that is gone, to proc's fault hook;
+/// in another Proc, as a Bounce message that does the same there. A report that cannot be sent is
+/// logged. Never throws; any thread.
+void return_to_sender(Proc& proc, const ReportTo& to, const DeliveryFailure& f) noexcept;
 
 /// The Proc decoding the current remote message on this thread (resolves ActorRefs in payloads).
 Proc* decoding_proc() noexcept;
