@@ -55,16 +55,23 @@ Future<std::string> CommActor::cast(CastWire w) {
 }
 
 void CommActor::cast_send(CastWire w) {
+  // CAST-9: a hop this relay cannot run goes back to the caster; the relay lives on.
+  auto give_back = [this, to = detail::broadcast_caster(w),
+                    endpoint = detail::cast_endpoint(w)](const std::string& why) {
+    spdlog::error("monarch.comm of {}: dropped a broadcast: {}", proc().name(), why);
+    monarch::detail::return_to_sender(proc(), to, DeliveryFailure(id(), endpoint, why));
+  };
   auto fn = detail::find_remote_cast(w.handler);
   if (!fn) {
-    spdlog::error("monarch.comm of {}: dropped a broadcast: no cast handler '{}' in this process",
-                  proc().name(), w.handler);
-    return;
+    return give_back("no cast handler '" + w.handler +
+                     "' in this process (call mesh::register_cast for that endpoint here)");
   }
   try {
-    (void)(*fn)(proc(), std::move(w));
-  } catch (const std::exception& e) {  // CAST-9: a bad hop never fails the relay
-    spdlog::error("monarch.comm of {}: dropped a broadcast: {}", proc().name(), e.what());
+    (*fn)(proc(), std::move(w)).on_complete([give_back](monarch::detail::State<std::string>& s) {
+      if (s.error) give_back(monarch::detail::describe_exception(s.error));
+    });
+  } catch (const std::exception& e) {
+    give_back(e.what());
   }
 }
 
@@ -182,6 +189,8 @@ CastWire same_payload(const CastWire& w) {
   out.reducer = w.reducer;
   out.fanout = w.fanout;
   out.names = w.names;
+  out.caster_proc = w.caster_proc;
+  out.caster = w.caster;
   return out;
 }
 }  // namespace
@@ -231,9 +240,49 @@ void check_cast_size(Proc& caster, size_t bytes, const std::string& endpoint) {
   }
 }
 
-void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& cause) {
-  spdlog::warn("monarch.comm of {}: broadcast not delivered on the failed proc of {}: {}",
-               proc.name(), comm.to_string(), cause);
+std::string cast_endpoint(const CastWire& w) {
+  const auto slash = w.handler.rfind('/');
+  return slash == std::string::npos ? w.handler : w.handler.substr(slash + 1);
+}
+
+monarch::detail::ReportTo broadcast_caster(const CastWire& w) {
+  return {w.caster_proc, w.caster};
+}
+
+void return_broadcast(Proc& here, const monarch::detail::ReportTo& to, const DeliveryFailure& f,
+                      bool proc_failed) {
+  if (proc_failed && to.sender.uid == 0) {
+    // Outside actors, the proc's failure itself is what the caster hears (MeshFailure, REM-6).
+    spdlog::debug("monarch.comm of {}: broadcast not delivered: {}", here.name(), f.what());
+    return;
+  }
+  monarch::detail::return_to_sender(here, to, f);
+}
+
+void send_broadcast_hop(Proc& here, const monarch::detail::ReportTo& to, const ActorId& comm,
+                        CastWire&& hop) {
+  try {
+    monarch::detail::remote_send_as<CommActor>(here, &to, comm, static_cast<size_t>(-1),
+                                               &CommActor::cast_send, std::move(hop));
+  } catch (const std::exception& e) {
+    return_broadcast(
+        here, to,
+        DeliveryFailure(comm,
+                        monarch::detail::remote_endpoint_name<CommActor>(&CommActor::cast_send),
+                        e.what()),
+        here.proc_failed(comm.proc));
+  }
+}
+
+void return_broadcast_on_dead_proc(Proc& here, const CastWire& w, uint32_t di,
+                                   const std::string& cause) {
+  auto members = cast_members_of(w, di);
+  if (members.empty()) return;
+  std::string why = "its proc was declared failed: " + cause;
+  if (members.size() > 1)
+    why += " (with " + std::to_string(members.size() - 1) + " more member(s) of this broadcast)";
+  return_broadcast(here, broadcast_caster(w),
+                   DeliveryFailure(members[0].second, cast_endpoint(w), why), true);
 }
 
 std::vector<std::pair<uint32_t, ActorId>> cast_members_of(const CastWire& w, uint32_t di) {

@@ -261,7 +261,8 @@ struct Tally : monarch::Actor {
 struct Returned {
   std::mutex mu;
   std::condition_variable cv;
-  std::set<std::string> destinations;  // ActorId::to_string()
+  std::set<std::string> destinations;          // ActorId::to_string()
+  std::map<std::string, std::string> reasons;  // destination -> DeliveryFailure::reason()
   bool wait_for(const std::set<std::string>& want, std::chrono::seconds timeout) {
     std::unique_lock lock(mu);
     return cv.wait_for(lock, timeout, [&] {
@@ -286,6 +287,7 @@ struct Caster : monarch::Actor {
     {
       std::lock_guard lock(returned->mu);
       returned->destinations.insert(f.destination().to_string());
+      returned->reasons[f.destination().to_string()] = f.reason();
     }
     returned->cv.notify_all();
   }
@@ -332,6 +334,83 @@ TEST(CastTree, CAST9_LostBroadcastsGoToTheCasterAndTheRelayLivesOn) {
   // The relay still serves a cast that passes every surviving comm actor but the lost subtree.
   EXPECT_EQ(m.slice("procs", 7).reduce(monarch::mesh::Sum{}, &Tally::count).get(30s), 1);
   EXPECT_EQ(hooked.load(), 0);
+}
+
+// CAST-9 across processes: each relay is a listening Proc and the caster reaches it only through
+// the channel. What a relay cannot deliver (a gone member, a hop to a gone comm actor, the members
+// of a proc the relay knows failed) comes back to the caster: to an actor's undeliverable(), or
+// from outside actors to the fault hook of the Proc it cast through. No relay's hook hears of it.
+TEST(CastTree, CAST9_AcrossProcessesLostBroadcastsGoBackToTheCaster) {
+  const std::string prefix = "unix://@monarch-cast-lost-" + std::to_string(::getpid());
+  monarch::ProcOptions o;
+  o.listen = prefix + "/p{rank}";
+  // 8 procs, fan-out 2: 0 -> {1, 5}; 1 -> {2, 4}; 2 -> {3}; 5 -> {6, 7}.
+  auto procs = ProcMesh::local(Extent{{"procs", 8}}, o, CastOptions{2});
+  std::atomic<int> relay_hooked{0};
+  for (size_t p = 0; p < 8; ++p) {
+    procs.proc(p).set_fault_hook([&](const monarch::ActorSupervisionEvent& ev) {
+      ADD_FAILURE() << "a relay's fault hook: " << ev.cause;
+      ++relay_hooked;
+    });
+  }
+  auto local = procs.spawn<Tally>("t");
+  const auto gone_member = local.at(6).id();
+  local.at(6).kill().get(10s);
+  auto comm2 = procs.proc(2).lookup<CommActor>(monarch::mesh::kCommActorName);
+  ASSERT_TRUE(comm2.has_value());
+  const auto gone_comm = comm2->id();
+  comm2->kill().get(10s);
+
+  monarch::ProcOptions co;
+  co.listen = prefix + "/client";
+  monarch::Proc client(co);
+  Returned hooked;  // what the client's fault hook heard, by the actor its cause names
+  client.set_fault_hook([&](const monarch::ActorSupervisionEvent& ev) {
+    {
+      std::lock_guard lock(hooked.mu);
+      for (const auto& id : {gone_member.to_string(), gone_comm.to_string()}) {
+        if (ev.cause.find(id) != std::string::npos) hooked.destinations.insert(id);
+      }
+    }
+    hooked.cv.notify_all();
+  });
+  auto m = local.attach(client);
+  ASSERT_TRUE(m.at(0).is_remote());
+
+  // From an actor: both losses reach its undeliverable(), with the relays' reasons.
+  auto returned = std::make_shared<Returned>();
+  auto caster = client.spawn<Caster>("caster", m, returned);
+  EXPECT_EQ(caster.call(&Caster::broadcast_then_count).get(30s), 4);  // members 0, 1, 4, 5
+  ASSERT_TRUE(returned->wait_for({gone_member.to_string(), gone_comm.to_string()}, 30s))
+      << "the lost broadcast was not reported to the caster";
+  {
+    std::lock_guard lock(returned->mu);
+    EXPECT_THAT(returned->reasons[gone_member.to_string()], HasSubstr("unknown actor"));
+    EXPECT_THAT(returned->reasons[gone_comm.to_string()], HasSubstr("was stopped"));
+  }
+  EXPECT_EQ(caster.call(&Caster::ping).get(10s), 1);  // it handled the reports and lives on
+
+  // From outside actors: the same losses reach the client's fault hook.
+  m.broadcast(&Tally::record, 2);
+  EXPECT_TRUE(hooked.wait_for({gone_member.to_string(), gone_comm.to_string()}, 30s))
+      << "a broadcast from outside actors was lost without a report";
+
+  // A proc the root relay (proc 0) knows failed, and the caster does not: the relay that would
+  // deliver there reports the members it could not reach, naming the failure.
+  const auto on_failed = m.at(7).id().to_string();
+  procs.proc(0).declare_proc_failed(procs.proc(7).name(), "frozen in this test");
+  // Members 0, 1, 4 and 5 have now had three broadcasts each (CAST-3: one path per proc).
+  EXPECT_EQ(caster.call(&Caster::broadcast_then_count).get(30s), 4 * 3);
+  ASSERT_TRUE(returned->wait_for({on_failed}, 30s)) << "a relay dropped members of a failed proc";
+  {
+    std::lock_guard lock(returned->mu);
+    EXPECT_THAT(returned->reasons[on_failed],
+                HasSubstr("its proc was declared failed: frozen in this test"));
+  }
+  // The relays live on: a cast over every live member but the lost subtree still completes.
+  EXPECT_EQ(m.slice("procs", Range(4, 6)).reduce(monarch::mesh::Sum{}, &Tally::count).get(30s),
+            3 * 2);
+  EXPECT_EQ(relay_hooked.load(), 0);
 }
 
 // A cast whose arguments cannot fit in one hop under the caster's max_frame_bytes is refused at

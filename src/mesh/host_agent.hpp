@@ -160,8 +160,9 @@ struct CallbackGate {
 /// The version of this protocol's messages. attach_to_workers asks each agent for its version and
 /// refuses one that differs, or one too old to answer (PH-8 in docs/processes.md): a spawn
 /// between builds would otherwise fail to decode ("malformed input"). Bump it whenever SpawnSpec,
-/// SpawnReply or an endpoint of these actors changes.
-inline constexpr uint32_t kAgentWireVersion = 2;
+/// SpawnReply, an endpoint of these actors, or a message the workers exchange (CastWire) changes.
+/// 3: CastWire carries the broadcast's caster.
+inline constexpr uint32_t kAgentWireVersion = 3;
 
 /// The host agent actor (registered as "monarch.agent" by run_agent; embedded for this_host()).
 class HostAgent : public Actor {

@@ -310,7 +310,9 @@ class ActorMesh {
 
   /// Every member, fire and forget (a failing handler fails that actor: supervision). A member
   /// or comm actor that cannot be reached is reported to the caster's undeliverable() (or the
-  /// fault hook of the caster's Proc outside actors), as for ActorRef::send. Throws
+  /// fault hook of the caster's Proc outside actors), as for ActorRef::send, also when a relay in
+  /// another process finds it (CAST-9; outside actors, a loss on a proc declared failed is
+  /// reported once, as that proc's MeshFailure). Throws
   /// SupervisionError (naming the member and why) before sending anything when the view holds a
   /// member on a proc known dead: broadcast to survivors() instead; UsageError when the mesh's
   /// procs were stopped or are gone (check_procs).
@@ -325,19 +327,26 @@ class ActorMesh {
       } else {
         auto full = RC::root(*members_, *topo_, checked_plan("broadcast", topo_->dead()), method,
                              detail::NoReducer{}, args...);
+        // Whom the relays report what they cannot deliver to (CAST-9): the actor casting now, or
+        // the client's fault hook (uid 0). Taken here: the fence may open on another thread.
+        full.caster_proc = topo_->client->name();
+        if (const monarch::detail::Cell* c = monarch::detail::current_cell()) full.caster = c->id();
         // Planned when it goes (after the spawn fence), against the procs dead by then (CAST-12).
         topo_->when_ready([topo = topo_, full = std::move(full)]() mutable {
           const auto dead = topo->dead();
+          Proc& client = *topo->client;
+          const auto caster = detail::broadcast_caster(full);
           std::vector<detail::LostMember> lost;
-          auto w = dead.empty() ? std::move(full) : detail::cast_wire_without(full, dead, lost);
-          for (auto& m : lost) detail::log_dropped_broadcast(*topo->client, m.id, m.cause);
-          for (auto& hop : detail::cast_root_hops(std::move(w), dead)) {
-            const auto lo = hop.lo;
-            try {
-              topo->comm[lo].send(&CommActor::cast_send, std::move(hop));
-            } catch (const std::exception& e) {  // declared failed just now
-              detail::log_dropped_broadcast(*topo->client, topo->comm[lo].id(), e.what());
+          if (!dead.empty()) {
+            for (uint32_t di = 0; di < full.procs.size(); ++di) {
+              if (dead.has(full.procs[di]))
+                detail::return_broadcast_on_dead_proc(client, full, di, dead.cause(full.procs[di]));
             }
+          }
+          auto w = dead.empty() ? std::move(full) : detail::cast_wire_without(full, dead, lost);
+          for (auto& hop : detail::cast_root_hops(std::move(w), dead)) {
+            const ActorId comm = topo->comm[hop.lo].id();
+            detail::send_broadcast_hop(client, caster, comm, std::move(hop));
           }
         });
         return;

@@ -91,9 +91,14 @@ struct CastWire {
   // forwards past them to their children. Dead destinations were already taken out by the caster.
   std::vector<uint32_t> dead;
   std::vector<std::string> dead_causes;
+  // Broadcast (CAST-9): where a member or hop that cannot be reached is reported. The caster
+  // (uid 0: code outside actors) and the address of the listening Proc it cast through.
+  std::string caster_proc;
+  ActorId caster;
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(handler, args, reducer, lo, hi, fanout, comm, procs, starts, names, runs, dead, dead_causes);
+    ar(handler, args, reducer, lo, hi, fanout, comm, procs, starts, names, runs, dead, dead_causes,
+       caster_proc, caster);
   }
 };
 
@@ -107,7 +112,8 @@ class CommActor final : public Actor {
   /// Fails with UsageError when this process has no handler for `w.handler` (see
   /// mesh::register_cast).
   Future<std::string> cast(CastWire w);
-  /// The same for broadcast (no reply).
+  /// The same for broadcast (no reply). A member or child hop it cannot reach, or a hop it cannot
+  /// run (no handler, malformed), is reported to the caster (`w.caster`, CAST-9).
   void cast_send(CastWire w);
   /// Never fails the relay (CAST-9): undeliverable reports are routed to casters, so one that
   /// lands here is only logged.

@@ -87,12 +87,30 @@ struct LostMember {
 /// `w` (a whole-tree wire from RemoteCast::root) without its destinations on `dead` procs, whose
 /// members are appended to `lost` (CAST-12).
 CastWire cast_wire_without(const CastWire& w, const DeadProcs& dead, std::vector<LostMember>& lost);
-/// A relay cannot tell a broadcast's caster that a destination proc is dead: it logs it.
-void log_dropped_broadcast(Proc& proc, const ActorId& comm, const std::string& cause);
+/// The endpoint of a cast hop, as named in its DeliveryFailures ("Type::method").
+std::string cast_endpoint(const CastWire& w);
+/// Where a broadcast's undeliverable reports go: its caster (CastWire::caster, CAST-9).
+monarch::detail::ReportTo broadcast_caster(const CastWire& w);
+/// CAST-9: a broadcast that `here` (a relay, or the caster's Proc past its fence) cannot deliver
+/// is reported to its caster `to` as `f` (return_to_sender). When the loss is a proc declared
+/// failed (`proc_failed`) and the caster is outside actors, the caster's Proc reports that
+/// failure itself (REM-6), so this only logs. Never throws.
+void return_broadcast(Proc& here, const monarch::detail::ReportTo& to, const DeliveryFailure& f,
+                      bool proc_failed);
+/// return_broadcast for destination `di` of `w` (an index into w.procs) on a proc declared failed
+/// for `cause`: one report, naming its first member and how many more were there.
+void return_broadcast_on_dead_proc(Proc& here, const CastWire& w, uint32_t di,
+                                   const std::string& cause);
+/// Sends broadcast hop `hop` from `here` to the comm actor `comm` of another process, on behalf
+/// of the caster `to`: a hop the channel returns later is reported to the caster too. A hop that
+/// cannot be sent (its proc was declared failed since the plan) is reported at once.
+void send_broadcast_hop(Proc& here, const monarch::detail::ReportTo& to, const ActorId& comm,
+                        CastWire&& hop);
 /// Refuses, at the caster, a cast whose encoded arguments (`bytes`) would not fit in one hop
 /// under the caster's ChannelOptions::max_frame_bytes (less 64 KiB for the cast's own header):
-/// the hop would be refused by the channel later, failing every member of a call and dropping a
-/// broadcast with only a log line. Throws UsageError naming the endpoint, the size and the limit.
+/// the hop would be refused by the channel later, failing every member of a call and returning a
+/// broadcast to its caster only after the link gave up. Throws UsageError naming the endpoint, the
+/// size and the limit.
 void check_cast_size(Proc& caster, size_t bytes, const std::string& endpoint);
 /// The caster's hops for the whole-tree wire `w` (CAST-12): `w` itself (with `dead` in it) when
 /// base proc 0 is alive, else the subtrees of proc 0's live descendants, each rooted at its own
@@ -361,7 +379,7 @@ struct RemoteCast {
     for (uint32_t di : lost) {
       const uint32_t p = w.procs[di];
       if constexpr (Mode == CastMode::Broadcast) {
-        log_dropped_broadcast(proc, w.comm[p - w.lo], dead.cause(p));
+        return_broadcast_on_dead_proc(proc, w, di, dead.cause(p));
       } else {
         // Each member holds a SupervisionError naming it (CAST-12), as when the caster knew.
         std::vector<std::pair<uint32_t, std::exception_ptr>> errs;
@@ -370,16 +388,15 @@ struct RemoteCast {
         st->fail_each(errs);
       }
     }
+    // Broadcast: what this hop cannot deliver is reported to the caster (CAST-9).
+    std::shared_ptr<const monarch::detail::ReportTo> report;
+    if constexpr (Mode == CastMode::Broadcast)
+      report = std::make_shared<const monarch::detail::ReportTo>(broadcast_caster(w));
     for (auto& [id, sub] : kids) {
-      ActorRef<CommActor> child(&proc, id, true);
       if constexpr (Mode == CastMode::Broadcast) {
-        try {
-          child.send(&CommActor::cast_send, std::move(sub));
-        } catch (const std::exception& e) {
-          // Its proc was declared failed since relay_dead() looked (CAST-9: the relay lives on).
-          log_dropped_broadcast(proc, id, e.what());
-        }
+        send_broadcast_hop(proc, *report, id, std::move(sub));
       } else {
+        ActorRef<CommActor> child(&proc, id, true);
         std::vector<uint32_t> ranks;
         if constexpr (Mode == CastMode::Collect) ranks = cast_ranks(sub);
         Future<std::string> hop;
@@ -421,7 +438,18 @@ struct RemoteCast {
         }
         ActorRef<A> ref = proc.resolve<A>(id);
         if constexpr (Mode == CastMode::Broadcast) {
-          std::apply([&](const auto&... a) { ref.send_ranked(rank, method, a...); }, *args);
+          // Built here rather than by ref.send_ranked so that an undeliverable report goes to
+          // the caster, not to this comm actor (CAST-9).
+          auto* e = std::apply(
+              [&](const auto&... a) {
+                return new monarch::detail::SendEnvelope<A, M>(&proc, method, a...);
+              },
+              *args);
+          e->message_rank = rank;
+          e->remote_bounce = [&proc, report](const DeliveryFailure& f) {
+            monarch::detail::return_to_sender(proc, *report, f);
+          };
+          post_or_bounce(ref.cell(), e, &id);
         } else {
           auto f = std::apply([&](const auto&... a) { return ref.call_ranked(rank, method, a...); },
                               *args);
