@@ -114,7 +114,7 @@ void fault_point_quorum_request(const ActorRef<Lighthouse>& lighthouse,
     }
     try {
       (void)c
-          .call(&ReplicaController::kill_in_quorum, replica_id,
+          .call(&ReplicaController::kill_in_quorum, replica_id, static_cast<int64_t>(::getpid()),
                 "its request for step " + std::to_string(step) +
                     " pending at the lighthouse with " + std::to_string(pending_groups) +
                     " pending request(s)")
@@ -833,7 +833,7 @@ bool ReplicaController::kill_donor(std::string healer, std::string donor) {
   return true;
 }
 
-bool ReplicaController::kill_in_quorum(std::string id, std::string detail) {
+bool ReplicaController::kill_in_quorum(std::string id, int64_t pid, std::string detail) {
   int64_t r = group_of(id, groups_.size());
   if (r < 0) return false;
   FaultRecord* rec = nullptr;
@@ -843,7 +843,15 @@ bool ReplicaController::kill_in_quorum(std::string id, std::string detail) {
   }
   auto& g = groups_[static_cast<size_t>(r)];
   if (!rec || !g.unit.procs || g.failed) return false;
-  ::kill(g.unit.procs->pid(0), SIGKILL);
+  const int now = g.unit.procs->pid(0);
+  if (pid != now) {
+    // The point's helper thread asks up to 2 s after the request: its process may be gone and
+    // the group respawned since. The fault stays armed in the new process (attach()).
+    event("kill_in_quorum of " + id + " from pid " + std::to_string(pid) +
+          " ignored: the group runs in pid " + std::to_string(now) + " now");
+    return false;
+  }
+  ::kill(now, SIGKILL);
   rec->fired = true;
   stats_.faults_injected += 1;
   rec->injected = now_ns();  // the recovery starts at the kill, not at the arming

@@ -336,8 +336,10 @@ class ReplicaController : public Actor {
   /// then it spares it and says so); once per open kill_healer_mid_heal fault, SIGKILLs `healer`.
   bool kill_donor(std::string healer, std::string donor);
   /// Fault point "quorum.after_request": SIGKILLs `replica_id`'s rank 0 once per open
-  /// kill_in_quorum fault of it; `detail` (what the lighthouse showed) goes into its note.
-  bool kill_in_quorum(std::string replica_id, std::string detail);
+  /// kill_in_quorum fault of it; `detail` (what the lighthouse showed) goes into its note. `pid`
+  /// is the asking process (the point's): a request from a process the group no longer runs on
+  /// (an earlier incarnation's, arriving after a respawn) kills nothing and returns false.
+  bool kill_in_quorum(std::string replica_id, int64_t pid, std::string detail);
   /// Replaces group `group`: a ready spare, else fresh procs (supervise() sends it).
   void respawn(int64_t group);
   /// Spawns spares until options.spares are ready or spawning (promotions send it).

@@ -191,6 +191,10 @@ struct TestController : ft::ReplicaController {
         // Armed, then its process dies of another fault before the point can fire: the point
         // is armed again in the replacement, and fires there.
         inject(ft::FaultKind::kill_in_quorum, 0);
+        // A request from a process the group does not run in (an earlier incarnation's, late):
+        // it kills nothing, and the fault stays armed.
+        if (kill_in_quorum("replica0", pids_.at(meshes_.at(1)), "a stale request"))
+          events_.push_back("TEST: a stale kill_in_quorum request killed replica0");
         inject(ft::FaultKind::sigkill, 0);
       }
       if (stage_ == 1) inject(ft::FaultKind::kill_healer_mid_heal, 1);
@@ -347,6 +351,8 @@ TEST(ReplicaClient, ChaosKindsFireAtTheirPointsAndRecover) {
   EXPECT_TRUE(s.replicas_bitwise_equal) << log;
   EXPECT_EQ(s.survivor_restarts, 0) << log;
   EXPECT_EQ(s.faults_outside, 0) << log;
+  EXPECT_EQ(log.find("TEST: a stale kill_in_quorum"), std::string::npos) << log;
+  EXPECT_NE(log.find("kill_in_quorum of replica0 from pid "), std::string::npos) << log;
   // The SIGKILL and the kill in quorum, the victim and its healer, 2 at once.
   EXPECT_EQ(s.faults_injected, 6) << log;
   EXPECT_EQ(s.respawns, 6) << log;
