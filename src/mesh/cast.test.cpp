@@ -296,6 +296,22 @@ struct Caster : monarch::Actor {
   std::shared_ptr<Returned> returned;
 };
 
+// Kills member 6 of `m` and the comm actor of proc 2 (so proc 3 loses its path): the two losses
+// the CAST-9 tests expect a broadcast to report, by id.
+struct LostParts {
+  monarch::ActorId member, comm;
+};
+LostParts kill_member6_and_comm2(ProcMesh& procs, const monarch::mesh::ActorMesh<Tally>& m) {
+  LostParts lost{m.at(6).id(), {}};
+  m.at(6).kill().get(10s);
+  auto comm2 = procs.proc(2).lookup<CommActor>(monarch::mesh::kCommActorName);
+  EXPECT_TRUE(comm2.has_value());
+  if (!comm2) return lost;
+  lost.comm = comm2->id();
+  comm2->kill().get(10s);
+  return lost;
+}
+
 // CAST-9: the relay never fails. A broadcast from an actor that reaches a gone member and a gone
 // comm actor reports both to that actor's undeliverable(), not to a comm actor; every other comm
 // actor lives on and relays the next casts, and no Proc's fault hook hears of it.
@@ -312,12 +328,10 @@ TEST(CastTree, CAST9_LostBroadcastsGoToTheCasterAndTheRelayLivesOn) {
   home.set_fault_hook(count_hook);
   for (size_t p = 0; p < 8; ++p) procs.proc(p).set_fault_hook(count_hook);
   auto m = procs.spawn<Tally>("t");
-  const auto gone_member = m.at(6).id();
-  m.at(6).kill().get(10s);
-  auto comm2 = procs.proc(2).lookup<CommActor>(monarch::mesh::kCommActorName);
-  ASSERT_TRUE(comm2.has_value());
-  const auto gone_comm = comm2->id();
-  comm2->kill().get(10s);
+  const LostParts lost = kill_member6_and_comm2(procs, m);
+  ASSERT_FALSE(lost.comm.name.empty());
+  const monarch::ActorId& gone_member = lost.member;
+  const monarch::ActorId& gone_comm = lost.comm;
 
   auto returned = std::make_shared<Returned>();
   auto caster = home.spawn<Caster>("caster", m, returned);
@@ -354,12 +368,10 @@ TEST(CastTree, CAST9_AcrossProcessesLostBroadcastsGoBackToTheCaster) {
     });
   }
   auto local = procs.spawn<Tally>("t");
-  const auto gone_member = local.at(6).id();
-  local.at(6).kill().get(10s);
-  auto comm2 = procs.proc(2).lookup<CommActor>(monarch::mesh::kCommActorName);
-  ASSERT_TRUE(comm2.has_value());
-  const auto gone_comm = comm2->id();
-  comm2->kill().get(10s);
+  const LostParts lost = kill_member6_and_comm2(procs, local);
+  ASSERT_FALSE(lost.comm.name.empty());
+  const monarch::ActorId& gone_member = lost.member;
+  const monarch::ActorId& gone_comm = lost.comm;
 
   monarch::ProcOptions co;
   co.listen = prefix + "/client";
