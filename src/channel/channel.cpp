@@ -143,6 +143,15 @@ awaitable<void> write_frame(Socket& s, const FrameHeader& h, const std::vector<B
   co_await asio::async_write(s, bufs, whole_writes, use_awaitable);
 }
 
+bool write_frame_now(Socket& s, const FrameHeader& h) {
+  auto prefix = prefix_of(h, {});
+  asio::error_code ec;
+  s.non_blocking(true, ec);
+  if (ec) return false;
+  size_t n = s.write_some(asio::buffer(prefix), ec);
+  return !ec && n == prefix.size();
+}
+
 // Reads until the decoder yields one frame.
 awaitable<wire::Frame> read_frame(Socket& s, wire::FrameDecoder& dec, std::vector<std::byte>& buf) {
   while (true) {

@@ -392,6 +392,34 @@ TEST(Channel, ReconnectsAndResendsToANewListenerOnTheSameAddress) {  // CH-2, CH
   for (size_t i = 1; i < got.size(); ++i) EXPECT_LT(std::stoi(got[i - 1]), std::stoi(got[i]));
 }
 
+// A Listener that shuts down acknowledges what it delivered first, so its senders neither wait
+// for an Ack that never comes nor report delivered messages as undelivered. The listener's
+// batched Ack is pushed out of reach (ack_every, ack_interval), so only that last Ack can clear
+// pending(): without it the senders hold 3 unacknowledged messages until the deadline.
+TEST(Channel, AListenerThatShutsDownAcknowledgesWhatItDelivered) {  // CH-2
+  IoRuntime io;
+  ChannelOptions lo = opts();
+  lo.ack_every = 1u << 30;
+  lo.ack_interval = 60s;
+  for (const std::string& addr :
+       {"unix://@" + unique_name("last-ack"), std::string("tcp://127.0.0.1:0")}) {
+    SCOPED_TRACE(addr);
+    Inbox inbox;
+    auto l = Listener::serve(io, ChannelAddr::parse(addr), lo, inbox.handler());
+    std::atomic<int> failures{0};
+    auto s = Sender::connect(io, l->bound_addr(), opts(),
+                             [&](Message&&, const std::string&) { ++failures; });
+    for (int i = 0; i < 3; ++i) s->send(Message{{bytes(std::to_string(i))}});
+    ASSERT_TRUE(inbox.wait_for_count(3, 10s)) << "got " << inbox.count();
+    EXPECT_EQ(s->pending(), 3u);  // delivered, not yet acknowledged
+    l.reset();
+    EXPECT_TRUE(monarch::channel::testing::wait_until([&] { return s->pending() == 0; }, 10s))
+        << s->pending() << " message(s) still unacknowledged after the listener shut down";
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_EQ(inbox.texts(), (std::vector<std::string>{"0", "1", "2"}));
+  }
+}
+
 // ChannelOptions::close_if_refused (a link to a peer known to have exited): the first refused
 // connection closes the link and returns everything sent, naming the refusal, instead of
 // retrying until delivery_timeout. A peer that is listening is reached as usual.

@@ -48,6 +48,11 @@ std::size_t whole_writes(const asio::error_code& ec, std::size_t);
 /// ChannelOptions::unix_socket_buffer on a unix-socket connection (both directions).
 void size_unix_buffers(Socket& s, Transport t, const ChannelOptions& o);
 awaitable<void> write_frame(Socket& s, const FrameHeader& h, const std::vector<Bytes>& parts);
+/// Writes a frame without parts now, with one non-blocking write (io thread; nothing else may be
+/// writing to `s`). True if the socket took it whole. For a frame sent on the way out (a
+/// Listener's last Ack before it closes the connection); a partial write leaves a truncated frame,
+/// which the peer treats as a broken connection.
+bool write_frame_now(Socket& s, const FrameHeader& h);
 /// Reads until the decoder yields one frame.
 awaitable<wire::Frame> read_frame(Socket& s, wire::FrameDecoder& dec, std::vector<std::byte>& buf);
 

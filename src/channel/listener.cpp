@@ -63,6 +63,7 @@ struct Conn {
   asio::steady_timer ack_timer;
   bool open = true;
   bool ack_armed = false;
+  bool writing_ack = false;  // ack_writer is in write_frame: nothing else may write
   uint32_t since_ack = 0;
   uint64_t last_acked = 0;
   uint64_t session = 0;
@@ -236,11 +237,25 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
         c->since_ack = 0;
         c->last_acked = last;
         std::vector<Bytes> none;
+        c->writing_ack = true;
         co_await write_frame(c->sock, header(FrameKind::Ack, c->session, incarnation, last), none);
+        c->writing_ack = false;
       }
     } catch (const std::system_error&) {
       // The reader notices the broken connection and drops it.
     }
+  }
+
+  // Acknowledges what the connection delivered since its last Ack, before it is closed. Without
+  // it a sender that sent its last messages within ack_interval of our shutdown holds them as
+  // unacknowledged: it waits for an Ack that never comes (a Proc's stop_remote waited out its
+  // 2 s cap) and then reports them as undelivered although the handler had them. Best effort.
+  void ack_before_close(Conn& c) {
+    if (!c.open || c.state == nullptr || c.writing_ack) return;
+    uint64_t last = c.state->last_delivered;
+    if (last <= c.last_acked) return;
+    if (write_frame_now(c.sock, header(FrameKind::Ack, c.session, incarnation, last)))
+      c.last_acked = last;
   }
 
   void shutdown() {
@@ -248,7 +263,10 @@ struct ListenerCore : std::enable_shared_from_this<ListenerCore> {
     asio::error_code ignored;
     acceptor.close(ignored);
     auto all = conns;
-    for (auto& c : all) drop(c);
+    for (auto& c : all) {
+      ack_before_close(*c);
+      drop(c);
+    }
     if (!unlink_path.empty()) ::unlink(unlink_path.c_str());
   }
 };

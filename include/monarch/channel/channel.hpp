@@ -12,7 +12,9 @@
 //       most once, across any number of reconnects.
 //  CH-2 A message is kept by the Sender until acknowledged. After a broken connection it reconnects
 //       (backoff from reconnect_initial doubling to reconnect_max) and resends what the Listener
-//       has not yet delivered; the Listener drops duplicates by sequence number.
+//       has not yet delivered; the Listener drops duplicates by sequence number. A Listener that
+//       is destroyed first acknowledges what it delivered (one non-blocking write per connection),
+//       so the senders of a peer that exits cleanly are left holding nothing.
 //  CH-3 If the Listener's process restarted (new incarnation), messages that were sent but not
 //       acknowledged may have reached the dead process, so they are returned to the sender as
 //       failures ("peer restarted"), never delivered twice; later messages go to the new process
