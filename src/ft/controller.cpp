@@ -83,7 +83,8 @@ void fault_point_kill_donor(const std::string& healer, const std::string& donor)
     c = points().controller;
   }
   if (!c) return;
-  c->call(&ReplicaController::kill_donor, healer, donor).get(std::chrono::seconds(10));
+  c->call(&ReplicaController::kill_donor, healer, donor, static_cast<int64_t>(::getpid()))
+      .get(std::chrono::seconds(10));
 }
 
 void fault_point_quorum_request(const ActorRef<Lighthouse>& lighthouse,
@@ -784,9 +785,22 @@ void ReplicaController::inject(FaultKind kind, int64_t group, std::chrono::milli
   faults_.push_back(std::move(f));
 }
 
-bool ReplicaController::kill_donor(std::string healer, std::string donor) {
+bool ReplicaController::kill_donor(std::string healer, std::string donor, int64_t pid) {
   int64_t di = group_of(donor, groups_.size()), hi = group_of(healer, groups_.size());
   if (di < 0 || hi < 0) return false;
+  {
+    // The heal that asks may be an earlier incarnation's, its process replaced since: the
+    // request would kill the new healer, or a donor for a heal that is gone.
+    const auto& h = groups_[static_cast<size_t>(hi)];
+    bool current = false;
+    for (size_t i = 0; h.unit.procs && i < h.unit.procs->size(); ++i)
+      current = current || h.unit.procs->pid(i) == pid;
+    if (!current) {
+      event("kill_donor of " + donor + " from healer " + healer + " (pid " + std::to_string(pid) +
+            ") ignored: the group no longer runs in that process");
+      return false;
+    }
+  }
   FaultRecord* rec = nullptr;
   for (auto& f : faults_) {
     if (f.open() && !f.donor_killed && f.victims.count(healer) &&

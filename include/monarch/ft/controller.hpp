@@ -88,7 +88,8 @@ bool take_fault(std::string_view point);
 /// Whether `point` is armed in this process now, without consuming it (thread-safe).
 bool fault_armed(std::string_view point);
 /// Fault point "heal.after_first_chunk" of healer group `healer` reading from `donor`: when armed,
-/// asks the controller (blocks up to 10 s) to kill the donor or the healer. No-op otherwise.
+/// asks the controller (blocks up to 10 s) to kill the donor or the healer, naming this process
+/// (getpid()). No-op otherwise.
 void fault_point_kill_donor(const std::string& healer, const std::string& donor);
 /// Fault point "quorum.after_request" of group `replica_id`, whose request for step `step` was
 /// just sent to `lighthouse` (Manager::send_inflight calls it on the Manager's thread). When
@@ -334,7 +335,9 @@ class ReplicaController : public Actor {
   /// Fault point "heal.after_first_chunk": once per open kill_donor_mid_heal fault of `healer`,
   /// SIGKILLs `donor`'s rank 0 (unless it is the last up-to-date group outside every open fault:
   /// then it spares it and says so); once per open kill_healer_mid_heal fault, SIGKILLs `healer`.
-  bool kill_donor(std::string healer, std::string donor);
+  /// `pid` is the asking process (any rank of `healer`): a request from a process the healer's
+  /// group no longer runs on (its heal is gone with it) kills nothing and returns false.
+  bool kill_donor(std::string healer, std::string donor, int64_t pid);
   /// Fault point "quorum.after_request": SIGKILLs `replica_id`'s rank 0 once per open
   /// kill_in_quorum fault of it; `detail` (what the lighthouse showed) goes into its note. `pid`
   /// is the asking process (the point's): a request from a process the group no longer runs on

@@ -197,7 +197,13 @@ struct TestController : ft::ReplicaController {
           events_.push_back("TEST: a stale kill_in_quorum request killed replica0");
         inject(ft::FaultKind::sigkill, 0);
       }
-      if (stage_ == 1) inject(ft::FaultKind::kill_healer_mid_heal, 1);
+      if (stage_ == 1) {
+        inject(ft::FaultKind::kill_healer_mid_heal, 1);
+        // The same for the heal's point: a request from a process replica1 does not run in
+        // kills nothing and leaves the fault to fire in the replacement's heal.
+        if (kill_donor("replica1", "replica0", pids_.at(meshes_.at(2))))
+          events_.push_back("TEST: a stale kill_donor request killed a group");
+      }
       if (stage_ == 2) inject_two(0, 2);
       ++stage_;
       return;
@@ -353,6 +359,9 @@ TEST(ReplicaClient, ChaosKindsFireAtTheirPointsAndRecover) {
   EXPECT_EQ(s.faults_outside, 0) << log;
   EXPECT_EQ(log.find("TEST: a stale kill_in_quorum"), std::string::npos) << log;
   EXPECT_NE(log.find("kill_in_quorum of replica0 from pid "), std::string::npos) << log;
+  EXPECT_EQ(log.find("TEST: a stale kill_donor"), std::string::npos) << log;
+  EXPECT_NE(log.find("kill_donor of replica0 from healer replica1 (pid "), std::string::npos)
+      << log;
   // The SIGKILL and the kill in quorum, the victim and its healer, 2 at once.
   EXPECT_EQ(s.faults_injected, 6) << log;
   EXPECT_EQ(s.respawns, 6) << log;
