@@ -261,6 +261,15 @@ class ActorHost:
             return False
         return bool(self._run_hook(fn, MeshFailure(mesh, ranks, cause, text)))
 
+    def undeliverable(self, dest, reason, text):
+        """PyActor::undeliverable: True when the actor's hook handled the report."""
+        fn = getattr(self.instance, "_handle_undeliverable_message", None)
+        if fn is None:
+            return False
+        envelope = _actor.UndeliverableMessageEnvelope(
+            self.instance_info.actor_id, dest, reason, text)
+        return bool(self._run_hook(fn, envelope))
+
     def owned_failure(self, mesh, ranks, cause, text):
         """A failure of procs this actor spawned off its own thread (in an async endpoint): as
         PyActor::supervise would, __supervise__ decides; unhandled, it fails this actor."""

@@ -63,7 +63,7 @@ R = TypeVar("R")
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Context", "Extent", "Future",
     "HostMesh", "MeshFailure", "Point", "Port", "PortReceiver", "ProcMesh", "SupervisionError",
-    "ValueMesh", "attach_to_workers", "concurrent_endpoint", "context", "current_actor_name",
+    "UndeliverableMessageEnvelope", "ValueMesh", "attach_to_workers", "concurrent_endpoint", "context", "current_actor_name",
     "current_rank", "current_size", "endpoint", "send", "this_host", "this_proc",
     "unhandled_fault_hook",
 ]
@@ -586,8 +586,49 @@ class Actor:
 
     ``__supervise__(self, failure: MeshFailure)`` (def or async def): procs this actor spawned
     failed; a truthy return means handled (the survivors go on), anything else fails the actor.
+    ``_handle_undeliverable_message(self, message: UndeliverableMessageEnvelope)`` (def or async
+    def): a message this actor sent without waiting for an answer (a ``broadcast``, a
+    ``port.send``) could not be delivered; truthy means handled (the actor lives on), anything
+    else, or a raise, fails the actor, which is also what happens without the hook.
     ``__cleanup__(self, exc)``: runs when the actor stops (``exc`` is None on a normal stop).
     """
+
+
+class UndeliverableMessageEnvelope:
+    """A message an actor sent that could not be delivered, as its
+    ``_handle_undeliverable_message`` hook receives it. The hook runs on the actor's own thread
+    (or event loop, for async actors), between its messages.
+
+    ``sender()``: the id (str) of the actor that sent it, the one whose hook runs.
+    ``dest()``: the id (str) of the actor it was for. ``error_msg()``: the whole report, which
+    names the message, the destination and why ("message send to ADDR.kid[3] undeliverable: its
+    proc was declared failed: ..."). ``reason()``: only why. A broadcast that loses several
+    members of one failed proc arrives as one envelope, naming the first member and the count.
+    """
+
+    def __init__(self, sender, dest, reason, text):
+        self._sender = sender
+        self._dest = dest
+        self._reason = reason
+        self._text = text
+
+    def sender(self):
+        return self._sender
+
+    def dest(self):
+        return self._dest
+
+    def reason(self):
+        return self._reason
+
+    def error_msg(self):
+        return self._text
+
+    def __repr__(self):
+        return "UndeliverableMessageEnvelope(%s)" % self._text
+
+    def __reduce__(self):
+        return (UndeliverableMessageEnvelope, (self._sender, self._dest, self._reason, self._text))
 
 
 def _check_actor_class(cls):

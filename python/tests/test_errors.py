@@ -266,6 +266,110 @@ def test_unhandled_supervision_reaches_the_client_hook(fault_hook):
         pm.stop().get(timeout=30)
 
 
+class Broadcaster(Actor):
+    """Broadcasts to a mesh it was given; its copy of the mesh does not know the mesh stopped."""
+
+    def __init__(self, port):
+        self.port = port
+
+    @endpoint
+    def broadcast_to(self, mesh):
+        mesh.ping.broadcast()
+        return "sent"
+
+    @endpoint
+    def alive(self):
+        return "alive"
+
+
+class HandlesUndeliverable(Broadcaster):
+    def _handle_undeliverable_message(self, message):
+        self.port.send((message.sender(), message.dest(), message.reason(), message.error_msg(),
+                        repr(message)))
+        return True
+
+
+class HandlesUndeliverableAsync(Broadcaster):
+    async def _handle_undeliverable_message(self, message):
+        await asyncio.sleep(0)
+        self.port.send((message.sender(), message.dest(), message.reason(), message.error_msg(),
+                        repr(message)))
+        return True
+
+
+def _broadcast_to_stopped_kids(name, cls, port):
+    """Spawns `cls` on a proc mesh `name` and two kids on another; stops the kids (their procs
+    live on), then has the broadcaster broadcast to them: the relays find both members gone and
+    report each to the caster (CAST-9). Returns (proc meshes, broadcaster)."""
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name=name)
+    kid_procs = this_host().spawn_procs(per_host={"gpus": 2}, name=name + "-kids")
+    b = pm.spawn("b", cls, port)
+    kids = kid_procs.spawn("kid", Child)
+    assert kids.ping.call().get(timeout=30).values() == [0, 1]
+    kids.stop().get(timeout=30)
+    assert b.broadcast_to.call_one(kids).get(timeout=30) == "sent"
+    return (pm, kid_procs), b
+
+
+@pytest.mark.parametrize("cls", [HandlesUndeliverable, HandlesUndeliverableAsync])
+def test_handle_undeliverable_message_keeps_the_broadcaster_alive(cls):
+    port, rx = Channel.open()
+    meshes, b = _broadcast_to_stopped_kids("undeliv-" + cls.__name__.lower(), cls, port)
+    try:
+        got = [rx.recv().get(timeout=30) for _ in range(2)]  # one report per lost member
+        for sender, dest, reason, text, rep in got:
+            assert ".b[" in sender, sender
+            assert ".kid[" in dest and dest in text, (dest, text)
+            assert text.endswith("undeliverable: " + reason), text
+            assert rep == "UndeliverableMessageEnvelope(%s)" % text
+        assert got[0][1] != got[1][1], got  # both members, each once
+        assert b.alive.call_one().get(timeout=30) == "alive"
+        assert rx.try_recv() is None
+    finally:
+        for m in meshes:
+            m.stop().get(timeout=30)
+
+
+class RefusesUndeliverable(Broadcaster):
+    def _handle_undeliverable_message(self, message):
+        return False
+
+
+class RaisesInUndeliverable(Broadcaster):
+    def _handle_undeliverable_message(self, message):
+        raise RuntimeError("hook gave up on " + message.dest())
+
+
+@pytest.mark.parametrize("cls", [Broadcaster, RefusesUndeliverable, RaisesInUndeliverable])
+def test_an_unhandled_undeliverable_broadcast_fails_the_broadcaster(cls, fault_hook):
+    """Without the hook (the default), with a falsy one, or with one that raises (PY-7)."""
+    name = "unhandled-" + cls.__name__.lower()
+    port, _ = Channel.open()
+    meshes, b = _broadcast_to_stopped_kids(name, cls, port)
+    try:
+        failure = fault_hook.get(timeout=30)
+        assert isinstance(failure, MeshFailure) and failure.mesh == name, repr(failure)
+        assert "undeliverable" in failure.report() and ".kid[" in failure.report(), \
+            failure.report()
+        if cls is RaisesInUndeliverable:
+            assert "_handle_undeliverable_message raised" in failure.report(), failure.report()
+            assert "hook gave up on" in failure.report(), failure.report()
+        with pytest.raises(monarch.errors.MonarchError):
+            b.alive.call_one().get(timeout=30)
+    finally:
+        for m in meshes:
+            m.stop().get(timeout=30)
+
+
+def test_monarchs_import_paths_of_the_hook_types():
+    from monarch._rust_bindings.monarch_hyperactor.mailbox import UndeliverableMessageEnvelope
+    from monarch._rust_bindings.monarch_hyperactor.supervision import (MeshFailure as MF,
+                                                                      SupervisionError as SE)
+    import monarch.actor
+    assert UndeliverableMessageEnvelope is monarch.actor.UndeliverableMessageEnvelope
+    assert MF is monarch.actor.MeshFailure and SE is monarch.actor.SupervisionError
+
+
 class AsyncSupervisor(Actor):
     def __init__(self, port):
         self.port = port

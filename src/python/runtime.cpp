@@ -284,6 +284,25 @@ bool PyActor::supervise(const MeshFailure& failure) {
   }
 }
 
+void PyActor::undeliverable(const DeliveryFailure& failure) {
+  if (py_alive()) {
+    Gil gil;
+    try {
+      if (host()
+              .attr("undeliverable")(failure.destination().to_string(), failure.reason(),
+                                     std::string(failure.what()))
+              .cast<bool>())
+        return;
+    } catch (py::error_already_set& e) {
+      std::string raised = e.what();
+      e.restore();
+      PyErr_Clear();
+      throw Error(std::string(failure.what()) + "\n_handle_undeliverable_message raised: " + raised);
+    }
+  }
+  throw failure;
+}
+
 Future<std::string> PyActor::call(std::string method, std::string payload) {
   size_t rank = static_cast<size_t>(-1);
   try {

@@ -102,6 +102,10 @@ class PyActor final : public Actor {
   void init() override;
   void cleanup(const std::optional<ActorSupervisionEvent>& error) override;
   bool supervise(const MeshFailure& failure) override;
+  /// The Python instance's _handle_undeliverable_message(envelope) decides: truthy = handled;
+  /// without the hook, or falsy, the failure is rethrown (which fails this actor). A raise in the
+  /// hook fails it too, with the hook's traceback. On the actor's thread.
+  void undeliverable(const DeliveryFailure& failure) override;
 
   /// A call (call, call_one, choose, stream, reduce): the reply is the host's encoded result
   /// (a value or the handler's exception, python/monarch/_host.py). Completes later for async,

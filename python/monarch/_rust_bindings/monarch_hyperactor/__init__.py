@@ -1,0 +1,1 @@
+"""See monarch._rust_bindings."""
