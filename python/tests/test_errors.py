@@ -321,6 +321,7 @@ def test_handle_undeliverable_message_keeps_the_broadcaster_alive(cls):
             assert ".b[" in sender, sender
             assert ".kid[" in dest and dest in text, (dest, text)
             assert text.endswith("undeliverable: " + reason), text
+            assert reason == "actor Child 'kid' was stopped", reason  # the member's tombstone
             assert rep == "UndeliverableMessageEnvelope(%s)" % text
         assert got[0][1] != got[1][1], got  # both members, each once
         assert b.alive.call_one().get(timeout=30) == "alive"

@@ -207,6 +207,11 @@ void Proc::remember_failed_actor(const ActorSupervisionEvent& ev) {
                          "actor " + ev.actor_type + " '" + ev.actor.name + "' failed: " + ev.cause);
 }
 
+std::string Proc::gone_actor_reason(uint64_t uid) {
+  std::string why = remote_ ? remote_->tombstone(uid) : std::string();
+  return why.empty() ? std::string("unknown actor") : why;
+}
+
 void Proc::stop_remote_child(const ActorId& id, bool kill) {
   if (!remote_) return;
   RemoteHeader h;

@@ -706,10 +706,7 @@ struct Proc::Remote {
       bounce_to_sender(h.reply_proc, h.sender, f);
     };
     detail::CellPtr c = proc->find(h.dest);
-    if (!c) {
-      std::string why = tombstone(h.dest.uid);
-      return fail(DeliveryFailure(h.dest, h.endpoint, why.empty() ? "unknown actor" : why));
-    }
+    if (!c) return fail(DeliveryFailure(h.dest, h.endpoint, proc->gone_actor_reason(h.dest.uid)));
     auto inv = detail::find_invoker(c->type(), h.endpoint);
     if (!inv) {
       return fail(DeliveryFailure(h.dest, h.endpoint,

@@ -169,10 +169,12 @@ void CastTopology::when_ready(UniqueFunction<void()> send) const {
   send();
 }
 
-void bounce_unknown_actor(Envelope* e, const ActorId* to) {
+void bounce_unknown_actor(Envelope* e, const ActorId* to, Proc* proc) {
   std::unique_ptr<Envelope> owned(e);
-  e->bounce(DeliveryFailure(to != nullptr ? *to : ActorId{}, std::string(e->endpoint()),
-                            "unknown actor"));
+  std::string why = proc != nullptr && to != nullptr ? proc->gone_actor_reason(to->uid)
+                                                     : std::string("unknown actor");
+  e->bounce(
+      DeliveryFailure(to != nullptr ? *to : ActorId{}, std::string(e->endpoint()), std::move(why)));
 }
 
 std::string to_string_bytes(const std::vector<std::byte>& b) {

@@ -433,7 +433,7 @@ struct RemoteCast {
           auto* e = new Call(Reply{st, args, slot}, method);
           e->message_rank = rank;
           ActorRef<A> ref = proc.resolve<A>(id);
-          post_or_bounce(ref.cell(), e, &id);
+          post_or_bounce(ref.cell(), e, &id, &proc);
           continue;
         }
         ActorRef<A> ref = proc.resolve<A>(id);
@@ -449,7 +449,7 @@ struct RemoteCast {
           e->remote_bounce = [&proc, report](const DeliveryFailure& f) {
             monarch::detail::return_to_sender(proc, *report, f);
           };
-          post_or_bounce(ref.cell(), e, &id);
+          post_or_bounce(ref.cell(), e, &id, &proc);
         } else {
           auto f = std::apply([&](const auto&... a) { return ref.call_ranked(rank, method, a...); },
                               *args);

@@ -16,12 +16,15 @@
 namespace monarch::mesh::detail {
 
 /// Posts `e` to `c`, or, when there is no such actor (`c` null), bounces it with a
-/// DeliveryFailure "unknown actor" naming `to` (an empty id when null) and deletes it.
-void bounce_unknown_actor(monarch::detail::Envelope* e, const ActorId* to);
+/// DeliveryFailure naming `to` (an empty id when null) and deletes it. The reason is
+/// `proc->gone_actor_reason(to->uid)` when `proc` (the member's own Proc, as a relay across
+/// processes has it) is given: "actor T 'name' was stopped", as a direct message would say;
+/// else "unknown actor".
+void bounce_unknown_actor(monarch::detail::Envelope* e, const ActorId* to, Proc* proc = nullptr);
 inline void post_or_bounce(monarch::detail::Cell* c, monarch::detail::Envelope* e,
-                           const ActorId* to) {
+                           const ActorId* to, Proc* proc = nullptr) {
   if (c != nullptr) return c->post(e);
-  bounce_unknown_actor(e, to);
+  bounce_unknown_actor(e, to, proc);
 }
 
 /// The handler's reply type of endpoint M (void for void handlers).
