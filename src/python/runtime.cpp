@@ -297,7 +297,8 @@ void PyActor::undeliverable(const DeliveryFailure& failure) {
       std::string raised = e.what();
       e.restore();
       PyErr_Clear();
-      throw Error(std::string(failure.what()) + "\n_handle_undeliverable_message raised: " + raised);
+      throw Error(std::string(failure.what()) +
+                  "\n_handle_undeliverable_message raised: " + raised);
     }
   }
   throw failure;
