@@ -212,6 +212,13 @@ std::string Proc::gone_actor_reason(uint64_t uid) {
   return why.empty() ? std::string("unknown actor") : why;
 }
 
+namespace detail {
+std::string gone_actor_reason(Proc* proc, const ActorId& id) {
+  return proc != nullptr && id.proc == proc->name() ? proc->gone_actor_reason(id.uid)
+                                                    : std::string("unknown actor");
+}
+}  // namespace detail
+
 void Proc::stop_remote_child(const ActorId& id, bool kill) {
   if (!remote_) return;
   RemoteHeader h;

@@ -171,10 +171,9 @@ void CastTopology::when_ready(UniqueFunction<void()> send) const {
 
 void bounce_unknown_actor(Envelope* e, const ActorId* to, Proc* proc) {
   std::unique_ptr<Envelope> owned(e);
-  std::string why = proc != nullptr && to != nullptr ? proc->gone_actor_reason(to->uid)
-                                                     : std::string("unknown actor");
-  e->bounce(
-      DeliveryFailure(to != nullptr ? *to : ActorId{}, std::string(e->endpoint()), std::move(why)));
+  ActorId dest = to != nullptr ? *to : ActorId{};
+  std::string why = monarch::detail::gone_actor_reason(proc, dest);
+  e->bounce(DeliveryFailure(std::move(dest), std::string(e->endpoint()), std::move(why)));
 }
 
 std::string to_string_bytes(const std::vector<std::byte>& b) {

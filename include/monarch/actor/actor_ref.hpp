@@ -39,6 +39,10 @@ namespace detail {
 /// Sends `f` back to the sender of an undeliverable fire-and-forget message: the sending actor's
 /// undeliverable(), or the Proc's fault hook when the sender is outside any actor.
 void route_undeliverable(Cell* sender, Proc* proc, const DeliveryFailure& f) noexcept;
+/// Why a message to `proc`'s actor `id`, which is not registered, cannot be delivered:
+/// proc->gone_actor_reason(id.uid) (its tombstone, when `proc` listens), else "unknown actor"
+/// (also for a null `proc`). Any thread.
+std::string gone_actor_reason(Proc* proc, const ActorId& id);
 
 /// Asks the actor `dest` in another Proc to stop (drain) or be killed; the Future completes once
 /// it is Stopped or Failed there, or fails (DeliveryFailure, SupervisionError). Never blocks.
@@ -417,7 +421,8 @@ class ActorRef {
 
   void bounce_unknown(detail::Envelope* e) const {
     std::unique_ptr<detail::Envelope> owned(e);
-    e->bounce(DeliveryFailure(id(), std::string(e->endpoint()), "unknown actor"));
+    e->bounce(
+        DeliveryFailure(id(), std::string(e->endpoint()), detail::gone_actor_reason(proc_, id())));
   }
 
   detail::CellPtr cell_;

@@ -137,6 +137,32 @@ TEST(Remote, StoppedOrUnknownRemoteActorIsADeliveryFailure) {
   }
 }
 
+// The same reason when the ref is resolved inside the actor's own Proc after it stopped (as a
+// relay across processes resolves a cast's members): the Proc's tombstone, not "unknown actor".
+TEST(Remote, ALocallyResolvedRefToAStoppedActorSaysWhy) {
+  Proc server(listening("server"));
+  auto local = server.spawn<Counter>("counter");
+  const monarch::ActorId id = local.id();
+  local.stop().get(5s);
+  try {
+    server.resolve<Counter>(id).call(&Counter::get).get(5s);
+    FAIL();
+  } catch (const monarch::DeliveryFailure& e) {
+    EXPECT_EQ(e.reason(), "actor monarch::testing::Counter 'counter' was stopped");
+  }
+  auto ghost = server.resolve<Counter>(monarch::ActorId{server.name(), "ghost", 99999});
+  EXPECT_THROW(
+      {
+        try {
+          ghost.call(&Counter::get).get(5s);
+        } catch (const monarch::DeliveryFailure& e) {
+          EXPECT_EQ(e.reason(), "unknown actor");  // never here
+          throw;
+        }
+      },
+      monarch::DeliveryFailure);
+}
+
 // Sends to a remote actor from inside an actor and hands on what comes back undeliverable.
 struct RemoteSender : monarch::Actor {
   using Returned = std::pair<monarch::ActorId, std::string>;
