@@ -63,9 +63,9 @@ R = TypeVar("R")
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Context", "Extent", "Future",
     "HostMesh", "MeshFailure", "Point", "Port", "PortReceiver", "ProcMesh", "SupervisionError",
-    "UndeliverableMessageEnvelope", "ValueMesh", "attach_to_workers", "concurrent_endpoint", "context", "current_actor_name",
-    "current_rank", "current_size", "endpoint", "send", "this_host", "this_proc",
-    "unhandled_fault_hook",
+    "UndeliverableMessageEnvelope", "ValueMesh", "attach_to_workers", "concurrent_endpoint",
+    "context", "current_actor_name", "current_rank", "current_size", "endpoint", "send",
+    "this_host", "this_proc", "unhandled_fault_hook",
 ]
 
 
