@@ -290,8 +290,7 @@ class HandlesUndeliverable(Broadcaster):
 
 
 class HandlesUndeliverableAsync(Broadcaster):
-    async def _handle_undeliverable_message(self, message):
-        await asyncio.sleep(0)
+    async def _handle_undeliverable_message(self, message):  # awaited on the proc's loop
         self.port.send((message.sender(), message.dest(), message.reason(), message.error_msg(),
                         repr(message)))
         return True

@@ -171,9 +171,10 @@ py::object point_tuple(const std::optional<ndslice::Point>& p) {
   return py::make_tuple(p->extent().labels(), p->extent().sizes(), p->coords());
 }
 
-// A Python error raised inside a handler, as a C++ exception carrying its formatted text.
-[[noreturn]] void rethrow_python(py::error_already_set& e) {
-  std::string text = e.what();
+// A Python error raised inside a handler, as a C++ exception carrying its formatted text, after
+// `prefix` when given.
+[[noreturn]] void rethrow_python(py::error_already_set& e, const std::string& prefix = {}) {
+  std::string text = prefix + e.what();
   e.restore();
   PyErr_Clear();
   throw Error(text);
@@ -294,11 +295,7 @@ void PyActor::undeliverable(const DeliveryFailure& failure) {
               .cast<bool>())
         return;
     } catch (py::error_already_set& e) {
-      std::string raised = e.what();
-      e.restore();
-      PyErr_Clear();
-      throw Error(std::string(failure.what()) +
-                  "\n_handle_undeliverable_message raised: " + raised);
+      rethrow_python(e, std::string(failure.what()) + "\n_handle_undeliverable_message raised: ");
     }
   }
   throw failure;
