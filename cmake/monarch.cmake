@@ -44,7 +44,8 @@ function(monarch_add_library name)
 endfunction()
 
 # monarch_add_test(NAME SOURCES... LIBS libs... [LABELS labels...]): a GoogleTest binary registered
-# with CTest. Label "concurrency" marks tests that .ci/run also runs under ThreadSanitizer.
+# with CTest. Label "concurrency" marks tests that .ci/run also runs under ThreadSanitizer; target
+# concurrency-tests builds just those binaries (and what they run), which is all that pass needs.
 function(monarch_add_test name)
   cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
@@ -64,4 +65,7 @@ function(monarch_add_test name)
     math(EXPR T_TIMEOUT "${T_TIMEOUT} * 2")
   endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+  if("concurrency" IN_LIST T_LABELS)
+    add_dependencies(concurrency-tests ${name})
+  endif()
 endfunction()
