@@ -223,7 +223,11 @@ class AsyncHookSupervisor(Supervisor):
     """Sync endpoints, an async def __supervise__ (it runs on the proc's event loop)."""
 
     async def __supervise__(self, failure):
-        await asyncio.sleep(0)
+        # Suspend once on the loop (a future the loop itself completes), so the hook resumes after
+        # an await, as a real one would.
+        done = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(done.set_result, None)
+        await done
         self.port.send(("async", failure.mesh, failure.ranks, failure.cause, failure.report()))
         return True
 
