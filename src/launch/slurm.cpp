@@ -470,8 +470,19 @@ std::string SlurmJob::submit() {
   auto& im = *impl_;
   if (!im.id.empty()) throw UsageError(im.label() + " was already submitted");
   std::error_code ec;
-  im.made_shared_dir = !fs::exists(im.opt.shared_dir, ec);
-  fs::create_directories(im.dir, ec);
+  // Another job sharing the shared dir removes it when it is the last one in it (discard_work_dir),
+  // which can happen between making it and making im.dir inside it: try again then. The job that
+  // made the shared dir removes it at the end when it is empty (made_shared_dir).
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    ec.clear();
+    const bool made = fs::create_directories(im.opt.shared_dir, ec);
+    if (ec) continue;
+    fs::create_directory(im.dir, ec);
+    if (!ec) {
+      im.made_shared_dir = made;
+      break;
+    }
+  }
   if (ec) throw SlurmError("cannot create SLURM work dir " + im.dir.string() + ": " + ec.message());
   fs::path script = im.dir / "job.sbatch";
   {
