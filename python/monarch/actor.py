@@ -1524,9 +1524,13 @@ class HostMesh(MeshTrait):
             hook(f)
             return True
 
+        # The owning actor, for the runtime: what it sent to a proc that then failed is not
+        # reported to it again as undeliverable (it hears the failure in __supervise__).
+        owner_id = getattr(getattr(owner, "me", None), "actor", None)
+
         def run():
             try:
-                pm = self._native.spawn_procs(*args, False)
+                pm = self._native.spawn_procs(*args, False, owner_id)
                 pm.set_failure_handler(on_failure)
                 cf.set_result(pm)
             except BaseException as e:

@@ -365,6 +365,97 @@ def test_an_unhandled_undeliverable_broadcast_fails_the_broadcaster(cls, fault_h
             m.stop().get(timeout=30)
 
 
+class CountsUndeliverable:
+    """Counts the undeliverable reports it gets (and carries on)."""
+
+    reports = 0
+
+    def _handle_undeliverable_message(self, message):
+        self.reports += 1
+        return True
+
+
+class BroadcastingOwner(CountsUndeliverable, Supervisor):
+    @endpoint
+    def broadcast_to_kid(self, rank):
+        self.kids.slice(gpus=rank).ping.broadcast()
+
+    @endpoint
+    def kid_mesh(self):
+        return self.kids
+
+    @endpoint
+    def undelivered(self):
+        return self.reports
+
+
+class AsyncBroadcastingOwner(CountsUndeliverable, Actor):
+    """The same, with async endpoints: its procs are spawned off its thread (PY-5)."""
+
+    def __init__(self, port):
+        self.port = port
+
+    @endpoint
+    async def start(self):
+        self.kid_procs = this_host().spawn_procs(per_host={"gpus": 2}, name="kids")
+        await self.kid_procs.initialized
+        self.kids = self.kid_procs.spawn("kid", Child)
+        return (await self.kids.pid.call()).values()
+
+    async def __supervise__(self, failure):
+        self.port.send((type(failure).__name__, failure.mesh, failure.ranks, failure.cause,
+                        failure.report()))
+        return True
+
+    @endpoint
+    async def broadcast_to_kid(self, rank):
+        self.kids.slice(gpus=rank).ping.broadcast()
+
+    @endpoint
+    async def kid_mesh(self):
+        return self.kids
+
+    @endpoint
+    async def undelivered(self):
+        return self.reports
+
+
+class StrangerBroadcaster(Broadcaster):
+    def _handle_undeliverable_message(self, message):
+        self.port.send(("stranger", message.reason()))
+        return True
+
+
+@pytest.mark.parametrize("cls", [BroadcastingOwner, AsyncBroadcastingOwner])
+def test_an_owner_is_not_told_twice_of_a_broadcast_lost_with_its_proc(cls):
+    """REM-6: a proc that dies within the channel's Ack window leaves the broadcast it was just
+    sent unacknowledged, although its handler may have run. The owner hears the proc's failure
+    in __supervise__; the lost broadcast is not reported to it a second time (it used to be, and
+    without a hook that failed the owner even though its __supervise__ handled the failure). An
+    actor that does not own the mesh still gets its lost broadcast back."""
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="owner-" + cls.__name__.lower())
+    port, rx = Channel.open()
+    try:
+        owner = pm.spawn("owner", cls, port)
+        stranger = pm.spawn("stranger", StrangerBroadcaster, port)  # same proc: same link
+        pids = owner.start.call_one().get(timeout=30)
+        kids = owner.kid_mesh.call_one().get(timeout=30)
+        # Kid 0 stopped (nothing it is sent gets acknowledged), sent to by both, then killed:
+        # its exit declares it failed, which returns both broadcasts in the order they were sent.
+        os.kill(pids[0], signal.SIGSTOP)
+        owner.broadcast_to_kid.call_one(0).get(timeout=30)
+        assert stranger.broadcast_to.call_one(kids.slice(gpus=0)).get(timeout=30) == "sent"
+        os.kill(pids[0], signal.SIGKILL)
+        got = sorted((rx.recv().get(timeout=30) for _ in range(2)), key=lambda m: m[0])
+        assert got[0][0] == "MeshFailure" and got[0][2] == [0], got[0]
+        assert got[1][0] == "stranger" and "its proc was declared failed" in got[1][1], got[1]
+        # The owner's report would have been posted to it before the stranger's: none came.
+        assert owner.undelivered.call_one().get(timeout=30) == 0
+        assert rx.try_recv() is None
+    finally:
+        pm.stop().get(timeout=30)
+
+
 def test_monarchs_import_paths_of_the_hook_types():
     from monarch._rust_bindings.monarch_hyperactor.mailbox import UndeliverableMessageEnvelope
     from monarch._rust_bindings.monarch_hyperactor.supervision import (MeshFailure as MF,

@@ -14,7 +14,9 @@
 //       SupervisionError, and every later call/send/stop/spawn to addr fails with it at once.
 // REM-6 declare_proc_failed(addr) closes the link to addr at once: calls pending there fail with
 //       SupervisionError (REM-5), and sends from actors still unacknowledged on it come back to
-//       their sending actor's undeliverable() as DeliveryFailures naming that failure.
+//       their sending actor's undeliverable() as DeliveryFailures naming that failure, except
+//       to the actor that owns addr's mesh (declare_proc_failed's owner), which hears that
+//       failure as a MeshFailure; nor from outside actors, for the same reason.
 // SPAWN-1 The receiving Proc creates a remotely spawned actor while reading the Spawn message
 //       (io thread), before it reads the next message on that link: with REM-3 and CELL-2,
 //       messages sent on the ref right after spawn_remote run after construction and init().
@@ -162,8 +164,9 @@ void Proc::stop_remote() {
                                                           std::chrono::milliseconds(2000)));
 }
 
-void Proc::declare_proc_failed(const std::string& proc_addr, const std::string& cause) {
-  if (remote_) remote_->declare_failed(proc_addr, cause);
+void Proc::declare_proc_failed(const std::string& proc_addr, const std::string& cause,
+                               const ActorId& owner) {
+  if (remote_) remote_->declare_failed(proc_addr, cause, owner);
 }
 
 void Proc::forget_proc(const std::string& proc_addr, const std::string& why) {

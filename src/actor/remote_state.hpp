@@ -111,6 +111,9 @@ struct Proc::Remote {
   // Procs declared failed (declare_proc_failed): address -> cause. Never removed (REM-5).
   std::unordered_map<std::string, std::string> failed;  // guarded by mu
   std::atomic<size_t> failed_count{0};                  // failed.size(), readable without mu
+  // The actor that owns a failed proc's mesh (declare_proc_failed's `owner`): it hears the
+  // failure as a MeshFailure, so its messages lost there are not reported to it again (REM-6).
+  std::unordered_map<std::string, ActorId> failed_owner;  // guarded by mu
   // Procs forget() was told are gone by design, until a request comes from them again (the
   // address may be reused): address -> why. A reply to one is dropped with a debug log: its
   // caller was stopped. A new link to one (a call through a stale reference) closes at its first
@@ -196,12 +199,16 @@ struct Proc::Remote {
 
   // REM-5: the mesh layer learnt that `addr` crashed or froze. Pending calls fail now with
   // SupervisionError; later ones fail in sender_for; the link is closed.
-  void declare_failed(const std::string& addr, const std::string& cause) {
+  void declare_failed(const std::string& addr, const std::string& cause, const ActorId& owner) {
     std::vector<PendingCall> lost;
     std::shared_ptr<channel::Sender> link;
     {
       std::lock_guard lock(mu);
-      if (closed || !failed.emplace(addr, cause).second) return;
+      if (closed) return;
+      // A worker may hear of the failure (WorkerControl::proc_failed) before the mesh that owns
+      // the proc declares it: the owner is recorded either way.
+      if (owner.uid != 0) failed_owner.emplace(addr, owner);
+      if (!failed.emplace(addr, cause).second) return;
       failed_count.store(failed.size(), std::memory_order_release);
       for (auto it = pending.begin(); it != pending.end();) {
         if (it->second.dest.proc == addr) {
@@ -268,6 +275,18 @@ struct Proc::Remote {
     auto it = failed.find(addr);
     if (it == failed.end()) return std::nullopt;
     return it->second;
+  }
+  // Whether `sender` of this Proc has heard (or will hear) that `addr` failed, so a message it
+  // sent there that comes back need not be reported to it (REM-6): code outside actors (uid 0)
+  // hears every failure this Proc declared through the mesh layer's report, an actor the
+  // failures of procs of the meshes it owns (its supervise()).
+  bool failure_reported_to(const ActorId& sender, const std::string& addr) {
+    if (failed_count.load(std::memory_order_acquire) == 0) return false;
+    std::lock_guard lock(mu);
+    if (failed.count(addr) == 0) return false;
+    if (sender.uid == 0) return true;
+    auto it = failed_owner.find(addr);
+    return it != failed_owner.end() && it->second == sender;
   }
   bool is_gone(const std::string& addr) {
     if (!any_gone.load(std::memory_order_relaxed)) return false;
@@ -448,9 +467,10 @@ struct Proc::Remote {
     if (spawn_or_send) {
       if (auto cause = failure_of(h.dest.proc)) {
         // REM-6: the proc was declared failed. A send from an actor comes back to that actor as a
-        // DeliveryFailure naming the failure (its undeliverable() decides). From outside actors
-        // the mesh layer has reported that very failure (MeshFailure), so the client's fault hook
-        // is not called a second time for it. A spawn's failure is the mesh's to report.
+        // DeliveryFailure naming the failure (its undeliverable() decides), unless that actor owns
+        // the proc's mesh: the mesh layer has reported that very failure to it (MeshFailure), as
+        // it has to code outside actors, so neither hears of it a second time (local_bounce). A
+        // spawn's failure is the mesh's to report.
         DeliveryFailure lost(h.dest, h.endpoint, "its proc was declared failed: " + *cause);
         if (h.kind != RemoteKind::Spawn && h.sender.uid != 0) return return_report(h, lost);
         spdlog::debug("monarch: {}: dropped: {}", address, lost.what());
@@ -504,8 +524,15 @@ struct Proc::Remote {
     local_bounce(h.sender, f);
   }
 
-  // Routes f to the local actor that sent the message (REM-2).
+  // Routes f to the local actor that sent the message (REM-2), unless it was lost on a proc whose
+  // failure that sender hears of anyway (REM-6, failure_reported_to).
   void local_bounce(const ActorId& sender, const DeliveryFailure& f) {
+    if (failure_reported_to(sender, f.destination().proc)) {
+      spdlog::debug("monarch: {}: report dropped (its proc's failure was reported to {}): {}",
+                    address, sender.uid == 0 ? std::string("the client") : sender.to_string(),
+                    f.what());
+      return;
+    }
     detail::CellPtr c = sender.uid != 0 ? proc->find(sender) : detail::CellPtr();
     detail::route_undeliverable(c.get(), proc, f);
   }
@@ -649,13 +676,8 @@ struct Proc::Remote {
         try {
           std::rethrow_exception(f);
         } catch (const DeliveryFailure& d) {
-          // REM-6 for reports a relay forwards (CAST-9): outside actors, a loss on a proc this
-          // Proc declared failed was reported with that failure already.
-          if (h.sender.uid == 0 && failure_of(d.destination().proc)) {
-            spdlog::debug("monarch: {}: report dropped (its proc's failure was reported): {}",
-                          address, d.what());
-            return;
-          }
+          // REM-6 holds for reports a relay forwards too (CAST-9): local_bounce drops a loss on a
+          // proc whose failure was reported to the caster already.
           return local_bounce(h.sender, d);
         } catch (...) {
           return;

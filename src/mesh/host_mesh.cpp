@@ -232,9 +232,23 @@ ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions opt
                        "' may hold only letters, digits, '_' and '-'");
     }
   }
-  if (!options.on_failure) options.on_failure = process_detail::owner_failure_handler();
+  ActorId owner = options.owner;
+  Proc* owner_proc = options.owner_proc;
+  if (!options.on_failure) {
+    options.on_failure = process_detail::owner_failure_handler();
+    if (const auto* c = monarch::detail::current_cell(); c != nullptr) {
+      owner = c->id();
+      owner_proc = &c->proc();
+    }
+  }
+  if (owner_proc == &client()) owner_proc = nullptr;
   auto group = std::make_shared<process_detail::ProcessGroup>(
       state_, name, extent, per_host.num_ranks(), std::move(options));
+  {
+    std::lock_guard lock(group->mu);
+    group->owner = std::move(owner);
+    group->owner_proc = owner_proc;
+  }
   group->start();
   auto st = std::make_shared<ProcMesh::State>();
   st->group = std::move(group);
@@ -275,6 +289,8 @@ void ProcMesh::on_failure(FailureHandler handler) const {
   auto& g = group();
   std::lock_guard lock(g.mu);
   g.options.on_failure = std::move(handler);
+  g.owner = ActorId{};  // its failures no longer reach the actor that spawned it
+  g.owner_proc = nullptr;
 }
 
 void ProcMesh::set_log_window(std::chrono::milliseconds window) const {

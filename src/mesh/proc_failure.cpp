@@ -210,11 +210,18 @@ void ProcessGroup::deliver_failures(std::unique_lock<std::mutex>& lock) {
     MeshFailure f = std::move(pending.front().first);
     pending.pop_front();
     auto handler = options.on_failure;
+    const ActorId heard_by = owner;
+    Proc* heard_in = owner_proc;
     std::vector<std::string> dead;
     for (size_t r : f.ranks) dead.push_back(ranks[r].addr);
     lock.unlock();
     std::erase(dead, std::string());
-    for (auto& a : dead) hosts->client->declare_proc_failed(a, f.to_string());
+    for (auto& a : dead) {
+      hosts->client->declare_proc_failed(a, f.to_string(), heard_by);
+      // An owner in another Proc of this process (an actor of a worker that spawned procs):
+      // its links there close at once too, and its lost messages are not reported twice.
+      if (heard_in != nullptr) heard_in->declare_proc_failed(a, f.to_string(), heard_by);
+    }
     hosts->notify_proc_failed(dead, f.to_string());
     bool handled = false;
     try {

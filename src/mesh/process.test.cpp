@@ -543,6 +543,75 @@ TEST(ProcessMesh, AHandlerThatSpawnsCastsAndWaitsDoesNotWaitOnItself) {
   EXPECT_EQ(spawner.call(&Spawner::spawn_and_cast).get(20s), 10u);
 }
 
+// REM-6 for a mesh an actor owns: the owner hears a proc's failure in supervise(), so its
+// broadcast that the proc never acknowledged is not reported to its undeliverable() a second
+// time (that report failed an owner whose supervise() had handled the failure: a proc that dies
+// within the channel's Ack window leaves what it was just sent unacknowledged, although its
+// handler ran). An actor that does not own the mesh still gets its lost broadcast back.
+struct MeshOwner : monarch::Actor {
+  MeshOwner(monarch::mesh::HostMesh* host, std::shared_ptr<std::promise<MeshFailure>> failed)
+      : host_(host), failed_(std::move(failed)) {}
+  std::vector<int> start() {
+    procs_ = host_->spawn_procs(Extent{{"gpus", 2}}, SpawnOptions{.name = "owned"});
+    workers_ = procs_->spawn<Worker>("w", size_t{0});  // not lookup: it would wait on this actor
+    return pids_of(*procs_);
+  }
+  monarch::mesh::ActorMesh<Worker> workers() const { return *workers_; }
+  void lose(size_t rank) {
+    workers_->slice("gpus", rank).broadcast(&Worker::say, std::string("x"));
+  }
+  std::vector<size_t> failed_ranks() const { return procs_->failed_ranks(); }
+  std::vector<std::string> reports() const { return reports_; }
+  bool supervise(const MeshFailure& f) override {
+    failed_->set_value(f);
+    return true;
+  }
+  void undeliverable(const monarch::DeliveryFailure& f) override { reports_.push_back(f.what()); }
+  MONARCH_ENDPOINTS(MeshOwner, start, workers, lose, failed_ranks, reports)
+  monarch::mesh::HostMesh* host_;
+  std::shared_ptr<std::promise<MeshFailure>> failed_;
+  std::optional<ProcMesh> procs_;
+  std::optional<monarch::mesh::ActorMesh<Worker>> workers_;
+  std::vector<std::string> reports_;
+};
+
+struct Stranger : monarch::Actor {
+  explicit Stranger(std::shared_ptr<std::promise<std::string>> lost) : lost_(std::move(lost)) {}
+  void lose(monarch::mesh::ActorMesh<Worker> workers, size_t rank) {
+    workers.slice("gpus", rank).broadcast(&Worker::say, std::string("y"));
+  }
+  void undeliverable(const monarch::DeliveryFailure& f) override { lost_->set_value(f.what()); }
+  MONARCH_ENDPOINTS(Stranger, lose)
+  std::shared_ptr<std::promise<std::string>> lost_;
+};
+
+TEST(ProcessMesh, REM6_AnOwnerIsNotToldTwiceOfABroadcastLostWithItsProc) {
+  auto host = monarch::mesh::this_host(fast());
+  auto failed = std::make_shared<std::promise<MeshFailure>>();
+  auto lost = std::make_shared<std::promise<std::string>>();
+  auto owner = host.client().spawn<MeshOwner>("owner", &host, failed);
+  auto stranger = host.client().spawn<Stranger>("stranger", lost);
+  auto pids = owner.call(&MeshOwner::start).get(20s);
+  ASSERT_EQ(pids.size(), 2u);
+  // Rank 0 stopped, so neither broadcast to it is acknowledged; both wait on the client's link to
+  // it (rank 0 is the root of the cast tree: no relay). Then it is killed: its exit, not the
+  // heartbeat timeout or the link's delivery timeout, declares it failed, which returns both.
+  ASSERT_TRUE(monarch::testing::freeze(pids[0]));
+  owner.call(&MeshOwner::lose, size_t{0}).get(10s);
+  stranger.call(&Stranger::lose, owner.call(&MeshOwner::workers).get(10s), size_t{0}).get(10s);
+  ASSERT_EQ(::kill(pids[0], SIGKILL), 0);
+  auto f = failed->get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready);
+  EXPECT_THAT(f.get().ranks, ElementsAre(0u));
+  // The two come back in the order they were sent, so once the stranger's report is in, the
+  // owner's was dropped or posted to it, ahead of the next call.
+  auto l = lost->get_future();
+  ASSERT_EQ(l.wait_for(20s), std::future_status::ready);
+  EXPECT_THAT(l.get(), HasSubstr("its proc was declared failed"));
+  EXPECT_EQ(owner.call(&MeshOwner::reports).get(10s), std::vector<std::string>{});
+  EXPECT_THAT(owner.call(&MeshOwner::failed_ranks).get(10s), ElementsAre(0u));  // and it lives
+}
+
 TEST(ProcessMesh, UnhandledFailureGoesToTheClientFaultHook) {  // PH-5
   auto host = monarch::mesh::this_host(fast());
   std::promise<std::string> report;

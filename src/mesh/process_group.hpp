@@ -92,6 +92,12 @@ struct ProcessGroup : std::enable_shared_from_this<ProcessGroup> {
   ndslice::Extent extent;
   size_t per_host;
   SpawnOptions options;
+  // The actor whose supervise() hears this mesh's failures (owner_failure_handler: spawned
+  // inside it with no on_failure of its own; or SpawnOptions::owner), and its Proc when that is
+  // not the client Proc (null otherwise); none once ProcMesh::on_failure replaced the handler.
+  // Guarded by mu. Each failed proc is declared failed in both Procs, naming the owner.
+  ActorId owner;
+  Proc* owner_proc = nullptr;
   std::shared_ptr<MeshController::Link> link;
   ActorRef<MeshController> controller;
 

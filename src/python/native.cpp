@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "monarch/config/config.hpp"
@@ -279,10 +280,11 @@ bool handle_failure(const std::shared_ptr<ProcMeshBox::Shared>& sh, const MeshFa
   }
 }
 
-std::shared_ptr<ProcMeshBox> spawn_procs(mesh::HostMesh& host, std::vector<std::string> labels,
-                                         std::vector<size_t> sizes, std::string name,
-                                         std::string program, std::vector<std::string> args,
-                                         std::vector<std::string> env, bool owned_by_actor) {
+std::shared_ptr<ProcMeshBox> spawn_procs(
+    mesh::HostMesh& host, std::vector<std::string> labels, std::vector<size_t> sizes,
+    std::string name, std::string program, std::vector<std::string> args,
+    std::vector<std::string> env, bool owned_by_actor,
+    std::optional<std::tuple<std::string, std::string, uint64_t>> owner) {
   auto box = std::make_shared<ProcMeshBox>();
   box->shared = std::make_shared<ProcMeshBox::Shared>();
   mesh::SpawnOptions o;
@@ -293,6 +295,11 @@ std::shared_ptr<ProcMeshBox> spawn_procs(mesh::HostMesh& host, std::vector<std::
   auto sh = box->shared;
   if (!owned_by_actor) {
     o.on_failure = [sh](const MeshFailure& f) { return handle_failure(sh, f); };
+  }
+  // Spawned in an async endpoint: the handler forwards to that actor (ActorHost.owned_failure).
+  if (owner) {
+    o.owner = ActorId{std::get<0>(*owner), std::get<1>(*owner), std::get<2>(*owner)};
+    o.owner_proc = &local_proc();  // where Python actors run
   }
   auto ext = ndslice::Extent(std::move(labels), std::move(sizes));
   box->procs = host.spawn_procs(ext, std::move(o));
@@ -779,7 +786,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("sizes", [](const mesh::HostMesh& h) { return h.extent().sizes(); })
       .def("spawn_procs", &spawn_procs, py::arg("labels"), py::arg("sizes"), py::arg("name"),
            py::arg("program"), py::arg("args"), py::arg("env"), py::arg("owned_by_actor"),
-           py::call_guard<NoGil>(),
+           py::arg("owner") = py::none(), py::call_guard<NoGil>(),
            "Spawns procs on every host; blocks until they are ready (GIL released).");
   m.def(
       "this_host", [] { return local_host(); }, py::call_guard<NoGil>());

@@ -213,7 +213,15 @@ void register_reply(py::module_& m) {
                                             "The response port of one call (internal: "
                                             "monarch._host answers through it).")
       .def("send", &Reply::send, py::arg("payload"))
-      .def("fail", &Reply::fail, py::arg("why"));
+      .def("fail", &Reply::fail, py::arg("why"))
+      .def_property_readonly(
+          "actor",
+          [](const Reply& r) -> py::object {
+            if (!r.self) return py::none();
+            const ActorId& id = r.self->id();
+            return py::make_tuple(id.proc, id.name, id.uid);
+          },
+          "The actor that fail() fails, as (proc, name, uid); None for a call's reply.");
 }
 
 PyActor::~PyActor() {

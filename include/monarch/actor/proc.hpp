@@ -150,7 +150,12 @@ class Proc {
   /// to it fail at once with SupervisionError too (sends throw it), even if something answers at
   /// that address again: a failed Proc is never reused. The link to it is closed. Idempotent (the
   /// first cause is kept). Any thread. No-op when this Proc does not listen.
-  void declare_proc_failed(const std::string& proc_addr, const std::string& cause);
+  /// `owner`: the actor of this Proc that hears of the failure as a MeshFailure (its supervise(),
+  /// when it owns the mesh); uid 0 when none does. What that actor sent to the failed Proc and
+  /// comes back undelivered is not reported to its undeliverable() a second time (REM-6), as for
+  /// code outside actors.
+  void declare_proc_failed(const std::string& proc_addr, const std::string& cause,
+                           const ActorId& owner = {});
   /// Whether declare_proc_failed(proc_addr, ...) was called.
   bool proc_failed(const std::string& proc_addr) const;
   /// The cause given to the first declare_proc_failed(proc_addr, ...), if any. Any thread.

@@ -90,6 +90,15 @@ struct SpawnOptions {
   /// spawn_procs is called inside an actor's handler, that actor owns the mesh: each MeshFailure
   /// goes to its supervise(const MeshFailure&) (false there fails the actor: fail fast).
   ProcMesh::FailureHandler on_failure{};
+  /// The actor that `on_failure` reports to, when it is set and forwards failures to an actor
+  /// (uid 0: none), and the Proc that actor runs in (null: the HostMesh's client Proc). It must
+  /// outlive the mesh. An owner (this actor, or the spawning actor when on_failure is left empty)
+  /// hears a proc's failure as a MeshFailure, so what it sent to that proc and comes back
+  /// undelivered is not reported to its undeliverable() a second time (REM-6): a proc that dies
+  /// within the channel's Ack window leaves the messages it was just sent unacknowledged. Its
+  /// Proc is told of the failure too (Proc::declare_proc_failed), as the client Proc is.
+  ActorId owner{};
+  Proc* owner_proc = nullptr;
   /// Where worker output goes; empty: our stdout/stderr with a "[mesh rank] " prefix.
   LogSink log_sink{};
   /// Forward worker output at all (config key mesh.log_forwarding); false drops it.
