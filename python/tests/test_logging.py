@@ -77,3 +77,35 @@ def test_stderr_is_forwarded_to_stderr(output):
 def test_stream_to_client_false_silences(output):
     assert "HUSHED STOPPED" in output.stdout.splitlines(), output.stdout[-2000:]
     assert "quiet" not in output.stdout and "quiet" not in output.stderr
+
+
+def test_runtime_warnings_go_to_stderr(tmp_path):
+    """The runtime's own log lines (spdlog) go to stderr, in the client and in the workers, so a
+    program's stdout holds only what it printed: here a proc dies, which the client and the
+    surviving worker both log as a warning."""
+    r = run_client(tmp_path, """
+        import json, os
+        import monarch.actor
+        from monarch.actor import Actor, endpoint, this_host
+
+        monarch.actor.unhandled_fault_hook = lambda failure: None
+
+        class Quitter(Actor):
+            @endpoint
+            def quit(self):
+                os._exit(1)
+
+            @endpoint
+            def ok(self):
+                return 1
+
+        procs = this_host().spawn_procs(per_host={"gpus": 2}, name="quitters")
+        q = procs.spawn("q", Quitter)
+        q.slice(gpus=1).quit.call().get(timeout=30)
+        assert q.slice(gpus=0).ok.call_one().get(timeout=30) == 1
+        procs.stop().get(timeout=30)
+        print(json.dumps({"result": 42}))
+    """, timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout == '{"result": 42}\n', r.stdout
+    assert "[warning]" in r.stderr and "declared failed" in r.stderr, r.stderr

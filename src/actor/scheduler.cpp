@@ -6,6 +6,7 @@
 #include <string>
 
 #include "monarch/actor/detail/cell.hpp"
+#include "monarch/channel/channel.hpp"
 #include "monarch/error.hpp"
 #include "runtime_internal.hpp"
 
@@ -47,7 +48,7 @@ struct ThreadPoolScheduler::Worker {
 
 ThreadPoolScheduler::ThreadPoolScheduler(size_t workers, size_t batch)
     : batch_(std::max<size_t>(1, batch)), spin_(detail::configured_spin()) {
-  (void)spdlog::default_logger_raw();  // build the logging registry before any worker runs
+  channel::log_to_stderr_by_default();  // also builds the logging registry before any worker runs
   if (workers > kMaxWorkers) {
     // start_worker() would return at once past the cap: 10^11 of those calls is a hang.
     throw UsageError("ThreadPoolScheduler: " + std::to_string(workers) +

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <sstream>
 
@@ -181,10 +183,26 @@ namespace {
 thread_local bool tls_io_thread = false;
 }  // namespace
 
+void log_to_stderr_by_default() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Also creates spdlog's registry before any of our threads starts: it is a lazily built
+    // static inside the (uninstrumented) shared library, so racing to build it would be
+    // invisible to TSan.
+    auto current = spdlog::default_logger();
+    if (!current || !current->name().empty() || current->sinks().size() != 1 ||
+        dynamic_cast<spdlog::sinks::stdout_color_sink_mt*>(current->sinks()[0].get()) == nullptr)
+      return;
+    auto to_stderr = std::make_shared<spdlog::logger>(
+        "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    to_stderr->set_level(current->level());
+    to_stderr->flush_on(current->flush_level());
+    spdlog::set_default_logger(std::move(to_stderr));
+  });
+}
+
 IoRuntime::IoRuntime() : impl_(std::make_unique<Impl>()) {
-  // Create spdlog's registry before our thread starts: it is a lazily built static inside the
-  // (uninstrumented) shared library, so racing to build it would be invisible to TSan.
-  (void)spdlog::default_logger_raw();
+  log_to_stderr_by_default();
   // asio's error categories are statics built on first use, and destroyed at exit in the reverse
   // order of construction. Built here, they outlive this runtime's thread (joined by the atexit
   // handlers and static destructors registered after this point), which reads them to fail a

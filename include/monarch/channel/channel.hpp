@@ -124,6 +124,13 @@ std::string job_secret(const ChannelOptions& o);
 /// file when it cannot be read, is a directory, or holds nothing. Any thread.
 std::string read_secret_file(const std::string& path, const std::string& label);
 
+/// Points spdlog's default logger, which the runtime logs through, at stderr instead of spdlog's
+/// built-in stdout sink, so that runtime warnings do not mix with a program's output (or with a
+/// worker's forwarded stdout). Only when the default logger is still spdlog's own (unnamed, one
+/// stdout colour sink); its level is kept. Once per process; IoRuntime and the actor scheduler
+/// call it before starting their threads. A program that sets its own default logger keeps it.
+void log_to_stderr_by_default();
+
 /// The event loop that runs channel I/O: one thread, owned by this object.
 class IoRuntime {
  public:
