@@ -277,6 +277,22 @@ def _no_running_loop(what, instead="use `await` on the future instead"):
         "loop; %s" % (what, instead))
 
 
+def _in_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _settle_from(cf, fn):
+    """Completes the concurrent.futures.Future ``cf`` with ``fn()``'s value or error."""
+    try:
+        cf.set_result(fn())
+    except BaseException as e:
+        cf.set_exception(e)
+
+
 _UNSET = object()
 
 
@@ -729,10 +745,20 @@ def _wait_done(cf, timeout_s) -> bool:
 
 
 class _Lazy:
-    """A value computed on another thread (procs spawning): result() waits for it."""
+    """A value computed on another thread (procs spawning): result() waits for it.
+
+    Operations issued inside a running event loop while it is pending (which must not block
+    there) are queued with :meth:`later`; the thread that completes the value then runs them in
+    issue order, and later ones join the queue until it is empty, so none overtakes another.
+    """
 
     def __init__(self, cf: concurrent.futures.Future):
         self.cf = cf
+        self._lock = threading.Lock()
+        self._queue: List[Any] = []
+        self._drained = False  # the value is there and the queue is empty: run ops at once
+        self._drained_event = threading.Event()  # set with _drained
+        cf.add_done_callback(self._drain)
 
     @staticmethod
     def of(value):
@@ -746,6 +772,37 @@ class _Lazy:
                              "first `await procs.initialized` (the ProcMesh the mesh runs on)")
             _wait_done(self.cf, -1.0)
         return self.cf.result()
+
+    def ready(self) -> bool:
+        """Whether an operation may go at once: the value is there and nothing is queued."""
+        return self._drained
+
+    def wait_ready(self):
+        """Blocks (outside a running loop) until :meth:`ready`, so that what this thread sends
+        next follows what it queued; raises RuntimeError inside a running loop."""
+        if not self._drained:
+            self.result()
+            self._drained_event.wait()  # the completing thread is running what was queued
+
+    def later(self, op) -> bool:
+        """Queues ``op()`` (which must not raise) to run once the value is there, after every op
+        queued before, on the thread that completes it; returns False, queuing nothing, when
+        :meth:`ready` (the caller then runs it)."""
+        with self._lock:
+            if not self._drained:
+                self._queue.append(op)
+                return True
+        return False
+
+    def _drain(self, _cf=None):
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._drained = True
+                    self._drained_event.set()
+                    return
+                op = self._queue.pop(0)
+            op()
 
 
 class MeshTrait:
@@ -885,8 +942,10 @@ class ActorMesh(MeshTrait, Generic[R]):
     ``stream``, ``broadcast``, ``reduce``. Meshes are sendable inside messages.
     """
 
-    def __init__(self, cls, lazy: _Lazy, name: str, live: _Liveness, shape=None, procs=None):
+    def __init__(self, cls, lazy: _Lazy, name: str, live: _Liveness, shape=None, procs=None,
+                 full=None):
         self._procs = procs  # keeps the proc mesh (and so its procs) alive while this mesh is
+        self._full = full    # the whole mesh's shape, when known before it is up
         self._cls = cls
         self._eps = _endpoints_of(cls)
         self._lazy = lazy
@@ -906,10 +965,19 @@ class ActorMesh(MeshTrait, Generic[R]):
         return m
 
     def _shape(self):
-        return self._view if self._view is not None else self._lazy.result().shape
+        if self._view is not None:
+            return self._view
+        return self._full if self._full is not None else self._lazy.result().shape
 
     def _with_shape(self, shape):
-        return ActorMesh(self._cls, self._lazy, self._name, self._live, shape, self._procs)
+        return ActorMesh(self._cls, self._lazy, self._name, self._live, shape, self._procs,
+                         self._full)
+
+    def _shape_if_known(self):
+        """This view's shape without waiting for the mesh, or None when that would wait."""
+        if self._view is None and self._full is None and not self._lazy.cf.done():
+            return None
+        return self._shape()
 
     def __getattr__(self, name):
         if name.startswith("__") or name not in self.__dict__.get("_eps", {}):
@@ -960,6 +1028,21 @@ class _PickedMesh(ActorMesh):
                          "its survivors")
 
 
+def _lost_send(where, error, owner):
+    """A broadcast queued until its procs were up that then could not be sent (``error``: why,
+    e.g. they failed to start), as an undeliverable broadcast is reported (PY-7): ``owner`` (the
+    ActorHost of the async endpoint that sent it) fails; from the client it goes to
+    ``unhandled_fault_hook``. Runs on the thread that completed the procs' start."""
+    text = "%s: a broadcast sent before its procs were up could not be sent: %s: %s" % (
+        where, type(error).__name__, error)
+    me = getattr(owner, "me", None)
+    if me is not None:
+        me.fail(text)
+    else:
+        globals().get("unhandled_fault_hook", _default_fault_hook)(
+            error if isinstance(error, MonarchError) else SupervisionError(text))
+
+
 def _rebuild_actor_mesh(cls, encoded, name):
     return ActorMesh(cls, _Lazy.of(_native.decode_mesh(encoded)), name, _Liveness(name))
 
@@ -979,21 +1062,73 @@ class EndpointRef(Generic[R]):
         return _value_or_raise(b, self._where)
 
     def _prepare(self, args, kwargs, port=None):
+        """The native mesh and the encoded request. The mesh is None when the operation must be
+        queued (see _Lazy.later): its actors are not up yet and the caller is inside a running
+        event loop, which must not block. Outside one this waits for them (and for what was
+        queued before)."""
         self._mesh._live.check()
-        m = self._mesh._mesh()
-        payload = _dumps_args(args, kwargs, self._mesh._view_tuple, port, self._where())
-        return m, payload
+        lazy = self._mesh._lazy
+        if lazy.ready() or not _in_running_loop() or self._mesh._shape_if_known() is None:
+            lazy.wait_ready()  # raises RuntimeError in a loop when even the shape is unknown
+            m = self._mesh._mesh()
+            view = self._mesh._view_tuple
+        else:
+            m = None
+            s = self._mesh._shape_if_known()
+            view = (s.labels, s.sizes)
+        return m, _dumps_args(args, kwargs, view, port, self._where())
+
+    def _future(self, args, kwargs, send, decode, deadlock=False) -> Future:
+        """``send(native mesh, request)`` -> NativeFuture, now or, when the mesh is not up yet
+        inside a running loop, queued: the Future then completes (on a runtime thread) once the
+        procs are up and the reply is there, or fails with the error that kept them from
+        starting (what a blocking call raises)."""
+        m, payload = self._prepare(args, kwargs)
+        if m is not None:
+            return Future(native=send(m, payload), decode=decode,
+                          deadlock=self._deadlock(m) if deadlock else None)
+        cf = concurrent.futures.Future()
+
+        def op():
+            try:
+                native = send(self._mesh._mesh(), payload)
+            except BaseException as e:
+                cf.set_exception(e)
+                return
+            native.add_done_callback(lambda: _settle_from(cf, native.result))
+
+        if not self._mesh._lazy.later(op):
+            op()
+        return Future(cf=cf, decode=decode)
+
+    def _fire(self, args, kwargs, port, send):
+        """``send(native mesh, request)`` for a fire-and-forget operation, now or queued as in
+        _future. A queued one that cannot be sent (its procs failed to start; a blocking one
+        raises that at the call site) is reported as an undeliverable broadcast is (PY-7): it
+        fails the actor that sent it, or from the client goes to ``unhandled_fault_hook``."""
+        m, payload = self._prepare(args, kwargs, port)
+        if m is not None:
+            send(m, payload)
+            return
+        host = _current_host_instance()
+        owner = getattr(host, "_host", None) if host is not None else None
+
+        def op():
+            try:
+                send(self._mesh._mesh(), payload)
+            except BaseException as e:
+                _lost_send(self._where(), e, owner)
+
+        if not self._mesh._lazy.later(op):
+            op()
 
     def call(self, *args, **kwargs) -> Future[ValueMesh[R]]:
         """Every member; a ValueMesh over the view (failed members hold their errors)."""
-        m, payload = self._prepare(args, kwargs)
-        ext = Extent(*self._mesh._view_tuple)
-
         def decode(values):
+            ext = Extent(*self._mesh._view_tuple)
             return ValueMesh(ext, [_decode_reply(v, r, self._where) for r, v in enumerate(values)])
 
-        return Future(native=m.call(self._name, payload), decode=decode,
-                      deadlock=self._deadlock(m))
+        return self._future(args, kwargs, lambda m, p: m.call(self._name, p), decode, True)
 
     def _deadlock(self, m):
         """Why get() on this call could never return, or None: the caller is a handler that
@@ -1014,15 +1149,14 @@ class EndpointRef(Generic[R]):
 
     def call_one(self, *args, **kwargs) -> Future[R]:
         """The view must hold exactly one member (the error names the mesh and its size)."""
-        m, payload = self._prepare(args, kwargs)
-        return Future(native=m.call_one(self._name, payload), decode=self._value_or_raise,
-                      deadlock=self._deadlock(m))
+        return self._future(args, kwargs, lambda m, p: m.call_one(self._name, p),
+                            self._value_or_raise, True)
 
     def choose(self, *args, **kwargs) -> Future[R]:
         """One member, picked at random among those whose proc is not known dead (a
         SupervisionError when every proc is)."""
-        m, payload = self._prepare(args, kwargs)
-        return Future(native=m.choose(self._name, payload), decode=self._value_or_raise)
+        return self._future(args, kwargs, lambda m, p: m.choose(self._name, p),
+                            self._value_or_raise)
 
     def stream(self, *args, **kwargs) -> Iterator[Future[R]]:
         """Every member; yields one completed Future per member, in the order replies arrive."""
@@ -1043,8 +1177,7 @@ class EndpointRef(Generic[R]):
 
     def broadcast(self, *args, **kwargs) -> None:
         """Every member, fire and forget; a handler that raises fails its actor."""
-        m, payload = self._prepare(args, kwargs)
-        m.broadcast(self._name, payload)
+        self._fire(args, kwargs, None, lambda m, p: m.broadcast(self._name, p))
 
     def reduce(self, reducer, *args, **kwargs) -> Future[R]:
         """Every member; the replies combined inside the cast tree, so one value comes back.
@@ -1058,12 +1191,12 @@ class EndpointRef(Generic[R]):
                              % (reducer, ", ".join(sorted(_REDUCERS))))
         if not callable(fn):
             raise TypeError("reduce: the reducer must be callable, not %r" % (fn,))
-        m, payload = self._prepare(args, kwargs)
         try:
             fnb = _dumps(fn)
         except Exception as e:
             raise TypeError("reduce: the reducer cannot be serialised: %s" % e) from None
-        return Future(native=m.reduce(fnb, self._name, payload), decode=self._value_or_raise)
+        return self._future(args, kwargs, lambda m, p: m.reduce(fnb, self._name, p),
+                            self._value_or_raise)
 
     def rref(self, *args, **kwargs):
         """Runs the endpoint on every member with the local shards of its monarch.Tensor
@@ -1074,15 +1207,17 @@ class EndpointRef(Generic[R]):
         return _tensor._rref(self, args, kwargs)
 
     def _send(self, args, kwargs, port, selection):
-        m, payload = self._prepare(args, kwargs, port)
-        if selection == "choose":
-            i = m.choose_rank()  # a member whose proc is not known dead
-            labels = m.shape.labels
-            if labels:
-                m = m.with_view(m.shape.flatten("_all").slice_range("_all", i, i + 1, 1))
-        elif selection != "all":
+        if selection not in ("all", "choose"):
             raise ValueError('send: selection must be "all" or "choose", not %r' % (selection,))
-        m.broadcast(self._name, payload)
+
+        def send(m, payload):
+            if selection == "choose":
+                i = m.choose_rank()  # a member whose proc is not known dead
+                if m.shape.labels:
+                    m = m.with_view(m.shape.flatten("_all").slice_range("_all", i, i + 1, 1))
+            m.broadcast(self._name, payload)
+
+        self._fire(args, kwargs, port, send)
 
 
 _REDUCERS = {"sum": operator.add, "min": min, "max": max}
@@ -1136,6 +1271,8 @@ class Accumulator(Generic[R]):
                                  % (where(), type(e).__name__, e), "", None, "",
                                  exception=e) from e
 
+        if f._native is None:  # queued: its procs were not up yet
+            return Future(cf=f._cf, decode=decode)
         return Future(native=f._native, decode=decode)
 
 
@@ -1270,8 +1407,9 @@ class ProcMesh(MeshTrait):
     """
 
     def __init__(self, lazy: _Lazy, name: str, live: _Liveness, shape=None, local=False,
-                 remote=False):
+                 remote=False, full=None):
         self._remote = remote  # received inside a message: may spawn on it, not stop it
+        self._full = full      # the whole mesh's shape, known before its procs are up
         self._lazy = lazy
         self._name = name
         self._live = live
@@ -1287,7 +1425,9 @@ class ProcMesh(MeshTrait):
     def _shape(self):
         if self._local:
             return _native.Shape([], [])
-        return self._view if self._view is not None else self._lazy.result().shape
+        if self._view is not None:
+            return self._view
+        return self._full if self._full is not None else self._lazy.result().shape
 
     def _with_shape(self, shape):
         if self._local:
@@ -1339,7 +1479,8 @@ class ProcMesh(MeshTrait):
                 cf.set_exception(e)
 
         self._lazy.cf.add_done_callback(go)
-        return ActorMesh(Class, _Lazy(cf), name, live, procs=self)
+        return ActorMesh(Class, _Lazy(cf), name, live, procs=self,
+                         full=self._view if self._view is not None else self._full)
 
     def stop(self, reason: str = "stopped by the client") -> Future[None]:
         """Stops every proc of the whole mesh (procs not gone within the stop timeout are
@@ -1501,7 +1642,11 @@ class HostMesh(MeshTrait):
         args = (labels, sizes, name, sys.executable, ["-m", "monarch._worker"], env)
         live = _Liveness("proc mesh %r" % name)
         cf = concurrent.futures.Future()
-        mesh = ProcMesh(_Lazy(cf), name, live)
+        try:  # the host dims, then per_host's (slicing and queued calls need no wait)
+            full = _native.Shape(self._native.labels + labels, self._native.sizes + sizes)
+        except Exception:
+            full = None  # a dim named twice: the spawn fails, and so does the first use
+        mesh = ProcMesh(_Lazy(cf), name, live, full=full)
         host = _current_host_instance()
         if host is not None and threading.current_thread().name != "monarch-asyncio":
             # Inside an actor's handler: the actor owns the procs (its __supervise__ sees

@@ -2,13 +2,16 @@
 get/await/result/exception, get() inside a running loop, TimeoutError leaving a future usable."""
 
 import asyncio
+import functools
+import os
 import threading
+import time
 
 import pytest
 
 import monarch.errors
-from monarch.actor import (Actor, ActorError, Channel, concurrent_endpoint, current_rank,
-                           endpoint)
+from monarch.actor import (Accumulator, Actor, ActorError, Channel, concurrent_endpoint,
+                           current_rank, endpoint, this_host)
 
 
 class Plain(Actor):
@@ -204,3 +207,109 @@ def test_mixing_def_and_async_def_is_refused_at_spawn(procs):
         procs.spawn("mixed", Mixed)
     text = str(ei.value)
     assert "sync_one" in text and "async_one" in text and "Mixed" in text, text
+
+
+# --- Operations on a mesh whose procs are not up yet, inside a running loop ---------------------
+
+
+def _wait_for_file(path):
+    """A bootstrap that holds its proc back until ``path`` exists (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _explode():
+    raise RuntimeError("bootstrap exploded on purpose")
+
+
+class Recorder(Actor):
+    def __init__(self):
+        self.log = []
+
+    @endpoint
+    async def note(self, i):
+        self.log.append(i)
+        return i
+
+    @endpoint
+    async def seen(self):
+        return self.log
+
+
+def test_operations_before_the_procs_are_up_are_queued_in_issue_order(tmp_path):
+    """Inside a running loop, operations on meshes whose procs are still starting return at
+    once and are sent in issue order once they are up, also those issued just after. (Order
+    holds per view: the runtime does not order a whole-mesh cast after a one-member view's
+    direct send, with or without queuing, so each mesh here gets one kind of send.)"""
+    gate = str(tmp_path / "gate")
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, name="queued",
+                                    bootstrap=functools.partial(_wait_for_file, gate))
+
+    async def main():
+        rec = procs.spawn("rec", Recorder)
+        solo = procs.slice(gpus=1).spawn("solo", Recorder)  # sliced before the procs are up
+        futs, whole, one = [], [], []
+
+        def issue(i):
+            kind = i % 6
+            if kind == 0:
+                rec.note.broadcast(i)
+            elif kind == 1:
+                futs.append(rec.note.call(i))
+            elif kind == 2:
+                futs.append(rec.note.reduce("max", i))
+            elif kind == 3:
+                futs.append(Accumulator(rec.note, 0, lambda a, b: a + b).accumulate(i))
+            elif kind == 4:
+                futs.append(solo.note.call_one(i))
+            else:
+                futs.append(solo.note.choose(i))
+            (one if kind >= 4 else whole).append(i)
+
+        for i in range(30):
+            issue(i)
+        assert not procs.initialized.done(), "the procs came up before the gate opened"
+        open(gate, "w").close()
+        await asyncio.wait_for(procs.initialized, timeout=60)
+        for i in range(30, 50):  # right after they are up: behind the queued ones
+            issue(i)
+        got = [await asyncio.wait_for(f, timeout=60) for f in futs]
+        assert [g.values() if hasattr(g, "values") else g for g in got][:4] == [
+            [1, 1], 2, 3 + 3, 4]
+        return (whole, one, (await rec.seen.call()).values(),
+                await solo.seen.call_one())
+
+    try:
+        whole, one, seen, seen_solo = asyncio.run(main())
+        assert seen == [whole, whole]
+        assert seen_solo == one
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def test_queued_operations_fail_with_the_spawn_error(fault_hook):
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=_explode, name="badqueue")
+
+    async def main():
+        rec = procs.spawn("rec", Recorder)
+        futs = [rec.note.call(1), rec.slice(gpus=0).note.call_one(2), rec.note.choose(3),
+                rec.note.reduce("sum", 4)]
+        rec.note.broadcast(5)
+        with pytest.raises(Exception) as ei:
+            await asyncio.wait_for(procs.initialized, timeout=60)
+        errors = []
+        for f in futs:
+            with pytest.raises(Exception) as e:
+                await asyncio.wait_for(f, timeout=60)
+            errors.append(e.value)
+        return ei.value, errors
+
+    spawn_error, errors = asyncio.run(main())
+    assert "bootstrap exploded on purpose" in str(spawn_error), str(spawn_error)
+    for e in errors:
+        assert type(e) is type(spawn_error) and str(e) == str(spawn_error), repr(e)
+    lost = fault_hook.get(timeout=60)  # the broadcast: where an undeliverable one goes
+    assert "bootstrap exploded on purpose" in str(lost), str(lost)
+    with pytest.raises(type(spawn_error)):  # sync code: raises at the call site, as before
+        procs.spawn("rec2", Recorder).note.broadcast(6)
