@@ -365,6 +365,26 @@ def test_an_unhandled_undeliverable_broadcast_fails_the_broadcaster(cls, fault_h
             m.stop().get(timeout=30)
 
 
+class AsyncSupervisor(Actor):
+    def __init__(self, port):
+        self.port = port
+
+    @endpoint
+    async def start(self):
+        self.kid_procs = this_host().spawn_procs(per_host={"gpus": 2}, name="akids")
+        await self.kid_procs.initialized
+        self.kids = self.kid_procs.spawn("kid", Child)
+        return (await self.kids.pid.call()).values()
+
+    async def __supervise__(self, failure):
+        self.port.send((failure.mesh, failure.ranks))
+        return True
+
+    @endpoint
+    async def alive(self):
+        return "alive"
+
+
 class CountsUndeliverable:
     """Counts the undeliverable reports it gets (and carries on)."""
 
@@ -389,18 +409,8 @@ class BroadcastingOwner(CountsUndeliverable, Supervisor):
         return self.reports
 
 
-class AsyncBroadcastingOwner(CountsUndeliverable, Actor):
+class AsyncBroadcastingOwner(CountsUndeliverable, AsyncSupervisor):
     """The same, with async endpoints: its procs are spawned off its thread (PY-5)."""
-
-    def __init__(self, port):
-        self.port = port
-
-    @endpoint
-    async def start(self):
-        self.kid_procs = this_host().spawn_procs(per_host={"gpus": 2}, name="kids")
-        await self.kid_procs.initialized
-        self.kids = self.kid_procs.spawn("kid", Child)
-        return (await self.kids.pid.call()).values()
 
     async def __supervise__(self, failure):
         self.port.send((type(failure).__name__, failure.mesh, failure.ranks, failure.cause,
@@ -463,26 +473,6 @@ def test_monarchs_import_paths_of_the_hook_types():
     import monarch.actor
     assert UndeliverableMessageEnvelope is monarch.actor.UndeliverableMessageEnvelope
     assert MF is monarch.actor.MeshFailure and SE is monarch.actor.SupervisionError
-
-
-class AsyncSupervisor(Actor):
-    def __init__(self, port):
-        self.port = port
-
-    @endpoint
-    async def start(self):
-        self.kid_procs = this_host().spawn_procs(per_host={"gpus": 2}, name="akids")
-        await self.kid_procs.initialized
-        self.kids = self.kid_procs.spawn("kid", Child)
-        return (await self.kids.pid.call()).values()
-
-    async def __supervise__(self, failure):
-        self.port.send((failure.mesh, failure.ranks))
-        return True
-
-    @endpoint
-    async def alive(self):
-        return "alive"
 
 
 def test_supervise_procs_spawned_in_an_async_endpoint(fault_hook):
