@@ -3,9 +3,8 @@ get/await/result/exception, get() inside a running loop, TimeoutError leaving a 
 
 import asyncio
 import functools
-import os
+import socket
 import threading
-import time
 
 import pytest
 
@@ -212,11 +211,14 @@ def test_mixing_def_and_async_def_is_refused_at_spawn(procs):
 # --- Operations on a mesh whose procs are not up yet, inside a running loop ---------------------
 
 
-def _wait_for_file(path):
-    """A bootstrap that holds its proc back until ``path`` exists (60 s at most)."""
-    deadline = time.monotonic() + 60
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.01)
+def _wait_for_gate(port):
+    """A bootstrap that holds its proc back until the test closes its listening socket on
+    ``port``: the pending connection is then reset, and a later one refused (60 s at most)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.recv(1)
+    except OSError:
+        pass
 
 
 def _explode():
@@ -237,14 +239,16 @@ class Recorder(Actor):
         return self.log
 
 
-def test_operations_before_the_procs_are_up_are_queued_in_issue_order(tmp_path):
+def test_operations_before_the_procs_are_up_are_queued_in_issue_order():
     """Inside a running loop, operations on meshes whose procs are still starting return at
     once and are sent in issue order once they are up, also those issued just after. (Order
     holds per view: the runtime does not order a whole-mesh cast after a one-member view's
     direct send, with or without queuing, so each mesh here gets one kind of send.)"""
-    gate = str(tmp_path / "gate")
+    gate = socket.socket()
+    gate.bind(("127.0.0.1", 0))
+    gate.listen(8)  # never accepted: closing it resets both procs' connections
     procs = this_host().spawn_procs(per_host={"gpus": 2}, name="queued",
-                                    bootstrap=functools.partial(_wait_for_file, gate))
+                                    bootstrap=functools.partial(_wait_for_gate, gate.getsockname()[1]))
 
     async def main():
         rec = procs.spawn("rec", Recorder)
@@ -270,7 +274,7 @@ def test_operations_before_the_procs_are_up_are_queued_in_issue_order(tmp_path):
         for i in range(30):
             issue(i)
         assert not procs.initialized.done(), "the procs came up before the gate opened"
-        open(gate, "w").close()
+        gate.close()
         await asyncio.wait_for(procs.initialized, timeout=60)
         for i in range(30, 50):  # right after they are up: behind the queued ones
             issue(i)
