@@ -94,7 +94,8 @@ class DeliveryFailure(MonarchError):
 
 
 class SupervisionError(MonarchError):
-    """The actor's proc failed, or the mesh was stopped."""
+    """The actor's proc failed, the actor itself failed (its ``__init__`` or a broadcast
+    handler raised, which fails its proc too), or the mesh was stopped."""
 
     code = 13
 

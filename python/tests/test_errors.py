@@ -684,18 +684,19 @@ class FailsInInit(Actor):
 
 def test_every_call_to_an_actor_whose_init_raised_names_the_cause(fault_hook):
     """The first call used to get `undeliverable: actor failed` and, once the actor was gone,
-    `unknown actor`: neither said why. Whichever error a call gets (DeliveryFailure from the proc,
-    SupervisionError once the client knows the proc failed), it quotes __init__'s exception. It
-    names the Python class (not the C++ PyActor that hosts it) and the user's own frame, with no
-    frame of monarch's."""
+    `unknown actor`: neither said why. Every call raises SupervisionError (PY-5), whether the
+    proc's bounce or the client's knowledge that the proc failed reaches it first (the first call
+    used to raise DeliveryFailure every time), and quotes __init__'s exception. It names the
+    Python class (not the C++ PyActor that hosts it) and the user's own frame, with no frame of
+    monarch's."""
     pm = this_host().spawn_procs(per_host={"gpus": 2}, name="badinit")
     try:
         m = pm.spawn("bad", FailsInInit)
         for _ in range(5):
-            with pytest.raises(Exception) as info:
+            with pytest.raises(SupervisionError) as info:
                 m.slice(gpus=0).ok.call_one().get(timeout=30)
             text = str(info.value)
-            # Which error depends on how far the proc's failure got: "message FailsInInit::call to
+            # The text depends on how far the proc's failure got: "message FailsInInit::call to
             # ADDR undeliverable: actor failed: init threw: ...", "message call to ADDR
             # undeliverable: actor FailsInInit 'bad' failed: init threw: ..." or "... actor ADDR
             # (FailsInInit) failed: init threw: ...". Each names the class before the cause.
@@ -704,8 +705,12 @@ def test_every_call_to_an_actor_whose_init_raised_names_the_cause(fault_hook):
             assert 'in __init__\n    raise ValueError("no config XYZ")' in text, text
             assert "ValueError: no config XYZ" in text, text
             assert "PyActor" not in text and "_host.py" not in text, text
-        # A ValueMesh of failures shows them, not object addresses.
-        shown = repr(m.ok.call().get(timeout=30))
+        # A ValueMesh of failures shows them, not object addresses; each is a SupervisionError.
+        vm = m.ok.call().get(timeout=30)
+        assert vm.failed_ranks() == [0, 1]
+        for g in range(2):
+            assert isinstance(vm.error(gpus=g), SupervisionError), repr(vm.error(gpus=g))
+        shown = repr(vm)
         assert "<failed: SupervisionError: " in shown and " object at " not in shown, shown
     finally:
         pm.stop().get(timeout=60)

@@ -215,7 +215,8 @@ DeliveryFailure Cell::failure_for(const Envelope& e, const char* reason) const {
   } else {
     why = "actor stopped";
   }
-  return DeliveryFailure(id_, type_name() + "::" + std::string(e.endpoint()), why);
+  return DeliveryFailure(id_, type_name() + "::" + std::string(e.endpoint()), why,
+                         reason == nullptr && state() == Lifecycle::Failed);
 }
 
 void Cell::dispatch(Envelope* e) {

@@ -103,7 +103,8 @@ WireError WireError::from(const std::exception_ptr& e) {
   } catch (const ActorError& x) {
     w = WireError{1, x.actor(), x.endpoint(), x.remote_message()};
   } catch (const DeliveryFailure& x) {
-    w = WireError{2, x.destination(), x.endpoint(), x.reason()};
+    w = WireError{static_cast<uint8_t>(x.actor_failed() ? 6 : 2), x.destination(), x.endpoint(),
+                  x.reason()};
   } catch (const SupervisionError& x) {
     w = WireError{5, x.actor(), {}, x.cause()};
   } catch (const UsageError& x) {
@@ -121,7 +122,8 @@ std::exception_ptr WireError::to_exception_ptr() const {
     case 1:
       return std::make_exception_ptr(ActorError(actor, endpoint, message));
     case 2:
-      return std::make_exception_ptr(DeliveryFailure(actor, endpoint, message));
+    case 6:
+      return std::make_exception_ptr(DeliveryFailure(actor, endpoint, message, kind == 6));
     case 3:
       return std::make_exception_ptr(UsageError(message));
     case 5:
@@ -207,18 +209,21 @@ void Proc::forward_supervision(const ActorId& owner,
 void Proc::remember_failed_actor(const ActorSupervisionEvent& ev) {
   if (!remote_) return;  // in-process messages find no tombstones
   remote_->add_tombstone(ev.actor.uid,
-                         "actor " + ev.actor_type + " '" + ev.actor.name + "' failed: " + ev.cause);
+                         "actor " + ev.actor_type + " '" + ev.actor.name + "' failed: " + ev.cause,
+                         true);
 }
 
-std::string Proc::gone_actor_reason(uint64_t uid) {
-  std::string why = remote_ ? remote_->tombstone(uid) : std::string();
-  return why.empty() ? std::string("unknown actor") : why;
+DeliveryFailure Proc::gone_actor_failure(const ActorId& id, std::string endpoint) {
+  auto t = remote_ ? remote_->tombstone(id.uid) : detail::Tombstone{};
+  if (t.why.empty()) t.why = "unknown actor";
+  return DeliveryFailure(id, std::move(endpoint), std::move(t.why), t.failed);
 }
 
 namespace detail {
-std::string gone_actor_reason(Proc* proc, const ActorId& id) {
-  return proc != nullptr && id.proc == proc->name() ? proc->gone_actor_reason(id.uid)
-                                                    : std::string("unknown actor");
+DeliveryFailure gone_actor_failure(Proc* proc, const ActorId& id, std::string endpoint) {
+  if (proc != nullptr && id.proc == proc->name())
+    return proc->gone_actor_failure(id, std::move(endpoint));
+  return DeliveryFailure(id, std::move(endpoint), "unknown actor");
 }
 }  // namespace detail
 

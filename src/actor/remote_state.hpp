@@ -21,6 +21,13 @@ std::shared_ptr<RemoteInvoker> find_invoker(std::type_index type, const std::str
 Cell* spawn_remote_cell(Proc& proc, ActorId id, std::type_index type, Cell::Factory factory,
                         ActorId owner, std::shared_ptr<const ndslice::Point> mesh_point);
 
+/// Why an actor of this Proc that is no longer registered cannot be reached (Proc::Remote's
+/// tombstones): `failed` when it failed rather than stopped. An empty `why`: not remembered.
+struct Tombstone {
+  std::string why;
+  bool failed = false;
+};
+
 /// A supervision event chain on the wire: outermost first.
 struct WireEvent {
   ActorId actor;
@@ -129,8 +136,8 @@ struct Proc::Remote {
   // via Proc::remember_failed_actor): uid -> reason, so a later message to them says more than
   // "unknown actor". Bounded, oldest dropped first.
   static constexpr size_t kMaxTombstones = 4096;
-  std::unordered_map<uint64_t, std::string> tombstones;  // guarded by mu
-  std::deque<uint64_t> tombstone_order;                  // guarded by mu
+  std::unordered_map<uint64_t, detail::Tombstone> tombstones;  // guarded by mu
+  std::deque<uint64_t> tombstone_order;                        // guarded by mu
   // uids for actors this Proc spawns elsewhere (kRemoteSpawnBit | random base + counter).
   std::atomic<uint64_t> next_spawn{std::random_device{}() * 0x9E3779B97F4A7C15ULL ^
                                    std::random_device{}()};
@@ -140,19 +147,19 @@ struct Proc::Remote {
            (next_spawn.fetch_add(1, std::memory_order_relaxed) & ~detail::kRemoteSpawnBit);
   }
 
-  void add_tombstone(uint64_t uid, std::string why) {
+  void add_tombstone(uint64_t uid, std::string why, bool actor_failed = false) {
     std::lock_guard lock(mu);
-    if (!tombstones.emplace(uid, std::move(why)).second) return;
+    if (!tombstones.emplace(uid, detail::Tombstone{std::move(why), actor_failed}).second) return;
     tombstone_order.push_back(uid);
     if (tombstone_order.size() > kMaxTombstones) {
       tombstones.erase(tombstone_order.front());
       tombstone_order.pop_front();
     }
   }
-  std::string tombstone(uint64_t uid) {
+  detail::Tombstone tombstone(uint64_t uid) {
     std::lock_guard lock(mu);
     auto it = tombstones.find(uid);
-    return it == tombstones.end() ? std::string() : it->second;
+    return it == tombstones.end() ? detail::Tombstone{} : it->second;
   }
 
   // Throws SupervisionError naming `dest` when `addr` was declared failed, DeliveryFailure naming
@@ -728,7 +735,7 @@ struct Proc::Remote {
       bounce_to_sender(h.reply_proc, h.sender, f);
     };
     detail::CellPtr c = proc->find(h.dest);
-    if (!c) return fail(DeliveryFailure(h.dest, h.endpoint, proc->gone_actor_reason(h.dest.uid)));
+    if (!c) return fail(proc->gone_actor_failure(h.dest, h.endpoint));
     auto inv = detail::find_invoker(c->type(), h.endpoint);
     if (!inv) {
       return fail(DeliveryFailure(h.dest, h.endpoint,

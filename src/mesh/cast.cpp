@@ -171,9 +171,8 @@ void CastTopology::when_ready(UniqueFunction<void()> send) const {
 
 void bounce_unknown_actor(Envelope* e, const ActorId* to, Proc* proc) {
   std::unique_ptr<Envelope> owned(e);
-  ActorId dest = to != nullptr ? *to : ActorId{};
-  std::string why = monarch::detail::gone_actor_reason(proc, dest);
-  e->bounce(DeliveryFailure(std::move(dest), std::string(e->endpoint()), std::move(why)));
+  e->bounce(monarch::detail::gone_actor_failure(proc, to != nullptr ? *to : ActorId{},
+                                                std::string(e->endpoint())));
 }
 
 std::string to_string_bytes(const std::vector<std::byte>& b) {

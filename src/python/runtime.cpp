@@ -150,7 +150,12 @@ py::object error_object(const std::exception_ptr& e) {
     std::rethrow_exception(e);
   } catch (const Error& err) {
     const auto& o = err.origin();
-    return errors.attr("_from_native")(static_cast<int>(err.code()), err.what(), o.actor,
+    // A message to an actor that had failed: in Python every actor lives in a mesh (or is the
+    // client's), whose member's failure fails its proc, so this is the SupervisionError PY-5
+    // promises, whichever reached the caller first: this bounce or the proc's declared failure.
+    auto* d = dynamic_cast<const DeliveryFailure*>(&err);
+    const ErrorCode code = d != nullptr && d->actor_failed() ? ErrorCode::Supervision : err.code();
+    return errors.attr("_from_native")(static_cast<int>(code), err.what(), o.actor,
                                        o.rank ? py::cast(*o.rank) : py::none(), o.address);
   } catch (const py::error_already_set& err) {
     return err.value();

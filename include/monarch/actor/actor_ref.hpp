@@ -5,7 +5,8 @@
 //
 // call(): the handler's return value (R, Task<R> or Future<R>) becomes Future<R>. If the handler
 // throws, the Future fails with ActorError (actor id, endpoint, message) and the actor lives on.
-// If the actor is stopped, failed or unknown, the Future fails with DeliveryFailure.
+// If the actor is stopped, failed or unknown, the Future fails with DeliveryFailure (its
+// actor_failed() says whether the actor had failed).
 // send(): if the handler throws, the actor fails and its owner's supervise() is called. If the
 // message cannot be delivered, the sending actor's undeliverable() runs (from outside any actor:
 // the Proc's fault hook).
@@ -39,10 +40,10 @@ namespace detail {
 /// Sends `f` back to the sender of an undeliverable fire-and-forget message: the sending actor's
 /// undeliverable(), or the Proc's fault hook when the sender is outside any actor.
 void route_undeliverable(Cell* sender, Proc* proc, const DeliveryFailure& f) noexcept;
-/// Why a message to `proc`'s actor `id`, which is not registered, cannot be delivered:
-/// proc->gone_actor_reason(id.uid) (its tombstone, when `proc` listens), else "unknown actor"
-/// (also for a null `proc`). Any thread.
-std::string gone_actor_reason(Proc* proc, const ActorId& id);
+/// The DeliveryFailure of a message for `endpoint` to `proc`'s actor `id`, which is not
+/// registered: proc->gone_actor_failure (its tombstone, when `proc` listens), else "unknown
+/// actor" (also for a null `proc`). Any thread.
+DeliveryFailure gone_actor_failure(Proc* proc, const ActorId& id, std::string endpoint);
 
 /// Asks the actor `dest` in another Proc to stop (drain) or be killed; the Future completes once
 /// it is Stopped or Failed there, or fails (DeliveryFailure, SupervisionError). Never blocks.
@@ -421,8 +422,7 @@ class ActorRef {
 
   void bounce_unknown(detail::Envelope* e) const {
     std::unique_ptr<detail::Envelope> owned(e);
-    e->bounce(
-        DeliveryFailure(id(), std::string(e->endpoint()), detail::gone_actor_reason(proc_, id())));
+    e->bounce(detail::gone_actor_failure(proc_, id(), std::string(e->endpoint())));
   }
 
   detail::CellPtr cell_;

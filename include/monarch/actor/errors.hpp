@@ -38,23 +38,32 @@ class ActorError : public Error {
 /// A message could not be delivered: its destination is stopped, failed, killed or unknown.
 /// Returned to the sender: a call's Future fails with it; a send goes to the sending actor's
 /// `undeliverable()` (or to the Proc's fault hook when sent from outside any actor).
+/// `actor_failed`: the destination had failed (a handler or its constructor threw and nothing
+/// handled it), rather than stopped or never existed; `reason` then quotes its failure ("actor
+/// failed: CAUSE", "actor TYPE 'NAME' failed: CAUSE"). It survives the trip back across processes.
 class DeliveryFailure : public Error {
  public:
-  DeliveryFailure(ActorId dest, std::string endpoint, std::string reason)
+  DeliveryFailure(ActorId dest, std::string endpoint, std::string reason, bool actor_failed = false)
       : Error(ErrorCode::Delivery,
               "message " + endpoint + " to " + dest.to_string() + " undeliverable: " + reason,
               Origin{.actor = dest.to_string()}),
         dest_(std::move(dest)),
         endpoint_(std::move(endpoint)),
-        reason_(std::move(reason)) {}
+        reason_(std::move(reason)),
+        actor_failed_(actor_failed) {}
   const ActorId& destination() const { return dest_; }
   const std::string& endpoint() const { return endpoint_; }
   const std::string& reason() const { return reason_; }
+  /// Whether the destination actor had failed. A mesh member's failure fails its proc, so the
+  /// Python front end reports such a member as SupervisionError, whichever of the bounce and the
+  /// proc's declared failure reaches the caller first (PY-5).
+  bool actor_failed() const { return actor_failed_; }
 
  private:
   ActorId dest_;
   std::string endpoint_;
   std::string reason_;
+  bool actor_failed_;
 };
 
 /// An actor can no longer be reached because its Proc was declared failed (crashed, frozen or

@@ -267,10 +267,11 @@ class Proc {
   /// An actor of this Proc failed: later messages to it (once it is unregistered) fail with its
   /// cause rather than "unknown actor". Called by the actor's cell before it unregisters.
   void remember_failed_actor(const ActorSupervisionEvent& ev);
-  /// Why a message to this Proc's actor `uid`, which is not registered, cannot be delivered: its
-  /// tombstone ("actor T 'name' was stopped", "actor T 'name' failed: cause") while this Proc
-  /// listens and remembers it, else "unknown actor". Any thread.
-  std::string gone_actor_reason(uint64_t uid);
+  /// The DeliveryFailure of a message for `endpoint` to this Proc's actor `id`, which is not
+  /// registered. Its reason is the actor's tombstone ("actor T 'name' was stopped", "actor T
+  /// 'name' failed: cause", with actor_failed() set) while this Proc listens and remembers it,
+  /// else "unknown actor". Any thread.
+  DeliveryFailure gone_actor_failure(const ActorId& id, std::string endpoint);
   /// A remotely spawned actor failed: send the event to its owner in another Proc.
   void forward_supervision(const ActorId& owner, std::shared_ptr<const ActorSupervisionEvent> ev);
   /// Asks the remote actor `id` to stop, not waiting (an owner stopping its remote children).

@@ -53,7 +53,8 @@ inline constexpr uint64_t kRemoteSpawnBit = uint64_t{1} << 63;
 /// An error crossing the wire: rebuilt on arrival as the same exception type.
 struct WireError {
   uint8_t kind = 0;  // 0 none, 1 ActorError, 2 DeliveryFailure, 3 UsageError, 4 other Error,
-                     // 5 SupervisionError (message = cause)
+                     // 5 SupervisionError (message = cause), 6 DeliveryFailure whose
+                     // destination actor had failed (DeliveryFailure::actor_failed)
   ActorId actor;
   std::string endpoint;
   std::string message;

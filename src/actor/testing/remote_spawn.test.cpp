@@ -254,13 +254,19 @@ TEST(RemoteSpawn, ThrowingConstructorOrInitReachesOwner) {
   auto e = expect_throws<monarch::DeliveryFailure>([&] { f.get(10s); });
   EXPECT_EQ(e.destination(), ctor.id());  // proc + name + uid
   EXPECT_THAT(e.what(), HasSubstr("Bomb"));
+  EXPECT_TRUE(e.actor_failed());  // across the wire too: Python reports it as SupervisionError
   auto later = expect_throws<monarch::DeliveryFailure>([&] { ctor.call(&Bomb::get).get(10s); });
   EXPECT_THAT(later.reason(), HasSubstr("constructor says no"));  // the tombstone says why
+  EXPECT_TRUE(later.actor_failed());
 
   auto init = client.spawn_remote<Bomb>(worker.address(), "bomb-init", 2);
   EXPECT_THAT(faults.wait(1).cause, HasSubstr("init threw"));
   auto ok = client.spawn_remote<Bomb>(worker.address(), "fine", 3);
   EXPECT_EQ(ok.call(&Bomb::get).get(10s), 3);  // the worker lives on
+  ok.stop().get(10s);                          // a stopped actor did not fail
+  auto stopped = expect_throws<monarch::DeliveryFailure>([&] { ok.call(&Bomb::get).get(10s); });
+  EXPECT_THAT(stopped.reason(), HasSubstr("was stopped"));
+  EXPECT_FALSE(stopped.actor_failed());
   EXPECT_EQ(worker_faults.count(), 0u);
   EXPECT_EQ(faults.count(), 2u);
 }

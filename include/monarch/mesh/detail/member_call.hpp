@@ -17,7 +17,7 @@ namespace monarch::mesh::detail {
 
 /// Posts `e` to `c`, or, when there is no such actor (`c` null), bounces it with a
 /// DeliveryFailure naming `to` (an empty id when null) and deletes it. The reason is
-/// `proc->gone_actor_reason(to->uid)` when `proc` (the member's own Proc, as a relay across
+/// that of `proc->gone_actor_failure` when `proc` (the member's own Proc, as a relay across
 /// processes has it) is given: "actor T 'name' was stopped", as a direct message would say;
 /// else "unknown actor".
 void bounce_unknown_actor(monarch::detail::Envelope* e, const ActorId* to, Proc* proc = nullptr);
