@@ -142,6 +142,34 @@ void WireError::rethrow() const {
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+// The listening Procs of this process, by address (Remote::bounce_in_sender_proc). A Proc is in
+// it from the end of start_remote() to the start of stop_remote(), while its cells and its Remote
+// are alive.
+std::mutex g_local_procs_mu;
+std::unordered_map<std::string, Proc*> g_local_procs;  // guarded by g_local_procs_mu
+}  // namespace
+
+bool Proc::Remote::bounce_in_sender_proc(const ActorId& sender, const DeliveryFailure& f) {
+  detail::CellPtr c;
+  {
+    std::lock_guard lock(g_local_procs_mu);
+    auto it = g_local_procs.find(sender.proc);
+    if (it == g_local_procs.end() || it->second == proc) return false;
+    Proc* p = it->second;
+    if (p->remote_->failure_reported_to(sender, f.destination().proc)) {
+      spdlog::debug(
+          "monarch: {}: report for {} dropped (its proc's failure was reported to it): {}", address,
+          sender.to_string(), f.what());
+      return true;
+    }
+    c = p->find(sender);
+  }
+  if (!c) return false;
+  detail::route_undeliverable(c.get(), nullptr, f);
+  return true;
+}
+
 void Proc::start_remote() {
   if (options_.listen.empty()) return;
   remote_ = std::make_unique<Remote>();
@@ -158,9 +186,16 @@ void Proc::start_remote() {
   remote_->address = remote_->listener->bound_addr().to_string();
   options_.name = remote_->address;
   r->started.store(true, std::memory_order_release);
+  std::lock_guard lock(g_local_procs_mu);
+  g_local_procs[remote_->address] = this;
 }
 
 void Proc::stop_remote() {
+  if (remote_) {
+    std::lock_guard lock(g_local_procs_mu);
+    auto it = g_local_procs.find(remote_->address);
+    if (it != g_local_procs.end() && it->second == this) g_local_procs.erase(it);
+  }
   if (remote_)
     remote_->shutdown(std::min<std::chrono::milliseconds>(options_.stop_timeout,
                                                           std::chrono::milliseconds(2000)));

@@ -540,9 +540,17 @@ struct Proc::Remote {
                     f.what());
       return;
     }
+    if (sender.uid != 0 && sender.proc != address && bounce_in_sender_proc(sender, f)) return;
     detail::CellPtr c = sender.uid != 0 ? proc->find(sender) : detail::CellPtr();
     detail::route_undeliverable(c.get(), proc, f);
   }
+
+  // A report for an actor of another Proc of this process, which sent its message through this
+  // one (a mesh's casts go through the Proc that spawned its procs: on a worker, its HostMesh
+  // client Proc, not the Proc of the actor that owns the mesh). Routes it as that Proc's
+  // local_bounce would and returns true; false when no Proc of this process has that address or
+  // that actor (the report then goes to this Proc's fault hook, as for a sender that stopped).
+  bool bounce_in_sender_proc(const ActorId& sender, const DeliveryFailure& f);
 
   // A supervision event for `owner`, an actor of this Proc (or its client: uid 0).
   void deliver_event(const ActorId& owner, std::shared_ptr<const ActorSupervisionEvent> ev) {
