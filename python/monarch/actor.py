@@ -1102,20 +1102,22 @@ class EndpointRef(Generic[R]):
         return Future(cf=cf, decode=decode)
 
     def _fire(self, args, kwargs, port, send):
-        """``send(native mesh, request)`` for a fire-and-forget operation, now or queued as in
+        """``send(native mesh, request, me)`` for a fire-and-forget operation (``me``: the
+        sending actor's handle, None outside actors), now or queued as in
         _future. A queued one that cannot be sent (its procs failed to start; a blocking one
         raises that at the call site) is reported as an undeliverable broadcast is (PY-7): it
         fails the actor that sent it, or from the client goes to ``unhandled_fault_hook``."""
-        m, payload = self._prepare(args, kwargs, port)
-        if m is not None:
-            send(m, payload)
-            return
         host = _current_host_instance()
         owner = getattr(host, "_host", None) if host is not None else None
+        me = getattr(owner, "me", None)  # the sender, also off the actor's thread (async)
+        m, payload = self._prepare(args, kwargs, port)
+        if m is not None:
+            send(m, payload, me)
+            return
 
         def op():
             try:
-                send(self._mesh._mesh(), payload)
+                send(self._mesh._mesh(), payload, me)
             except BaseException as e:
                 _lost_send(self._where(), e, owner)
 
@@ -1177,7 +1179,7 @@ class EndpointRef(Generic[R]):
 
     def broadcast(self, *args, **kwargs) -> None:
         """Every member, fire and forget; a handler that raises fails its actor."""
-        self._fire(args, kwargs, None, lambda m, p: m.broadcast(self._name, p))
+        self._fire(args, kwargs, None, lambda m, p, me: m.broadcast(self._name, p, me))
 
     def reduce(self, reducer, *args, **kwargs) -> Future[R]:
         """Every member; the replies combined inside the cast tree, so one value comes back.
@@ -1210,12 +1212,12 @@ class EndpointRef(Generic[R]):
         if selection not in ("all", "choose"):
             raise ValueError('send: selection must be "all" or "choose", not %r' % (selection,))
 
-        def send(m, payload):
+        def send(m, payload, me):
             if selection == "choose":
                 i = m.choose_rank()  # a member whose proc is not known dead
                 if m.shape.labels:
                     m = m.with_view(m.shape.flatten("_all").slice_range("_all", i, i + 1, 1))
-            m.broadcast(self._name, payload)
+            m.broadcast(self._name, payload, me)
 
         self._fire(args, kwargs, port, send)
 

@@ -466,6 +466,42 @@ def test_an_owner_is_not_told_twice_of_a_broadcast_lost_with_its_proc(cls):
         pm.stop().get(timeout=30)
 
 
+class ReportingOwner(BroadcastingOwner):
+    def _handle_undeliverable_message(self, message):
+        self.port.send(("owner", message.sender(), message.dest(), message.reason()))
+        return True
+
+
+class AsyncReportingOwner(AsyncBroadcastingOwner):
+    def _handle_undeliverable_message(self, message):
+        self.port.send(("owner", message.sender(), message.dest(), message.reason()))
+        return True
+
+
+@pytest.mark.parametrize("cls", [ReportingOwner, AsyncReportingOwner])
+def test_an_owner_on_a_worker_hears_of_its_broadcast_to_a_stopped_member(cls, fault_hook):
+    """An actor on a worker proc casts to the procs it spawned through its process's HostMesh
+    client Proc. A member that could not be reached (stopped, its proc alive) was reported to
+    that Proc, which has no such actor: its fault hook failed the whole worker. From an async
+    endpoint the broadcast did not even name its sender. Now the owner's
+    _handle_undeliverable_message gets the report, once, and the owner and its worker live on."""
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="reporting-" + cls.__name__.lower())
+    port, rx = Channel.open()
+    try:
+        owner = pm.spawn("owner", cls, port)
+        owner.start.call_one().get(timeout=30)
+        kids = owner.kid_mesh.call_one().get(timeout=30)
+        kids.stop().get(timeout=30)  # through the client's copy: the owner's does not know
+        owner.broadcast_to_kid.call_one(0).get(timeout=30)
+        who, sender, dest, reason = rx.recv().get(timeout=30)
+        assert who == "owner" and ".owner[" in sender and ".kid[" in dest, (who, sender, dest)
+        assert reason == "actor Child 'kid' was stopped", reason
+        assert owner.alive.call_one().get(timeout=30) == "alive"
+        assert rx.try_recv() is None and fault_hook.empty()
+    finally:
+        pm.stop().get(timeout=30)
+
+
 def test_monarchs_import_paths_of_the_hook_types():
     from monarch._rust_bindings.monarch_hyperactor.mailbox import UndeliverableMessageEnvelope
     from monarch._rust_bindings.monarch_hyperactor.supervision import (MeshFailure as MF,

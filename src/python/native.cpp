@@ -845,10 +845,18 @@ PYBIND11_MODULE(_native, m) {
       .def("stream", &mesh_stream, py::call_guard<NoGil>())
       .def(
           "broadcast",
-          [](const Mesh& a, std::string method, std::string payload) {
+          [](const Mesh& a, std::string method, std::string payload,
+             const std::shared_ptr<Reply>& sender) {
             check_frame(method, payload);
+            // The sending actor (its ActorHost's `me`), also when the broadcast is made off its
+            // thread (an async endpoint, a queued one sent by the spawn's thread): a member it
+            // cannot reach is reported to that actor's undeliverable() (PY-7), not to its Proc's
+            // fault hook, and an owner is not told of a member lost with its proc (REM-6).
+            monarch::detail::CurrentCell as(
+                sender && sender->self ? sender->self->cell() : monarch::detail::current_cell());
             a.broadcast(&PyActor::send, std::move(method), std::move(payload));
           },
+          py::arg("method"), py::arg("payload"), py::arg("sender") = nullptr,
           py::call_guard<NoGil>())
       .def("stop", &mesh_stop, py::call_guard<NoGil>())
       .def("encode", &encode_mesh);

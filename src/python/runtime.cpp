@@ -185,32 +185,6 @@ py::object point_tuple(const std::optional<ndslice::Point>& p) {
   throw Error(text);
 }
 
-// Completes a call's reply from Python (async, concurrent and explicit-port endpoints), or fails
-// the actor for a broadcast whose async handler raised.
-struct Reply {
-  std::shared_ptr<Promise<std::string>> promise;
-  std::optional<ActorRef<PyActor>> self;  // broadcasts: fail() sends PyActor::fail to it
-  void send(py::bytes b) {
-    std::string s = b;
-    NoGil nogil;
-    if (promise) {
-      try {
-        promise->set_value(std::move(s));
-      } catch (const UsageError&) {
-        throw UsageError("response port: already answered (a reply is sent once)");
-      }
-    }
-  }
-  void fail(std::string why) {
-    NoGil nogil;
-    if (self) {
-      self->send(&PyActor::fail, std::move(why));
-    } else if (promise && !promise->satisfied()) {
-      promise->set_error(Error(why));
-    }
-  }
-};
-
 }  // namespace
 
 void register_reply(py::module_& m) {

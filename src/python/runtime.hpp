@@ -123,6 +123,34 @@ class PyActor final : public Actor {
   py::object* host_ = nullptr;  // deleted with the GIL held
 };
 
+/// Completes a call's reply from Python (async, concurrent and explicit-port endpoints), or fails
+/// the actor for a broadcast whose async handler raised. Each PyActor's ActorHost also holds one
+/// naming its actor (`me`): the sender of the broadcasts its endpoints make, on any thread.
+struct Reply {
+  std::shared_ptr<Promise<std::string>> promise;
+  // broadcasts, and an actor's own `me`: fail() sends PyActor::fail to it
+  std::optional<ActorRef<PyActor>> self;
+  void send(py::bytes b) {
+    std::string s = b;
+    NoGil nogil;
+    if (promise) {
+      try {
+        promise->set_value(std::move(s));
+      } catch (const UsageError&) {
+        throw UsageError("response port: already answered (a reply is sent once)");
+      }
+    }
+  }
+  void fail(std::string why) {
+    NoGil nogil;
+    if (self) {
+      self->send(&PyActor::fail, std::move(why));
+    } else if (promise && !promise->satisfied()) {
+      promise->set_error(Error(why));
+    }
+  }
+};
+
 /// A combine written in Python, run inside the cast tree (reduce): `fn` is the cloudpickled
 /// callable, applied to two encoded replies (python/monarch/_host.py: reduce_pair).
 struct PyReducer {
