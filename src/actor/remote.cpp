@@ -145,17 +145,24 @@ void WireError::rethrow() const {
 namespace {
 // The listening Procs of this process, by address (Remote::bounce_in_sender_proc). A Proc is in
 // it from the end of start_remote() to the start of stop_remote(), while its cells and its Remote
-// are alive.
-std::mutex g_local_procs_mu;
-std::unordered_map<std::string, Proc*> g_local_procs;  // guarded by g_local_procs_mu
+// are alive. Never destroyed: a Proc may be destroyed by another static's destructor.
+struct LocalProcs {
+  std::mutex mu;
+  std::unordered_map<std::string, Proc*> by_address;  // guarded by mu
+};
+LocalProcs& local_procs() {
+  static auto* l = new LocalProcs;
+  return *l;
+}
 }  // namespace
 
 bool Proc::Remote::bounce_in_sender_proc(const ActorId& sender, const DeliveryFailure& f) {
   detail::CellPtr c;
   {
-    std::lock_guard lock(g_local_procs_mu);
-    auto it = g_local_procs.find(sender.proc);
-    if (it == g_local_procs.end() || it->second == proc) return false;
+    auto& l = local_procs();
+    std::lock_guard lock(l.mu);
+    auto it = l.by_address.find(sender.proc);
+    if (it == l.by_address.end() || it->second == proc) return false;
     Proc* p = it->second;
     if (p->remote_->failure_reported_to(sender, f.destination().proc)) {
       spdlog::debug(
@@ -186,15 +193,17 @@ void Proc::start_remote() {
   remote_->address = remote_->listener->bound_addr().to_string();
   options_.name = remote_->address;
   r->started.store(true, std::memory_order_release);
-  std::lock_guard lock(g_local_procs_mu);
-  g_local_procs[remote_->address] = this;
+  auto& l = local_procs();
+  std::lock_guard lock(l.mu);
+  l.by_address[remote_->address] = this;
 }
 
 void Proc::stop_remote() {
   if (remote_) {
-    std::lock_guard lock(g_local_procs_mu);
-    auto it = g_local_procs.find(remote_->address);
-    if (it != g_local_procs.end() && it->second == this) g_local_procs.erase(it);
+    auto& l = local_procs();
+    std::lock_guard lock(l.mu);
+    auto it = l.by_address.find(remote_->address);
+    if (it != l.by_address.end() && it->second == this) l.by_address.erase(it);
   }
   if (remote_)
     remote_->shutdown(std::min<std::chrono::milliseconds>(options_.stop_timeout,
