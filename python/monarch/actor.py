@@ -1107,8 +1107,7 @@ class EndpointRef(Generic[R]):
         _future. A queued one that cannot be sent (its procs failed to start; a blocking one
         raises that at the call site) is reported as an undeliverable broadcast is (PY-7): it
         fails the actor that sent it, or from the client goes to ``unhandled_fault_hook``."""
-        host = _current_host_instance()
-        owner = getattr(host, "_host", None) if host is not None else None
+        owner = _current_actor_host()
         me = getattr(owner, "me", None)  # the sender, also off the actor's thread (async)
         m, payload = self._prepare(args, kwargs, port)
         if m is not None:
@@ -1288,7 +1287,11 @@ class Port(Generic[R]):
         self._native = native
 
     def send(self, value: R) -> None:
-        self._native.send(_dumps(value))
+        """Sends ``value`` (pickled here) to the port's receiver, from any thread. A message its
+        owner cannot take (receiver dropped, proc gone) comes back to the sending actor's
+        ``_handle_undeliverable_message``, also from an ``async def`` endpoint; from the client
+        or a thread of the user's own, to ``unhandled_fault_hook``."""
+        self._native.send(_dumps(value), getattr(_current_actor_host(), "me", None))
 
     def __reduce__(self):
         return (_rebuild_port, (self._native.encode(),))
@@ -1660,7 +1663,7 @@ class HostMesh(MeshTrait):
                 raise
             return mesh
 
-        owner = getattr(host, "_host", None) if host is not None else None
+        owner = _current_actor_host()
 
         def on_failure(mesh_name, ranks, cause, text):
             if owner is not None:  # spawned inside an async endpoint: that actor owns them
@@ -1694,6 +1697,13 @@ class HostMesh(MeshTrait):
 def _current_host_instance():
     c = _current.get()
     return c.actor_instance if c is not None else None
+
+
+def _current_actor_host():
+    """The ActorHost (monarch._host) of the actor whose handler runs here, sync or async; None in
+    the client and on threads of the user's own."""
+    host = _current_host_instance()
+    return getattr(host, "_host", None) if host is not None else None
 
 
 _THIS_HOST = None

@@ -3,7 +3,7 @@
 
 import pytest
 
-from monarch.actor import Actor, Channel, Port, PortReceiver, current_rank, endpoint
+from monarch.actor import Actor, Channel, Port, PortReceiver, current_rank, endpoint, this_host
 from monarch.errors import TimeoutError as MonarchTimeout
 
 
@@ -190,3 +190,64 @@ def test_waiting_on_its_own_reply_is_a_deadlock_error(procs):
         assert isinstance(ei.value.exception, monarch.errors.DeadlockError), str(ei.value)
     finally:
         me.stop().get(timeout=30)
+
+
+class PortHolder(Actor):
+    @endpoint
+    def closed_port(self):
+        """A port whose receiver is dropped when this returns: the port is closed."""
+        port, _rx = Channel.open()
+        return port
+
+
+class ClosedPortSender(Actor):
+    def __init__(self, report):
+        self.report = report
+
+    def _handle_undeliverable_message(self, message):
+        self.report.send((message.sender(), message.dest(), message.reason()))
+        return True
+
+    @endpoint
+    def send_to(self, port):
+        port.send("lost")
+        return "sent"
+
+    @endpoint
+    def alive(self):
+        return "alive"
+
+
+class AsyncClosedPortSender(ClosedPortSender):
+    @endpoint
+    async def send_to(self, port):  # on the proc's asyncio thread: no actor is current there
+        port.send("lost")
+        return "sent"
+
+    @endpoint
+    async def alive(self):
+        return "alive"
+
+
+@pytest.mark.parametrize("cls", [ClosedPortSender, AsyncClosedPortSender])
+def test_a_send_to_a_closed_port_comes_back_to_the_sending_actor(cls, fault_hook):
+    """PY-7 for ports: the port's owner cannot take the message (its receiver was dropped), so it
+    comes back to the actor that sent it, once, and that actor and its proc live on. From an
+    async endpoint the send used to name no sender: the report went to the proc's fault hook,
+    which failed the whole proc."""
+    report, rx = Channel.open()
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="port-" + cls.__name__.lower())
+    holder_pm = this_host().spawn_procs(per_host={"gpus": 1}, name="port-holder")
+    try:
+        sender = pm.spawn("sender", cls, report)
+        port = holder_pm.spawn("holder", PortHolder).closed_port.call_one().get(timeout=30)
+        assert sender.send_to.call_one(port).get(timeout=30) == "sent"
+        who, dest, reason = rx.recv().get(timeout=30)
+        assert ".sender[" in who, who
+        assert dest == repr(port)[len("<Port "):].rsplit(".port[", 1)[0], (dest, port)
+        assert reason == "port closed", reason
+        assert sender.alive.call_one().get(timeout=30) == "alive"
+        assert rx.try_recv() is None and fault_hook.empty()
+    finally:
+        pm.stop().get(timeout=30)
+        holder_pm.stop().get(timeout=30)

@@ -625,9 +625,12 @@ Mesh spawn_local(const std::string& name, const std::string& spec) {
 
 struct NativePort {
   Port<std::string> port;
-  void send(const std::string& payload) const {
+  // sender: the sending actor's ActorHost `me` (None outside actors); a message the port's owner
+  // cannot take comes back to that actor's undeliverable() (PY-7), also from an async endpoint.
+  void send(const std::string& payload, const std::shared_ptr<Reply>& sender) const {
     std::string copy = payload;
     NoGil nogil;
+    monarch::detail::CurrentCell as(sending_cell(sender));
     port.send(std::move(copy));
   }
   py::bytes encode() const {
@@ -852,8 +855,7 @@ PYBIND11_MODULE(_native, m) {
             // thread (an async endpoint, a queued one sent by the spawn's thread): a member it
             // cannot reach is reported to that actor's undeliverable() (PY-7), not to its Proc's
             // fault hook, and an owner is not told of a member lost with its proc (REM-6).
-            monarch::detail::CurrentCell as(
-                sender && sender->self ? sender->self->cell() : monarch::detail::current_cell());
+            monarch::detail::CurrentCell as(sending_cell(sender));
             a.broadcast(&PyActor::send, std::move(method), std::move(payload));
           },
           py::arg("method"), py::arg("payload"), py::arg("sender") = nullptr,
@@ -880,7 +882,7 @@ PYBIND11_MODULE(_native, m) {
       .def("next", &NativeStream::next, py::arg("timeout_s"));
 
   py::class_<NativePort>(m, "Port")
-      .def("send", &NativePort::send, py::arg("payload"))
+      .def("send", &NativePort::send, py::arg("payload"), py::arg("sender") = nullptr)
       .def("encode", &NativePort::encode)
       .def("__repr__", [](const NativePort& p) { return p.port.id().to_string(); });
   py::class_<NativeReceiver>(m, "PortReceiver")

@@ -151,6 +151,15 @@ struct Reply {
   }
 };
 
+/// The actor that sends on behalf of Python code: `sender` (an ActorHost's `me`) when given, else
+/// the actor whose handler runs on this thread (none: the client or a thread outside actors). Used
+/// for broadcasts and port sends made off the actor's thread (an async endpoint on the asyncio
+/// thread, a queued broadcast sent by the spawn's thread), so that what cannot be delivered is
+/// reported to that actor's undeliverable() (PY-7), not to its Proc's fault hook.
+inline monarch::detail::Cell* sending_cell(const std::shared_ptr<Reply>& sender) {
+  return sender && sender->self ? sender->self->cell() : monarch::detail::current_cell();
+}
+
 /// A combine written in Python, run inside the cast tree (reduce): `fn` is the cloudpickled
 /// callable, applied to two encoded replies (python/monarch/_host.py: reduce_pair).
 struct PyReducer {
