@@ -1028,16 +1028,18 @@ class _PickedMesh(ActorMesh):
                          "its survivors")
 
 
-def _lost_send(where, error, owner):
-    """A broadcast queued until its procs were up that then could not be sent (``error``: why,
-    e.g. they failed to start), as an undeliverable broadcast is reported (PY-7): ``owner`` (the
-    ActorHost of the async endpoint that sent it) fails; from the client it goes to
-    ``unhandled_fault_hook``. Runs on the thread that completed the procs' start."""
-    text = "%s: a broadcast sent before its procs were up could not be sent: %s: %s" % (
-        where, type(error).__name__, error)
+def _lost_send(where, mesh_name, error, owner):
+    """A broadcast to actor mesh ``mesh_name`` queued until its procs were up that then could
+    not be sent (``error``: why, e.g. they failed to start), reported as an undeliverable
+    broadcast is (PY-7): to ``owner`` (the ActorHost of the async endpoint that sent it), whose
+    ``_handle_undeliverable_message`` decides on its own thread (dest() is the mesh's name;
+    without the hook, or falsy, the actor fails); from the client, to ``unhandled_fault_hook``.
+    Runs on the thread that completed the procs' start."""
+    reason = "%s: %s" % (type(error).__name__, error)
+    text = "%s: a broadcast sent before its procs were up could not be sent: %s" % (where, reason)
     me = getattr(owner, "me", None)
     if me is not None:
-        me.fail(text)
+        me.lost(mesh_name, reason, text)
     else:
         globals().get("unhandled_fault_hook", _default_fault_hook)(
             error if isinstance(error, MonarchError) else SupervisionError(text))
@@ -1118,7 +1120,7 @@ class EndpointRef(Generic[R]):
             try:
                 send(self._mesh._mesh(), payload, me)
             except BaseException as e:
-                _lost_send(self._where(), e, owner)
+                _lost_send(self._where(), self._mesh._name, e, owner)
 
         if not self._mesh._lazy.later(op):
             op()

@@ -317,3 +317,68 @@ def test_queued_operations_fail_with_the_spawn_error(fault_hook):
     assert "bootstrap exploded on purpose" in str(lost), str(lost)
     with pytest.raises(type(spawn_error)):  # sync code: raises at the call site, as before
         procs.spawn("rec2", Recorder).note.broadcast(6)
+
+
+class QueuedBroadcaster(Actor):
+    """Spawns procs that fail to start from an async endpoint and broadcasts to them before they
+    are up (the broadcast is queued)."""
+
+    def __init__(self, report):
+        self.report = report
+
+    @endpoint
+    async def broadcast_to_bad_procs(self):
+        procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=_explode, name="badowned")
+        procs.spawn("rec", Recorder).note.broadcast(1)
+        with pytest.raises(Exception):
+            await asyncio.wait_for(procs.initialized, timeout=60)
+        return "spawn failed"
+
+    @endpoint
+    async def alive(self):
+        return "alive"
+
+
+class HandlingQueuedBroadcaster(QueuedBroadcaster):
+    def _handle_undeliverable_message(self, message):
+        self.report.send((message.sender(), message.dest(), message.reason(),
+                          message.error_msg()))
+        return True
+
+
+def test_a_lost_queued_broadcast_reaches_the_actors_undeliverable_hook(fault_hook):
+    """PY-7 for a broadcast queued until its procs were up, which failed to start: the sending
+    actor's _handle_undeliverable_message decides, on its own thread, as for any lost broadcast
+    (it used to fail the actor whatever its hook said, taking its proc down)."""
+    report, rx = Channel.open()
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="queued-owner")
+    try:
+        b = pm.spawn("b", HandlingQueuedBroadcaster, report)
+        assert b.broadcast_to_bad_procs.call_one().get(timeout=60) == "spawn failed"
+        sender, dest, reason, text = rx.recv().get(timeout=60)
+        assert ".b[" in sender and dest == "rec", (sender, dest)
+        assert "bootstrap exploded on purpose" in reason, reason
+        assert text.startswith("endpoint rec.note: a broadcast sent before its procs were up "
+                               "could not be sent: ") and text.endswith(reason), text
+        assert b.alive.call_one().get(timeout=30) == "alive"
+        assert rx.try_recv() is None and fault_hook.empty()
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_a_lost_queued_broadcast_fails_an_actor_without_the_hook(fault_hook):
+    report, _rx = Channel.open()
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="queued-nohook")
+    try:
+        b = pm.spawn("b", QueuedBroadcaster, report)
+        b.broadcast_to_bad_procs.call_one().get(timeout=60)  # may race the actor's failure
+    except monarch.errors.SupervisionError:
+        pass
+    try:
+        failure = fault_hook.get(timeout=60)  # its mesh's owner, the client, hears it
+        assert "a broadcast sent before its procs were up could not be sent" in str(failure)
+        assert "bootstrap exploded on purpose" in str(failure), str(failure)
+        with pytest.raises(monarch.errors.SupervisionError):
+            b.alive.call_one().get(timeout=30)
+    finally:
+        pm.stop().get(timeout=30)

@@ -193,6 +193,7 @@ void register_reply(py::module_& m) {
                                             "monarch._host answers through it).")
       .def("send", &Reply::send, py::arg("payload"))
       .def("fail", &Reply::fail, py::arg("why"))
+      .def("lost", &Reply::lost, py::arg("dest"), py::arg("reason"), py::arg("text"))
       .def_property_readonly(
           "actor",
           [](const Reply& r) -> py::object {
@@ -272,20 +273,25 @@ bool PyActor::supervise(const MeshFailure& failure) {
   }
 }
 
-void PyActor::undeliverable(const DeliveryFailure& failure) {
-  if (py_alive()) {
-    Gil gil;
-    try {
-      if (host()
-              .attr("undeliverable")(failure.destination().to_string(), failure.reason(),
-                                     std::string(failure.what()))
-              .cast<bool>())
-        return;
-    } catch (py::error_already_set& e) {
-      rethrow_python(e, std::string(failure.what()) + "\n_handle_undeliverable_message raised: ");
-    }
+bool PyActor::undeliverable_hook(const std::string& dest, const std::string& reason,
+                                 const std::string& text) {
+  if (!py_alive()) return false;
+  Gil gil;
+  try {
+    return host().attr("undeliverable")(dest, reason, text).cast<bool>();
+  } catch (py::error_already_set& e) {
+    rethrow_python(e, text + "\n_handle_undeliverable_message raised: ");
   }
+}
+
+void PyActor::undeliverable(const DeliveryFailure& failure) {
+  if (undeliverable_hook(failure.destination().to_string(), failure.reason(), failure.what()))
+    return;
   throw failure;
+}
+
+void PyActor::lost(std::string dest, std::string reason, std::string text) {
+  if (!undeliverable_hook(dest, reason, text)) throw Error(text);
 }
 
 Future<std::string> PyActor::call(std::string method, std::string payload) {

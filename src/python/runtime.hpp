@@ -115,10 +115,18 @@ class PyActor final : public Actor {
   void send(std::string method, std::string payload);
   /// Fails this actor with `why` (sent to itself when an async send handler raised).
   void fail(std::string why);
-  MONARCH_ENDPOINTS(PyActor, call, send, fail)
+  /// A broadcast of this actor's that was lost before it left this process (sent to itself,
+  /// Reply::lost): reported as undeliverable() reports one (PY-7) with `dest` (the actor mesh),
+  /// `reason` and the full `text`; unhandled, it fails this actor with `text`.
+  void lost(std::string dest, std::string reason, std::string text);
+  MONARCH_ENDPOINTS(PyActor, call, send, fail, lost)
 
  private:
   py::object& host();
+  /// The Python hook for a lost message (_handle_undeliverable_message): true when it handled
+  /// it. Without a hook (or once the interpreter is exiting): false. Its raise is rethrown.
+  bool undeliverable_hook(const std::string& dest, const std::string& reason,
+                          const std::string& text);
   std::string spec_;
   py::object* host_ = nullptr;  // deleted with the GIL held
 };
@@ -148,6 +156,11 @@ struct Reply {
     } else if (promise && !promise->satisfied()) {
       promise->set_error(Error(why));
     }
+  }
+  // An actor's own `me`: a broadcast it made was lost before it was sent (PyActor::lost).
+  void lost(std::string dest, std::string reason, std::string text) {
+    NoGil nogil;
+    if (self) self->send(&PyActor::lost, std::move(dest), std::move(reason), std::move(text));
   }
 };
 
