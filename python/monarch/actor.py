@@ -616,7 +616,9 @@ class UndeliverableMessageEnvelope:
     (or event loop, for async actors), between its messages.
 
     ``sender()``: the id (str) of the actor that sent it, the one whose hook runs.
-    ``dest()``: the id (str) of the actor it was for. ``error_msg()``: the whole report, which
+    ``dest()``: the id (str) of the actor it was for; for a ``port.send``, the port's id (as in
+    ``repr(port)``); for a broadcast queued until its procs were up, which failed to start, the
+    actor mesh's name. ``error_msg()``: the whole report, which
     names the message, the destination and why ("message send to ADDR.kid[3] undeliverable: its
     proc was declared failed: ..."). ``reason()``: only why. A broadcast that loses several
     members of one failed proc arrives as one envelope, naming the first member and the count.
