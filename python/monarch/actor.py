@@ -1109,8 +1109,9 @@ class EndpointRef(Generic[R]):
         """``send(native mesh, request, me)`` for a fire-and-forget operation (``me``: the
         sending actor's handle, None outside actors), now or queued as in
         _future. A queued one that cannot be sent (its procs failed to start; a blocking one
-        raises that at the call site) is reported as an undeliverable broadcast is (PY-7): it
-        fails the actor that sent it, or from the client goes to ``unhandled_fault_hook``."""
+        raises that at the call site) is reported as an undeliverable broadcast is (PY-7,
+        _lost_send): to the sending actor's hook, or from the client to
+        ``unhandled_fault_hook``."""
         owner = _current_actor_host()
         me = getattr(owner, "me", None)  # the sender, also off the actor's thread (async)
         m, payload = self._prepare(args, kwargs, port)
