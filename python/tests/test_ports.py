@@ -1,6 +1,9 @@
 """Ports and channels: Channel.open(), ports and actor meshes sent inside messages, and
 @endpoint(explicit_response_port=True) answered at once or later from another endpoint."""
 
+import os
+import signal
+
 import pytest
 
 from monarch.actor import Actor, Channel, Port, PortReceiver, current_rank, endpoint, this_host
@@ -199,6 +202,16 @@ class PortHolder(Actor):
         port, _rx = Channel.open()
         return port
 
+    @endpoint
+    def open_port(self):
+        """A port whose receiver this actor keeps: open while its proc lives."""
+        port, self.rx = Channel.open()
+        return port
+
+    @endpoint
+    def pid(self):
+        return os.getpid()
+
 
 class ClosedPortSender(Actor):
     def __init__(self, report):
@@ -251,3 +264,60 @@ def test_a_send_to_a_closed_port_comes_back_to_the_sending_actor(cls, fault_hook
     finally:
         pm.stop().get(timeout=30)
         holder_pm.stop().get(timeout=30)
+
+
+def test_a_send_to_a_port_whose_proc_was_stopped_names_the_port(fault_hook):
+    """The port's proc is gone, so the sender's own proc gives the message back (its link to that
+    proc fails): the report names the port, as the port's owner does for a closed one (it used to
+    name only the owner, with an empty message label: "message  to ...")."""
+    report, rx = Channel.open()
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="port-stopped-sender")
+    holder_pm = this_host().spawn_procs(per_host={"gpus": 1}, name="port-stopped-holder")
+    try:
+        sender = pm.spawn("sender", ClosedPortSender, report)
+        port = holder_pm.spawn("holder", PortHolder).open_port.call_one().get(timeout=30)
+        holder_pm.stop().get(timeout=30)
+        assert sender.send_to.call_one(port).get(timeout=30) == "sent"
+        who, dest, reason = rx.recv().get(timeout=30)
+        assert ".sender[" in who, who
+        assert repr(port) == "<Port %s>" % dest, (dest, port)
+        assert reason, reason
+        assert sender.alive.call_one().get(timeout=30) == "alive"
+        assert rx.try_recv() is None and fault_hook.empty()
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_a_report_for_an_actor_that_has_stopped_does_not_fail_its_proc(fault_hook):
+    """A send comes back after the actor that made it was stopped (ActorMesh.stop(): its proc
+    stays usable, PY-9). No one is left to tell, so it is logged; it used to go to the proc's fault
+    hook and fail the whole proc. The holder's proc is frozen so that both sends stay
+    unacknowledged, then killed: its link gives them back in send order, so once the second
+    actor's report arrives, the first actor's was handled."""
+    report, rx = Channel.open()
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="gone-sender")
+    holder_pm = this_host().spawn_procs(per_host={"gpus": 1}, name="gone-holder")
+    try:
+        first = pm.spawn("first", ClosedPortSender, report)
+        second = pm.spawn("second", ClosedPortSender, report)
+        holder = holder_pm.spawn("holder", PortHolder)
+        port = holder.open_port.call_one().get(timeout=30)
+        pid = holder.pid.call_one().get(timeout=30)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert first.send_to.call_one(port).get(timeout=30) == "sent"
+            first.stop().get(timeout=30)
+            assert second.send_to.call_one(port).get(timeout=30) == "sent"
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        who, dest, reason = rx.recv().get(timeout=30)
+        assert ".second[" in who and repr(port) == "<Port %s>" % dest, (who, dest)
+        assert second.alive.call_one().get(timeout=30) == "alive"  # its proc lived on
+        assert pm.spawn("third", ClosedPortSender, report).alive.call_one().get(
+            timeout=30) == "alive"
+        assert rx.try_recv() is None
+        while not fault_hook.empty():  # the holder's death is the client's; nothing of pm's
+            failure = fault_hook.get_nowait()
+            assert "gone-sender" not in str(failure), str(failure)
+    finally:
+        pm.stop().get(timeout=30)

@@ -78,8 +78,9 @@ void Proc::on_root_event(const ActorSupervisionEvent& ev) {
 }
 
 void Proc::report_undeliverable(const DeliveryFailure& f) {
-  on_root_event(ActorSupervisionEvent{ActorId{options_.name, "client", 0}, "client",
-                                      std::string("undeliverable message: ") + f.what(), nullptr});
+  on_root_event(ActorSupervisionEvent{
+      ActorId{options_.name, "client", 0}, "client",
+      std::string("undeliverable message sent from outside any actor: ") + f.what(), nullptr});
 }
 
 void Proc::add_root_child(detail::Cell* c) {

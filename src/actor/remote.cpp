@@ -5,7 +5,8 @@
 //       a reply over max_frame_bytes of the replier or of the caller) naming the actor and what
 //       was called.
 // REM-2 A remote Send that cannot be delivered comes back to the sending actor's undeliverable()
-//       (or the sending Proc's fault hook from outside actors), as for a local send.
+//       (or the sending Proc's fault hook from outside actors), as for a local send; if that
+//       actor has stopped or failed meanwhile, the report is logged (not the fault hook's).
 // REM-3 Messages from one sender to one remote actor keep their order: one channel link per
 //       destination Proc (CH-1), then the destination's mailbox (CELL-3).
 // REM-4 A stop/kill of a remote actor returns a Future at once; it completes when the actor is

@@ -438,6 +438,13 @@ struct Proc::Remote {
     }
   }
 
+  // The endpoint label of a DeliveryFailure for a message this Proc sent: a port send names its
+  // port ("port[N]", as the receiving Proc's own report does), anything else its endpoint.
+  static std::string what_was_sent(const RemoteHeader& h) {
+    if (h.kind == RemoteKind::PortSend) return "port[" + std::to_string(h.request_id) + "]";
+    return h.endpoint;
+  }
+
   // A message this Proc sent could not be delivered (channel failure: CH-3, CH-4).
   // `quiet`: the link was closed by forget(): the peer is gone by design.
   void on_returned(channel::Message&& m, const std::string& to, const std::string& why,
@@ -457,7 +464,7 @@ struct Proc::Remote {
       spdlog::error("monarch: returned message has a bad header: {}", e.what());
       return;
     }
-    DeliveryFailure f(h.dest, h.endpoint, why);
+    DeliveryFailure f(h.dest, what_was_sent(h), why);
     if (quiet) {
       // REM-1 still holds for calls (one outcome); the rest is dropped: its receiver went away
       // when asked to, so its sender learns nothing it did not ask for.
@@ -478,7 +485,7 @@ struct Proc::Remote {
         // the proc's mesh: the mesh layer has reported that very failure to it (MeshFailure), as
         // it has to code outside actors, so neither hears of it a second time (local_bounce). A
         // spawn's failure is the mesh's to report.
-        DeliveryFailure lost(h.dest, h.endpoint, "its proc was declared failed: " + *cause);
+        DeliveryFailure lost(h.dest, what_was_sent(h), "its proc was declared failed: " + *cause);
         if (h.kind != RemoteKind::Spawn && h.sender.uid != 0) return return_report(h, lost);
         spdlog::debug("monarch: {}: dropped: {}", address, lost.what());
         return;
@@ -542,6 +549,13 @@ struct Proc::Remote {
     }
     if (sender.uid != 0 && sender.proc != address && bounce_in_sender_proc(sender, f)) return;
     detail::CellPtr c = sender.uid != 0 ? proc->find(sender) : detail::CellPtr();
+    if (sender.uid != 0 && !c) {
+      // The sending actor stopped or failed before its report came back: no one is left to tell,
+      // as when its mailbox closes with the report in it (UndeliverableEnvelope). Not this
+      // Proc's fault hook: that would fail the whole proc for an actor that is gone.
+      spdlog::warn("monarch: {} (its sender {} has stopped too)", f.what(), sender.to_string());
+      return;
+    }
     detail::route_undeliverable(c.get(), proc, f);
   }
 
@@ -730,8 +744,7 @@ struct Proc::Remote {
     } catch (const std::exception& e) {
       why = std::string("cannot deliver to port: ") + e.what();
     }
-    bounce_to_sender(h.reply_proc, h.sender,
-                     DeliveryFailure(h.dest, "port[" + std::to_string(h.request_id) + "]", why));
+    bounce_to_sender(h.reply_proc, h.sender, DeliveryFailure(h.dest, what_was_sent(h), why));
   }
 
   void on_request(const RemoteHeader& h, channel::Bytes payload) {

@@ -562,6 +562,43 @@ TEST(RemoteSpawn, REM6_AnUnacknowledgedSendComesBackNamingTheDeclaredFailure) {
   w.proc.kill(SIGCONT);
 }
 
+// REM-2: a report that comes back after the actor that sent the message has stopped is logged and
+// dropped: no one is left to tell. It used to go to the Proc's fault hook, as a failure of the
+// Proc's client (which fails a whole worker proc, for an actor that is gone). A send from outside
+// actors still reaches the fault hook.
+TEST(RemoteSpawn, AReportForASenderThatHasStoppedIsDropped) {
+  Worker w;
+  Faults faults;
+  ProcOptions o = listening("client");
+  o.channel.delivery_timeout = 2s;  // bounds how long the dead link keeps trying
+  Proc client(o);
+  client.set_fault_hook(faults.hook());
+  auto a = client.spawn_remote<Recorder>(w.addr, "a", "a", 0);
+  EXPECT_EQ(a.call(&Recorder::all).get(10s).size(), 1u);
+  ASSERT_TRUE(monarch::testing::freeze(w.proc.pid())) << "worker did not stop";
+  auto p = std::make_shared<monarch::Promise<std::string>>();
+  auto bouncer = client.spawn<Bouncer>("bouncer", p);
+  bouncer.call(&Bouncer::fire, a).get(10s);  // on the link, unacknowledged: the worker is stopped
+  bouncer.stop().get(10s);
+  a.send(&Recorder::put, 2);  // from outside actors, after it on the same link
+  w.proc.kill(SIGKILL);
+  // The link returns what it holds in send order, so once the second send is reported the first
+  // was handled. (What came before them may be returned too, its acknowledgement not yet in when
+  // the worker froze: the spawn, reported as a delivery unknown.)
+  size_t i = 0;
+  while (faults.wait(i, 30s).cause.find("undeliverable message sent from outside any actor") ==
+         std::string::npos) {
+    ++i;
+  }
+  // One report of a send to `a`: the bouncer's is not among them.
+  size_t sends = 0;
+  for (size_t k = 0; k < faults.count(); ++k) {
+    sends += faults.wait(k).cause.find("put to " + a.id().to_string()) != std::string::npos;
+  }
+  EXPECT_EQ(sends, 1u);
+  EXPECT_FALSE(p->satisfied());
+}
+
 // Replies of a chosen size, from a worker process.
 struct BlobMaker : monarch::Actor {
   std::string make(uint64_t n) { return std::string(n, 'x'); }
