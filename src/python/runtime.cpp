@@ -292,7 +292,7 @@ void PyActor::undeliverable(const DeliveryFailure& failure) {
   throw failure;
 }
 
-void PyActor::lost(std::string dest, std::string reason, std::string text) {
+void PyActor::lost_broadcast(std::string dest, std::string reason, std::string text) {
   if (!undeliverable_hook(dest, reason, text)) throw Error(text);
 }
 

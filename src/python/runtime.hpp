@@ -118,8 +118,8 @@ class PyActor final : public Actor {
   /// A broadcast of this actor's that was lost before it left this process (sent to itself,
   /// Reply::lost): reported as undeliverable() reports one (PY-7) with `dest` (the actor mesh),
   /// `reason` and the full `text`; unhandled, it fails this actor with `text`.
-  void lost(std::string dest, std::string reason, std::string text);
-  MONARCH_ENDPOINTS(PyActor, call, send, fail, lost)
+  void lost_broadcast(std::string dest, std::string reason, std::string text);
+  MONARCH_ENDPOINTS(PyActor, call, send, fail, lost_broadcast)
 
  private:
   py::object& host();
@@ -152,15 +152,20 @@ struct Reply {
   void fail(std::string why) {
     NoGil nogil;
     if (self) {
+      // Sent as the actor itself: if it has failed meanwhile, this comes back to it and is
+      // logged, rather than to its Proc's fault hook (from this thread, outside any actor).
+      monarch::detail::CurrentCell as(self->cell());
       self->send(&PyActor::fail, std::move(why));
     } else if (promise && !promise->satisfied()) {
       promise->set_error(Error(why));
     }
   }
-  // An actor's own `me`: a broadcast it made was lost before it was sent (PyActor::lost).
+  // An actor's own `me`: a broadcast it made was lost before it was sent (PyActor::lost_broadcast).
   void lost(std::string dest, std::string reason, std::string text) {
     NoGil nogil;
-    if (self) self->send(&PyActor::lost, std::move(dest), std::move(reason), std::move(text));
+    if (!self) return;
+    monarch::detail::CurrentCell as(self->cell());  // as in fail()
+    self->send(&PyActor::lost_broadcast, std::move(dest), std::move(reason), std::move(text));
   }
 };
 
