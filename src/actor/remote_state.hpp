@@ -439,9 +439,9 @@ struct Proc::Remote {
   }
 
   // The endpoint label of a DeliveryFailure for a message this Proc sent: a port send names its
-  // port ("port[N]", as the receiving Proc's own report does), anything else its endpoint.
+  // port (PortId::label, as the receiving Proc's own report does), anything else its endpoint.
   static std::string what_was_sent(const RemoteHeader& h) {
-    if (h.kind == RemoteKind::PortSend) return "port[" + std::to_string(h.request_id) + "]";
+    if (h.kind == RemoteKind::PortSend) return PortId::label(h.request_id);
     return h.endpoint;
   }
 

@@ -287,7 +287,7 @@ bool PyActor::undeliverable_hook(const std::string& dest, const std::string& rea
 void PyActor::undeliverable(const DeliveryFailure& failure) {
   // dest(): the actor, or for a port send the port (PortId::to_string, what repr(port) shows).
   std::string dest = failure.destination().to_string();
-  if (failure.endpoint().starts_with("port[")) dest += "." + failure.endpoint();
+  if (PortId::is_label(failure.endpoint())) dest += "." + failure.endpoint();
   if (undeliverable_hook(dest, failure.reason(), failure.what())) return;
   throw failure;
 }

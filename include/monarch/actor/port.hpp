@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <typeindex>
 #include <utility>
 
@@ -37,9 +38,12 @@ namespace monarch {
 struct PortId {
   ActorId owner;
   uint64_t index = 0;
-  std::string to_string() const {
-    return owner.to_string() + ".port[" + std::to_string(index) + "]";
-  }
+  std::string to_string() const { return owner.to_string() + "." + label(index); }
+  /// "port[N]": the endpoint label of a DeliveryFailure for a send to port N, on every path
+  /// (the sender's own Proc, the receiving Proc's report, a channel's return).
+  static std::string label(uint64_t index) { return "port[" + std::to_string(index) + "]"; }
+  /// Whether a DeliveryFailure's endpoint label names a port (see label()).
+  static bool is_label(std::string_view endpoint) { return endpoint.starts_with("port["); }
   bool operator==(const PortId&) const = default;
   template <class Ar>
   void serialize(Ar& ar) {
@@ -184,8 +188,7 @@ void port_send(PortSink<T>& sink, T&& v) {
   if (!sink.deliver(std::move(v))) {
     route_undeliverable(
         current_cell(), sink.proc,
-        DeliveryFailure(sink.id.owner, "port[" + std::to_string(sink.id.index) + "]",
-                        "port closed"));
+        DeliveryFailure(sink.id.owner, PortId::label(sink.id.index), "port closed"));
   }
 }
 
