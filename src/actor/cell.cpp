@@ -13,6 +13,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <deque>
+#include <mutex>
 
 #include "monarch/actor/actor.hpp"
 #include "monarch/actor/proc.hpp"
@@ -373,8 +375,10 @@ struct ClosureEnvelope final : Envelope {
 
 struct UndeliverableEnvelope final : Envelope {
   DeliveryFailure failure;
+  ActorId sender;  // the actor whose mailbox this goes to
   Proc* proc;
-  UndeliverableEnvelope(DeliveryFailure f, Proc* p) : failure(std::move(f)), proc(p) {}
+  UndeliverableEnvelope(DeliveryFailure f, ActorId s, Proc* p)
+      : failure(std::move(f)), sender(std::move(s)), proc(p) {}
   void invoke(Cell& c) override {
     try {
       c.actor()->undeliverable(failure);
@@ -383,11 +387,41 @@ struct UndeliverableEnvelope final : Envelope {
     }
   }
   void bounce(const DeliveryFailure&) noexcept override {
-    spdlog::warn("monarch: {} (its sender has stopped too)", failure.what());
+    log_report_for_stopped_sender(sender, failure);
   }
   std::string_view endpoint() const noexcept override { return "<undeliverable>"; }
 };
 }  // namespace
+
+void log_report_for_stopped_sender(const ActorId& sender, const DeliveryFailure& f) noexcept {
+  // The senders warned about last (a sender's later reports come in a burst after it stops).
+  // Never destroyed: a runtime thread may still report while the process exits.
+  struct Warned {
+    std::mutex mu;
+    std::deque<ActorId> senders;
+  };
+  static auto* warned = new Warned;
+  bool first = true;
+  try {
+    std::lock_guard lock(warned->mu);
+    auto& v = warned->senders;
+    first = std::find(v.begin(), v.end(), sender) == v.end();
+    if (first) {
+      v.push_back(sender);
+      if (v.size() > 64) v.pop_front();
+    }
+  } catch (...) {
+    // out of memory: warn
+  }
+  if (first) {
+    spdlog::warn(
+        "monarch: {} (its sender {} has stopped too; its further such reports are logged at "
+        "debug level)",
+        f.what(), sender.to_string());
+  } else {
+    spdlog::debug("monarch: {} (its sender {} has stopped too)", f.what(), sender.to_string());
+  }
+}
 
 void post_closure(Cell* c, UniqueFunction<void()> fn) {
   c->post(new ClosureEnvelope(std::move(fn)));
@@ -396,7 +430,7 @@ void post_closure(Cell* c, UniqueFunction<void()> fn) {
 void route_undeliverable(Cell* sender, Proc* proc, const DeliveryFailure& f) noexcept {
   try {
     if (sender != nullptr) {
-      sender->post(new UndeliverableEnvelope(f, proc));
+      sender->post(new UndeliverableEnvelope(f, sender->id(), proc));
       return;
     }
     if (proc != nullptr) {

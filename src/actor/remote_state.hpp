@@ -21,6 +21,12 @@ std::shared_ptr<RemoteInvoker> find_invoker(std::type_index type, const std::str
 Cell* spawn_remote_cell(Proc& proc, ActorId id, std::type_index type, Cell::Factory factory,
                         ActorId owner, std::shared_ptr<const ndslice::Point> mesh_point);
 
+/// REM-2: a report of a message whose sending actor has stopped or failed; nobody is left to tell,
+/// and its Proc is not failed. Logged: the first report for each such sender as a warning, its
+/// later ones at debug level (an actor that stops with many sends in flight would log a line per
+/// send). Any thread.
+void log_report_for_stopped_sender(const ActorId& sender, const DeliveryFailure& f) noexcept;
+
 /// Why an actor of this Proc that is no longer registered cannot be reached (Proc::Remote's
 /// tombstones): `failed` when it failed rather than stopped. An empty `why`: not remembered.
 struct Tombstone {
@@ -553,8 +559,7 @@ struct Proc::Remote {
       // The sending actor stopped or failed before its report came back: no one is left to tell,
       // as when its mailbox closes with the report in it (UndeliverableEnvelope). Not this
       // Proc's fault hook: that would fail the whole proc for an actor that is gone.
-      spdlog::warn("monarch: {} (its sender {} has stopped too)", f.what(), sender.to_string());
-      return;
+      return detail::log_report_for_stopped_sender(sender, f);
     }
     detail::route_undeliverable(c.get(), proc, f);
   }

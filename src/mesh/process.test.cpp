@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -30,6 +29,7 @@
 #include "process_host.hpp"
 #include "testing/config_override.hpp"
 #include "testing/freeze.hpp"
+#include "testing/log_capture.hpp"
 #include "testing/mesh_failures.hpp"
 #include "testing/subprocess.hpp"
 
@@ -57,23 +57,8 @@ namespace {
 using Failures = monarch::testing::FailureLog;
 using monarch::testing::all_dead;
 
-// Warnings and errors this (client) process logs; added to the default logger in main().
-struct WarningLog : spdlog::sinks::base_sink<std::mutex> {
-  std::vector<std::string> take() {
-    std::lock_guard lock(mutex_);
-    return std::exchange(lines_, {});
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& m) override {
-    if (m.level >= spdlog::level::warn) lines_.emplace_back(m.payload.data(), m.payload.size());
-  }
-  void flush_() override {}
-
- private:
-  std::vector<std::string> lines_;
-};
-std::shared_ptr<WarningLog> g_warnings = std::make_shared<WarningLog>();
+// What this (client) process logs; added to the default logger in main().
+std::shared_ptr<monarch::testing::LogCapture> g_warnings;
 
 struct Worker : monarch::Actor {
   explicit Worker(size_t rank) : rank_(rank) {}
@@ -266,7 +251,7 @@ TEST(ProcessMesh, ANormalStopIsQuietAndQuick) {  // PH-6
     auto pids = pids_of(procs);
     auto workers = procs.lookup<Worker>("worker");
     auto spawned = procs.spawn<Worker>("more", Extent{{"actors", 8}}, size_t{5});
-    g_warnings->take();
+    g_warnings->take_warnings();
     // Casts through the tree (workers forward to and reply to each other), then stop at once.
     EXPECT_EQ(spawned.reduce(monarch::mesh::Sum{}, &Worker::rank).get(10s), 4u * 8u * 5u);
     EXPECT_EQ(workers.slice("gpus", Range(1, 4)).call(&Worker::rank).get(10s)[2], 3u);
@@ -275,7 +260,7 @@ TEST(ProcessMesh, ANormalStopIsQuietAndQuick) {  // PH-6
     EXPECT_TRUE(procs.stop());
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);  // no flush waits on stopped peers
     EXPECT_TRUE(all_dead(pids, 5s));
-    for (const auto& w : g_warnings->take())
+    for (const auto& w : g_warnings->take_warnings())
       ADD_FAILURE() << "round " << round << ": client logged: " << w;
   }
   std::lock_guard lock(mu);  // a worker's lines arrive before its exit (PH-2), so all are here
@@ -1474,7 +1459,7 @@ TEST(ForkServer, AServerThatDiesTakesItsWorkersAndIsReplaced) {  // PH-7, PH-1
 TEST(ForkServer, AProgramThatCannotServeForksIsExecdWithAWarning) {  // PH-7
   auto host = monarch::mesh::this_host(fast());
   auto before = ProcessHost::instance().fork_servers();
-  (void)g_warnings->take();
+  (void)g_warnings->take_warnings();
   SpawnOptions so;
   so.name = "threaded";
   so.env = {"MONARCH_TEST_THREAD_FIRST=1"};
@@ -1483,7 +1468,7 @@ TEST(ForkServer, AProgramThatCannotServeForksIsExecdWithAWarning) {  // PH-7
   EXPECT_TRUE(new_servers(before).empty());
   for (int p : pids_of(procs)) EXPECT_EQ(parent_of(p), ::getpid());
   EXPECT_EQ(procs.lookup<Worker>("worker").call(&Worker::rank).get(10s)[1], 1u);
-  auto warnings = g_warnings->take();
+  auto warnings = g_warnings->take_warnings();
   EXPECT_THAT(warnings,
               ::testing::Contains(HasSubstr("threads were running when bootstrap() started")));
   EXPECT_TRUE(procs.stop());
@@ -1491,7 +1476,8 @@ TEST(ForkServer, AProgramThatCannotServeForksIsExecdWithAWarning) {  // PH-7
   so.name = "missing";
   so.env = {};
   expect_missing_program_fails(host, so, 1);
-  EXPECT_THAT(g_warnings->take(), ::testing::Contains(HasSubstr("exited before bootstrap()")));
+  EXPECT_THAT(g_warnings->take_warnings(),
+              ::testing::Contains(HasSubstr("exited before bootstrap()")));
 }
 
 // MONARCH_FORK_SERVER set by hand (no agent's socket behind it) is refused with a message, and
@@ -1552,7 +1538,7 @@ int main(int argc, char** argv) {
   }
   monarch::mesh::bootstrap(argc, argv, worker_setup);  // a worker never returns from here
   if (const char* mode = std::getenv("MONARCH_TEST_CLIENT")) return run_client(mode);
-  spdlog::default_logger()->sinks().push_back(g_warnings);  // before any thread logs
+  g_warnings = monarch::testing::LogCapture::install();  // before any thread logs
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

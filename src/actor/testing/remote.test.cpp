@@ -2,11 +2,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <future>
 #include <mutex>
 #include <string>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "remote_actors.hpp"
+#include "testing/log_capture.hpp"
 #include "testing/subprocess.hpp"
 
 using namespace std::chrono_literals;
@@ -320,42 +319,7 @@ TEST(Remote, ACallPendingAtShutdownNamesItsEndpoint) {
 }
 
 // What the default logger logs, with its level; installed before any thread logs.
-struct LogCapture : spdlog::sinks::base_sink<std::mutex> {
-  struct Line {
-    spdlog::level::level_enum level;
-    std::string text;
-  };
-  // Waits until a line containing every one of `parts` was logged; returns it.
-  std::optional<Line> wait_for(const std::vector<std::string>& parts, std::chrono::milliseconds d) {
-    std::unique_lock lock(mutex_);
-    std::optional<Line> found;
-    cv_.wait_for(lock, d, [&] {
-      for (const auto& l : lines_) {
-        bool all = true;
-        for (const auto& p : parts) all = all && l.text.find(p) != std::string::npos;
-        if (all) found = l;
-      }
-      return found.has_value();
-    });
-    return found;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& m) override {
-    lines_.push_back(Line{m.level, std::string(m.payload.data(), m.payload.size())});
-    cv_.notify_all();
-  }
-  void flush_() override {}
-
- private:
-  std::condition_variable_any cv_;
-  std::vector<Line> lines_;
-};
-std::shared_ptr<LogCapture> g_log = [] {
-  auto c = std::make_shared<LogCapture>();
-  spdlog::default_logger()->sinks().push_back(c);
-  return c;
-}();
+std::shared_ptr<monarch::testing::LogCapture> g_log = monarch::testing::LogCapture::install();
 
 // A reply to a proc this Proc was told is gone by design (forget_proc: stopped with it, or by the
 // owner) is dropped with a debug log: it is not "lost" (no warning), and no link is opened to wait

@@ -24,6 +24,7 @@
 #include "monarch/actor/runtime.hpp"
 #include "remote_actors.hpp"
 #include "testing/freeze.hpp"
+#include "testing/log_capture.hpp"
 #include "testing/subprocess.hpp"
 
 using namespace std::chrono_literals;
@@ -35,6 +36,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 namespace {
+
+// What this process logs; installed in main(), before any thread logs.
+std::shared_ptr<monarch::testing::LogCapture> g_log;
 
 struct Recorder : monarch::Actor {
   Recorder(std::string tag, int base) : tag_(std::move(tag)), base_(base) {}
@@ -537,7 +541,9 @@ TEST(RemoteSpawn, StopOfAFrozenWorkerHonoursTheCallersDeadline) {
 // to that actor's undeliverable() as a DeliveryFailure naming the failure (not a silent drop).
 struct Bouncer : monarch::Actor {
   explicit Bouncer(std::shared_ptr<monarch::Promise<std::string>> p) : p_(std::move(p)) {}
-  void fire(ActorRef<Recorder> to) { to.send(&Recorder::put, 1); }
+  void fire(ActorRef<Recorder> to, int n) {
+    for (int i = 0; i < n; ++i) to.send(&Recorder::put, i);
+  }
   void undeliverable(const monarch::DeliveryFailure& f) override {
     if (!p_->satisfied()) p_->set_value(f.what());
   }
@@ -554,7 +560,8 @@ TEST(RemoteSpawn, REM6_AnUnacknowledgedSendComesBackNamingTheDeclaredFailure) {
   auto p = std::make_shared<monarch::Promise<std::string>>();
   auto bounced = p->get_future();
   auto bouncer = client.spawn<Bouncer>("bouncer", p);
-  bouncer.call(&Bouncer::fire, a).get(10s);  // on the link, unacknowledged: the worker is stopped
+  bouncer.call(&Bouncer::fire, a, 1)
+      .get(10s);  // on the link, unacknowledged: the worker is stopped
   client.declare_proc_failed(w.addr, "test: rank 0 froze");
   const std::string what = bounced.get(5s);
   EXPECT_THAT(what, HasSubstr("declared failed: test: rank 0 froze"));
@@ -567,6 +574,8 @@ TEST(RemoteSpawn, REM6_AnUnacknowledgedSendComesBackNamingTheDeclaredFailure) {
 // Proc's client (which fails a whole worker proc, for an actor that is gone). A send from outside
 // actors still reaches the fault hook.
 TEST(RemoteSpawn, AReportForASenderThatHasStoppedIsDropped) {
+  auto level = spdlog::get_level();
+  spdlog::set_level(spdlog::level::debug);
   Worker w;
   Faults faults;
   ProcOptions o = listening("client");
@@ -578,7 +587,9 @@ TEST(RemoteSpawn, AReportForASenderThatHasStoppedIsDropped) {
   ASSERT_TRUE(monarch::testing::freeze(w.proc.pid())) << "worker did not stop";
   auto p = std::make_shared<monarch::Promise<std::string>>();
   auto bouncer = client.spawn<Bouncer>("bouncer", p);
-  bouncer.call(&Bouncer::fire, a).get(10s);  // on the link, unacknowledged: the worker is stopped
+  // Three sends on the link, unacknowledged: the worker is stopped.
+  bouncer.call(&Bouncer::fire, a, 3).get(10s);
+  const std::string bouncer_id = bouncer.id().to_string();
   bouncer.stop().get(10s);
   a.send(&Recorder::put, 2);  // from outside actors, after it on the same link
   w.proc.kill(SIGKILL);
@@ -597,6 +608,14 @@ TEST(RemoteSpawn, AReportForASenderThatHasStoppedIsDropped) {
   }
   EXPECT_EQ(sends, 1u);
   EXPECT_FALSE(p->satisfied());
+  // The bouncer's three reports are logged: the first as a warning, the others at debug level.
+  auto logged = g_log->matching({"sender " + bouncer_id + " has stopped too"});
+  spdlog::set_level(level);
+  ASSERT_EQ(logged.size(), 3u);
+  EXPECT_EQ(logged[0].level, spdlog::level::warn);
+  EXPECT_THAT(logged[0].text, HasSubstr("further such reports are logged at debug level"));
+  EXPECT_EQ(logged[1].level, spdlog::level::debug);
+  EXPECT_EQ(logged[2].level, spdlog::level::debug);
 }
 
 // Replies of a chosen size, from a worker process.
@@ -680,6 +699,7 @@ int main(int argc, char** argv) {
   // --worker ADDR [MAX_FRAME_BYTES]
   if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--worker")
     return worker_main(argv[2], argc == 4 ? std::stoull(argv[3]) : 0);
+  g_log = monarch::testing::LogCapture::install();  // before any thread logs
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
