@@ -12,8 +12,10 @@
     buf.drop()                                      # owner: ends remote access
 
 Memory: a CPU ``torch.Tensor`` (contiguous, not empty) or any contiguous buffer-protocol object
-(``bytearray``, ``memoryview``, a numpy array); read-only ones (``bytes``) can be registered and
-written from, not read into. Registration never copies: peers read and write the object's own
+(``bytearray``, ``memoryview``, a numpy array). A read-only object (``bytes``, a read-only
+numpy array) is registered read-only: peers can read it, and a ``write_from`` to it raises
+``ValueError`` (or, from a peer that skips that check, fails with ``RdmaError``); it can be the
+source of a ``write_from`` but not the destination of a ``read_into``. Registration never copies: peers read and write the object's own
 memory. The buffer keeps a reference to the object while it is registered, that is until
 ``drop()`` (not until the ``RDMABuffer`` is garbage-collected: a buffer returned from an endpoint
 must stay readable after the handler let go of it), so call ``drop()`` when peers are done. Torch
@@ -155,7 +157,10 @@ class RDMABuffer:
         address, nbytes, keep = _span(data, False, "RDMABuffer()")
         if name is None:
             name = _describe(data)
-        self._native = _native.RdmaBuffer(address, nbytes, str(name))
+        elif not isinstance(name, str):
+            raise TypeError("RDMABuffer(): name must be a str, not %r" % (name,))
+        read_only = isinstance(keep, memoryview) and keep.readonly
+        self._native = _native.RdmaBuffer(address, nbytes, name, read_only)
         with _lock:
             _registered[id(self._native)] = (self._native, keep)
 
@@ -172,8 +177,10 @@ class RDMABuffer:
             raise TypeError("RDMABuffer.allocate: nbytes must be an int, not %r" % (nbytes,))
         if nbytes <= 0:
             raise ValueError("RDMABuffer.allocate: nbytes must be > 0, not %d" % nbytes)
+        if not isinstance(name, str):
+            raise TypeError("RDMABuffer.allocate: name must be a str, not %r" % (name,))
         self = cls.__new__(cls)
-        self._native = _native.RdmaBuffer.allocate(nbytes, str(name))
+        self._native = _native.RdmaBuffer.allocate(nbytes, name)
         with _lock:
             _registered[id(self._native)] = (self._native, None)
         return self
@@ -232,6 +239,9 @@ class RDMABuffer:
         """
         what = "RDMABuffer.write_from"
         self._live(what)
+        if self._native.read_only:
+            raise ValueError("%s: buffer %s is read-only (registered from a read-only object)"
+                             % (what, self._native.describe()))
         size = self._native.size
         off = _offset(offset, size, what)
         ms = _timeout_ms(timeout, what)

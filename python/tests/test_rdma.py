@@ -212,6 +212,30 @@ def test_empty_tensor_or_buffer_is_refused():
     buf.drop()
 
 
+def test_a_read_only_object_is_registered_read_only(actors):
+    """bytes are immutable (hashed, shared): peers may read a buffer made from them, and a write
+    to it is refused, in this process and from a peer. It used to overwrite the bytes in place."""
+    _, peer, _ = actors
+    data = bytes(os.urandom(4096))
+    copy = bytes(bytearray(data))
+    buf = RDMABuffer(data, name="constant")
+    assert peer.read_bytes.call_one(buf).get(timeout=T) == copy
+    with pytest.raises(ValueError, match="constant.*read-only"):
+        buf.write_from(b"ZZ")
+    with pytest.raises(Exception, match="read-only") as e:
+        peer.write_bytes.call_one(buf, b"ZZ", 0).get(timeout=T)
+    assert "constant" in str(e.value), e.value
+    assert data == copy
+    buf.drop()
+
+
+def test_a_name_that_is_not_a_str_is_a_type_error():
+    with pytest.raises(TypeError, match="name must be a str"):
+        RDMABuffer(bytearray(16), name=5)
+    with pytest.raises(TypeError, match="name must be a str"):
+        RDMABuffer.allocate(16, name=5)
+
+
 def test_not_a_buffer_is_a_type_error():
     with pytest.raises(TypeError, match="buffer-protocol"):
         RDMABuffer([1, 2, 3])

@@ -63,9 +63,12 @@ rdma::TransferOptions options(int64_t timeout_ms) {
   return o;
 }
 
-NativeRdmaBuffer register_memory(uint64_t address, uint64_t bytes, std::string name) {
+NativeRdmaBuffer register_memory(uint64_t address, uint64_t bytes, std::string name,
+                                 bool read_only) {
   NoGil nogil;
-  auto b = std::make_shared<rdma::RdmaBuffer>(span_at(address, bytes), std::move(name));
+  auto b = read_only ? std::make_shared<rdma::RdmaBuffer>(
+                           rdma::RdmaBuffer::read_only(span_at(address, bytes), std::move(name)))
+                     : std::make_shared<rdma::RdmaBuffer>(span_at(address, bytes), std::move(name));
   NativeRdmaBuffer out;
   out.handle = b->handle();
   out.owned = std::move(b);
@@ -160,7 +163,9 @@ std::pair<uint64_t, uint64_t> buffer_span(const py::object& obj, bool writable) 
 void register_rdma(py::module_& m) {
   py::class_<NativeRdmaBuffer>(m, "RdmaBuffer", py::buffer_protocol())
       .def(py::init(&register_memory), py::arg("address"), py::arg("bytes"), py::arg("name"),
-           "Registers bytes [address, address + bytes) of this process (no copy).")
+           py::arg("read_only") = false,
+           "Registers bytes [address, address + bytes) of this process (no copy); read_only: "
+           "peers' writes to it are refused.")
       .def_static("allocate", &allocate, py::arg("bytes"), py::arg("name"),
                   "A new zeroed buffer of `bytes` in shared memory (the shm route).")
       .def_buffer(&memory_of)
@@ -169,6 +174,8 @@ void register_rdma(py::module_& m) {
       .def_property_readonly("name", [](const NativeRdmaBuffer& b) { return b.handle.name; })
       .def_property_readonly("owned", [](const NativeRdmaBuffer& b) { return b.owned != nullptr; })
       .def_property_readonly("dropped", [](const NativeRdmaBuffer& b) { return b.dropped; })
+      .def_property_readonly("read_only",
+                             [](const NativeRdmaBuffer& b) { return b.handle.read_only; })
       .def("read_into", &read_into, py::arg("address"), py::arg("bytes"), py::arg("offset"),
            py::arg("timeout_ms"),
            "Copies buffer bytes [offset, offset + bytes) to address; a NativeFuture (None).")

@@ -460,6 +460,10 @@ struct Engine::Impl {
                            "buffer '" + reg->name + "' is " + memory_kind_name(reg->kind) +
                                " memory: only the ucx route reaches it");
       }
+      if (hd.kind != kRead && reg->read_only) {
+        return reply_error(hd, RdmaErrc::InvalidArgument,
+                           "buffer '" + reg->name + "' is registered read-only");
+      }
       if (hd.length > reg->length || hd.offset > reg->length - hd.length) {
         return reply_error(hd, RdmaErrc::OutOfBounds,
                            "bytes [" + std::to_string(hd.offset) + ", " +
@@ -635,7 +639,7 @@ std::vector<MemoryKind> Engine::memory_kinds() const {
 
 std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memory,
                                                       const std::string& name, MemoryKind kind,
-                                                      RdmaHandle& h) {
+                                                      RdmaHandle& h, bool read_only) {
   std::shared_lock life(life_mu_);
   if (!impl_) {
     throw RdmaError(RdmaErrc::BackendUnavailable,
@@ -660,6 +664,7 @@ std::shared_ptr<Registration> Engine::register_memory(std::span<std::byte> memor
   reg->length = memory.size();
   reg->name = name;
   reg->kind = kind;
+  reg->read_only = read_only;
   {
     std::lock_guard lock(impl_->reg_mu);
     reg->id = impl_->next_reg++;
@@ -703,6 +708,7 @@ std::shared_ptr<Registration> Engine::add(std::shared_ptr<Registration> reg, Rdm
   reg->status = impl_->status.claim(reg->id, reg->length, impl_->incarnation, reg->name);
   h.status_address = reinterpret_cast<uintptr_t>(reg->status);
   h.memory = reg->kind;
+  h.read_only = reg->read_only;
   if (reg->kind == MemoryKind::Host) {  // the CPU copies of the same-host routes: host memory only
     h.local.host = host_identity();
     h.local.pid = static_cast<int32_t>(::getpid());
@@ -775,6 +781,11 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
     return done(make_error(RdmaErrc::OutOfBounds, what() + ": past the end of the " +
                                                       std::to_string(h.length) + " B buffer"));
   }
+  if (!read && h.read_only) {
+    return done(
+        make_error(RdmaErrc::InvalidArgument,
+                   what() + ": the buffer is registered read-only (RdmaBuffer::read_only)"));
+  }
   if (timeout.count() < 0 || timeout > config::kMaxDuration) {
     return done(
         make_error(RdmaErrc::InvalidArgument,
@@ -806,6 +817,10 @@ void Engine::start(bool read, const RdmaHandle& h, std::byte* local, size_t size
       }
       if (size > reg->length || offset > reg->length - size) {
         return done(make_error(RdmaErrc::OutOfBounds, what() + ": past the end of the buffer"));
+      }
+      if (!read && reg->read_only) {
+        return done(
+            make_error(RdmaErrc::InvalidArgument, what() + ": the buffer is registered read-only"));
       }
       if (read) {
         std::memmove(local, reg->base + offset, size);
@@ -905,6 +920,15 @@ Future<void> RdmaHandle::write_from(std::span<const std::byte> src, uint64_t off
 RdmaBuffer::RdmaBuffer(std::span<std::byte> memory, std::string name, MemoryKind kind)
     : memory_(memory) {
   reg_ = detail::Engine::get().register_memory(memory, name, kind, handle_);
+}
+
+RdmaBuffer RdmaBuffer::read_only(std::span<const std::byte> memory, std::string name,
+                                 MemoryKind kind) {
+  RdmaBuffer b;
+  // The engine writes into `memory` only for peers' writes, which this registration refuses.
+  b.memory_ = std::span<std::byte>(const_cast<std::byte*>(memory.data()), memory.size());
+  b.reg_ = detail::Engine::get().register_memory(b.memory_, name, kind, b.handle_, true);
+  return b;
 }
 
 RdmaBuffer RdmaBuffer::allocate(size_t bytes, std::string name) {

@@ -38,6 +38,7 @@ struct Registration {
   uint64_t* status = nullptr;              // its entry in the status table (ucx, cma)
   std::shared_ptr<ShmSegment> shm;         // allocate()d buffers: the memfd
   MemoryKind kind = MemoryKind::Host;      // device memory: the ucx route only
+  bool read_only = false;                  // RdmaBuffer::read_only: writes are refused
   /// Channel-route read replies are sent straight from `base`: each one the channel still holds
   /// (unacknowledged) counts here, by reply link (requester address, stream); drop() waits until
   /// none is left (RD-3, RD-5).
@@ -71,9 +72,10 @@ class Engine {
  public:
   static Engine& get();
 
+  /// `read_only`: RdmaBuffer::read_only (writes to it are refused).
   std::shared_ptr<Registration> register_memory(std::span<std::byte> memory,
                                                 const std::string& name, MemoryKind kind,
-                                                RdmaHandle& out);
+                                                RdmaHandle& out, bool read_only = false);
   /// See rdma::supported_memory_kinds.
   std::vector<MemoryKind> memory_kinds() const;
   /// A memfd-backed buffer of `bytes` (RdmaBuffer::allocate), registered; reg->shm owns it.

@@ -124,6 +124,29 @@ TEST(Rdma, BadInputFailsWithClearErrors) {  // RD-4
   h.read_into(dst, 0, {.timeout = monarch::config::kMaxDuration}).get(5s);
 }
 
+// A read-only registration (RdmaBuffer::read_only): reads work, writes fail naming the buffer,
+// also through a handle that does not say so (the owner checks in-process), and through a batch.
+TEST(Rdma, AReadOnlyBufferRefusesWrites) {  // RD-4
+  const auto mem = pattern(4096, 7);
+  RdmaBuffer buf = RdmaBuffer::read_only(mem, "constant");
+  RdmaHandle h = buf.handle();
+  EXPECT_TRUE(h.read_only);
+  std::vector<std::byte> dst(4096);
+  h.read_into(dst).get(5s);
+  EXPECT_EQ(dst, mem);
+  std::vector<std::byte> src(16, std::byte{1});
+  auto e = expect_rdma_error([&] { h.write_from(src, 100).get(5s); }, RdmaErrc::InvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("'constant'"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("read-only"), std::string::npos) << e.what();
+  RdmaHandle forged = h;
+  forged.read_only = false;
+  expect_rdma_error([&] { forged.write_from(src, 100).get(5s); }, RdmaErrc::InvalidArgument);
+  RdmaBatch batch;
+  batch.read_into(h, dst).write_from(h, src);
+  expect_rdma_error([&] { batch.submit().get(5s); }, RdmaErrc::InvalidArgument);
+  EXPECT_EQ(std::vector<std::byte>(buf.memory().begin(), buf.memory().end()), pattern(4096, 7));
+}
+
 TEST(Rdma, DroppedBufferRefusesAccess) {  // RD-3
   auto mem = pattern(4096, 5);
   RdmaBuffer buf(mem, "gone-soon");

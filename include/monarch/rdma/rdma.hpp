@@ -136,6 +136,9 @@ struct RdmaHandle {
   LocalRoute local{};
   /// Host memory, or device memory (ucx route only).
   MemoryKind memory = MemoryKind::Host;
+  /// Registered with RdmaBuffer::read_only: writes fail with RdmaError(InvalidArgument), checked
+  /// by the writer and again by the owner (channel route, in-process).
+  bool read_only = false;
 
   /// Copies bytes [offset, offset + dst.size()) of the remote buffer into dst.
   /// Errors (through the Future): RdmaError, see RdmaErrc and RD-2/RD-4.
@@ -151,7 +154,7 @@ struct RdmaHandle {
   template <class A>
   void serialize(A& ar) {
     ar(name, owner, owner_incarnation, reg_id, address, length, backend, ucx_routes, status_address,
-       local, memory);
+       local, memory, read_only);
   }
 };
 
@@ -174,6 +177,11 @@ class RdmaBuffer {
   /// be bound) or cannot register memory of that kind here (the message says which kinds it can).
   explicit RdmaBuffer(std::span<std::byte> memory, std::string name = "buffer",
                       MemoryKind kind = MemoryKind::Host);
+  /// Registers memory that peers may only read (e.g. an immutable object's bytes): the same as
+  /// the constructor, except that every write to it fails with RdmaError(InvalidArgument), naming
+  /// the buffer. memory() is then a view the caller must not write through either.
+  static RdmaBuffer read_only(std::span<const std::byte> memory, std::string name = "buffer",
+                              MemoryKind kind = MemoryKind::Host);
   RdmaBuffer(RdmaBuffer&&) noexcept;
   RdmaBuffer& operator=(RdmaBuffer&&) noexcept;
   RdmaBuffer(const RdmaBuffer&) = delete;

@@ -114,6 +114,33 @@ TEST(RdmaProcesses, RemoteDropAndBoundsAreReportedByTheOwner) {  // RD-3, RD-4
   EXPECT_THROW(owner.handle.write_from(src).get(10s), RdmaError);
 }
 
+// RD-4: a buffer registered read-only refuses writes: the writer refuses from its handle, and the
+// owner refuses a handle that does not say so (forged, or from a build without the flag) on the
+// channel route. Reads work; the owner's bytes are unchanged.
+TEST(RdmaProcesses, AReadOnlyBufferRefusesWrites) {
+  Owner owner(4096, 16, "readonly");
+  EXPECT_TRUE(owner.handle.read_only);
+  std::vector<std::byte> dst(4096);
+  owner.handle.read_into(dst).get(20s);
+  EXPECT_EQ(pat::checksum(dst), pat::pattern_checksum(4096, 16));
+  std::vector<std::byte> src(10, std::byte{0x5a});
+  RdmaHandle forged = owner.handle;
+  forged.read_only = false;
+  forged.ucx_routes.clear();  // the channel route, where the owner checks
+  forged.local = {};
+  for (const RdmaHandle* h : {&owner.handle, &forged}) {
+    try {
+      h->write_from(src, 8).get(20s);
+      ADD_FAILURE() << "a write to a read-only buffer succeeded";
+    } catch (const RdmaError& e) {
+      EXPECT_EQ(e.errc(), RdmaErrc::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("peer-buffer"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("read-only"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(owner.sum(0, 4096), pat::pattern_checksum(4096, 16));
+}
+
 // The channel route sends read replies straight from the registered memory, and the channel
 // holds them until the requester acknowledges them. A requester that froze before acknowledging
 // must not make drop() hang, nor leave the memory referenced after drop() returned (RD-3, RD-5).

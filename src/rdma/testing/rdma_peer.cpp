@@ -7,7 +7,8 @@
 //                                                             <last 8 B>", read at once after drop
 //                                        and exits at EOF on stdin. FLAGS (comma-separated):
 //                                        alloc = RdmaBuffer::allocate (shm route), nodump =
-//                                        prctl(PR_SET_DUMPABLE, 0) (refuses ptrace-like access).
+//                                        prctl(PR_SET_DUMPABLE, 0) (refuses ptrace-like access),
+//                                        readonly = RdmaBuffer::read_only.
 //   rdma_peer read-route HANDLE OFFSET SIZE [noptrace]  reads; "SUM <checksum> ROUTE <route_for
 //                                        after the read>"; noptrace first drops CAP_SYS_PTRACE.
 //   rdma_peer read HANDLE OFFSET SIZE    prints "SUM <checksum>" or "ERROR <code> <message>"
@@ -62,6 +63,8 @@ int main(int argc, char** argv) {
         if (flags.find("alloc") != std::string::npos)
           return RdmaBuffer::allocate(size, "peer-buffer");
         vec.resize(size);
+        if (flags.find("readonly") != std::string::npos)
+          return RdmaBuffer::read_only(vec, "peer-buffer");
         return RdmaBuffer(vec, "peer-buffer");
       }();
       std::span<std::byte> mem = buf.memory();
