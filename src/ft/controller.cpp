@@ -814,6 +814,7 @@ bool ReplicaController::kill_donor(std::string healer, std::string donor, int64_
     if (!h.unit.procs || h.failed) return false;
     ::kill(h.unit.procs->pid(0), SIGKILL);
     rec->fired = true;
+    rec->failed.erase(healer);    // its second failure is this fault's too
     stats_.faults_injected += 1;  // one more group failed
     rec->note += "; the replacement was killed after reading 1 chunk from " + donor;
     event("FAULT kill_healer_mid_heal: SIGKILL to healer " + healer + " while it reads " + donor);
@@ -948,9 +949,12 @@ bool ReplicaController::supervise(const mesh::MeshFailure& failure) {
   g.up = false;
   std::string id = replica_id(r);
   int64_t t = now_ns();
+  // Injected faults whose victim this group is and whose failure is still to come (not an armed
+  // kill_in_quorum: nothing happened to the group yet). A group that fails again after such a
+  // fault took it (e.g. an outside kill of its replacement) is a new fault, not injected.
   bool victim = false;
   for (auto& f : faults_) {
-    if (f.open() && f.victims.count(id)) {
+    if (f.open() && !f.armed_only() && f.victims.count(id) && f.failed.insert(id).second) {
       victim = true;
       if (!f.detected) f.detected = t;
     }
@@ -964,6 +968,7 @@ bool ReplicaController::supervise(const mesh::MeshFailure& failure) {
     f.quorum_id = last_qid_;
     f.injected = f.detected = t;
     f.victims.insert(id);
+    f.failed.insert(id);
     f.pending_rejoin.insert(id);
     f.note = failure.cause;
     faults_.push_back(std::move(f));

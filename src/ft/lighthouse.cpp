@@ -87,6 +87,7 @@ HeartbeatReply Lighthouse::heartbeat(std::string replica_id) {
   if (auto it = kill_.find(replica_id); it != kill_.end()) {
     r.kill = true;
     kill_.erase(it);
+    killed_.insert(replica_id);
     spdlog::warn("lighthouse: told {} to kill itself (kill_replica)", replica_id);
   }
   return r;
@@ -163,6 +164,7 @@ LighthouseStatus Lighthouse::status() const {
 
 bool Lighthouse::kill_replica(std::string replica_id) {
   if (state_.heartbeats().count(replica_id) == 0) return false;
+  if (killed_.count(replica_id) != 0) return true;  // the same kill, still under way
   kill_[replica_id] = true;
   return true;
 }
@@ -191,6 +193,7 @@ void Lighthouse::try_form() {
     while (changes_.size() > kMaxChanges) changes_.pop_front();
   }
   for (const auto& m : q->participants) {
+    killed_.erase(m.replica_id);  // back: a later kill is a new one
     auto it = waiting_.find(m.replica_id);
     if (it == waiting_.end()) continue;
     it->second.set_value(*q);

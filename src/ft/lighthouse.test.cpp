@@ -178,6 +178,17 @@ TEST_F(LighthouseTest, StatusShowsTheQuorumItsMembersAndTheirStepsAndAKillIsDeli
   EXPECT_TRUE(r1.kill);
   EXPECT_EQ(r1.epoch, s.epoch);
   EXPECT_FALSE(lh.call(&Lighthouse::heartbeat, std::string("b")).get(5s).kill) << "only once";
+  // A repeated request (a retry, a double click) before b is back in a quorum is the same kill:
+  // it must not kill b's replacement.
+  EXPECT_TRUE(lh.call(&Lighthouse::kill_replica, std::string("b")).get(5s));
+  EXPECT_FALSE(lh.call(&Lighthouse::heartbeat, std::string("b")).get(5s).kill);
+  // Once b's replacement has joined a quorum, a kill is a new one.
+  auto b2 = manager("b");
+  auto fa2 = ask(a, 0, 3), fb2 = ask(b2, 0, 3);
+  EXPECT_EQ(fb2.get(5s).quorum_id, fa2.get(5s).quorum_id);
+  b2.stop().get(5s);  // its heartbeats would take the kill (and SIGKILL this process)
+  EXPECT_TRUE(lh.call(&Lighthouse::kill_replica, std::string("b")).get(5s));
+  EXPECT_TRUE(lh.call(&Lighthouse::heartbeat, std::string("b")).get(5s).kill);
 }
 
 }  // namespace

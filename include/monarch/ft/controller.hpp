@@ -170,6 +170,9 @@ struct FaultRecord {
   /// lighthouse_freeze every group, until it commits after the thaw (the fast path may keep the
   /// quorum id).
   std::set<std::string> pending_rejoin;
+  /// Victims whose failure supervise() has matched with this fault. A later failure of the same
+  /// group (its replacement died too) is a fault of its own.
+  std::set<std::string> failed;
   std::string note;
   bool donor_killed = false;  ///< the heal point was handled (once per fault)
   /// A fault point's kill happened (kill_donor_mid_heal: the donor, not spared;

@@ -39,6 +39,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -182,7 +183,9 @@ class Lighthouse : public Actor {
   LighthouseStatus status() const;
   /// Chaos drills: the next heartbeat reply to `replica_id` tells its Manager to SIGKILL its own
   /// process (so the job's supervision sees a real failure). False when the lighthouse never heard
-  /// from that group.
+  /// from that group. Idempotent: for a group already told to die that has not been in a quorum
+  /// since (its replacement is not up yet), it does nothing more and returns true, so that a
+  /// repeated request does not kill the replacement too.
   bool kill_replica(std::string replica_id);
 
   MONARCH_ENDPOINTS(Lighthouse, heartbeat, quorum, evict, last_quorum, healthy, pending, tick,
@@ -200,6 +203,7 @@ class Lighthouse : public Actor {
   std::map<std::string, int64_t> last_step_;
   std::deque<QuorumChange> changes_;
   std::map<std::string, bool> kill_;  // replica id -> a kill is waiting for its next heartbeat
+  std::set<std::string> killed_;      // told to die, not in a quorum since (see kill_replica)
   detail::Periodic ticker_;
 };
 

@@ -1,9 +1,10 @@
 // ReplicaClient + ReplicaController end to end, over real processes (this binary is also the
 // worker: main() calls bootstrap() first) and a tiny libtorch model: 3 replica groups train a
 // linear regression; the controller's fault points throw inside one allreduce, then SIGKILL one
-// group while a second one is killed from outside the job (a plain kill(2), as a user's `kill -9`).
-// At the end every group holds a bitwise-equal state at the last step, the faults are counted as
-// faults (1 outside), and no survivor was restarted. With a warm spare, a SIGKILLed group's
+// group while a second one is killed from outside the job (a plain kill(2), as a user's `kill -9`),
+// and then that one's replacement too, before it rejoined. At the end every group holds a
+// bitwise-equal state at the last step, the faults are counted as faults (2 outside), and no
+// survivor was restarted. With a warm spare, a SIGKILLed group's
 // replacement is the spare (promoted, no process start) and a new spare refills the pool. A third
 // run fires the chaos kinds at their points (quorum.after_request, heal.after_first_chunk killing
 // the healer, two groups at once).
@@ -125,7 +126,8 @@ struct TinyTrainer : monarch::Actor {
 };
 
 // Faults at named points. spares 0: allreduce.enter on replica0 at step 5; at the first quiet step
-// >= 20, an injected SIGKILL of replica1 and, at the same moment, a kill from outside of replica2.
+// >= 20, an injected SIGKILL of replica1 and, at the same moment, a kill from outside of replica2;
+// once replica2's replacement is up, and before it rejoined, a kill from outside of it too.
 // spares 1: before training, spare0 is killed from outside (a spare failing: replaced by spare1,
 // not a fault); at the first quiet step >= 20 with the spare ready, a SIGKILL of replica1 only.
 // With `chaos` (spares 0), the chaos kinds instead, each at the first quiet step after the last:
@@ -176,6 +178,13 @@ struct TestController : ft::ReplicaController {
   void on_event(const std::string& line) override {
     events_.push_back(line);
     if (line.find("(a spare: replaced") != std::string::npos) ++failed_spares_;
+    if (stage_ == 2 && options().spares == 0 &&
+        line.find("respawned replica2 as mesh replica2-1") != std::string::npos) {
+      // Its fault is still open (replica2 has not rejoined): a second failure of the same group,
+      // which the job did not inject either.
+      ::kill(pids_.at("replica2-1"), SIGKILL);
+      stage_ = 3;
+    }
   }
   void on_commit(int64_t step, const ft::StepInfo&) override {
     if (respawn_fails_) {
@@ -290,15 +299,20 @@ TEST(ReplicaClient, HealsAKilledGroupAndCountsAnOutsideKillAsAFault) {
   EXPECT_TRUE(s.replicas_bitwise_equal) << log;
   EXPECT_EQ(s.hash_mismatches, 0) << log;
   EXPECT_EQ(s.faults_injected, 2) << log;  // allreduce.enter + SIGKILL
-  EXPECT_EQ(s.faults_outside, 1) << log;   // the plain kill(2)
+  EXPECT_EQ(s.faults_outside, 2) << log;  // the plain kill(2)s of replica2, then of its replacement
   EXPECT_EQ(s.survivor_restarts, 0) << log;
-  EXPECT_EQ(s.respawns, 2) << log;   // replica1 and replica2; replica0 was never restarted
+  EXPECT_EQ(s.respawns, 3) << log;   // replica1, replica2 twice; replica0 was never restarted
   EXPECT_GT(s.heal_gbps, 0) << log;  // the respawned groups caught up by healing
   EXPECT_EQ(s.steps, kSteps);
   EXPECT_TRUE(s.error.empty()) << s.error;
   auto faults = nlohmann::json::parse(s.faults_json);
-  ASSERT_EQ(faults.size(), 3u) << s.faults_json;
+  ASSERT_EQ(faults.size(), 4u) << s.faults_json;
   EXPECT_EQ(faults[2]["fault"], "outside") << s.faults_json;
+  EXPECT_EQ(faults[3]["fault"], "outside") << s.faults_json;
+  EXPECT_NE(log.find("supervise: mesh replica2-1: rank [0] failed: killed by signal 9 (SIGKILL)  "
+                     "(a fault the job did not inject)"),
+            std::string::npos)
+      << log;
   EXPECT_EQ(s.spares_promoted, 0) << log;
   EXPECT_EQ(out.group_meshes.at(1), "replica1-1") << log;  // fresh procs
 }
