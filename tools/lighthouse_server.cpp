@@ -7,6 +7,8 @@
 // SIGTERM or SIGINT.
 #include "lighthouse_server.hpp"
 
+// cpp-httplib serves one connection per pool thread and, by default, listens with a backlog of 5.
+#define CPPHTTPLIB_LISTEN_BACKLOG 128
 #include <httplib.h>
 #include <openssl/crypto.h>
 #include <signal.h>
@@ -218,6 +220,13 @@ int run_lighthouse(const LighthouseFlags& flags) {
 
   const auto deadline = std::chrono::milliseconds(2000);
   httplib::Server http;
+  // Each connection holds a pool thread while it sends its request. cpp-httplib's defaults (8
+  // threads, 5 s to read, 5 s idle keep-alive) let a few connections that send half a request
+  // keep the page and the kill endpoint down for tens of seconds (40 such connections: 40 s).
+  // Here such a connection costs a thread for 1 s at most, and 32 threads serve at once.
+  http.new_task_queue = [] { return new httplib::ThreadPool(32); };
+  http.set_read_timeout(1, 0);
+  http.set_keep_alive_timeout(1);
   http.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(kPage, "text/html; charset=utf-8");
   });

@@ -266,6 +266,27 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
                     head = b"(nothing within 3 s)"
             if not head.startswith(b"HTTP/1.1 405"):
                 fail("POST /status with an unsent body -> %r, expected 405 at once" % head)
+            # Connections that send half a request and then nothing hold a server thread each
+            # until its read timeout; with cpp-httplib's defaults (8 threads, 5 s) 40 of them kept
+            # /status down for 40 s. The page must answer while they are open.
+            idle = []
+            try:
+                for _ in range(40):
+                    c = socket.create_connection((host, int(port)), timeout=3)
+                    c.sendall(b"GET /status HTTP/1.1\r\nHost: lh\r\n")
+                    idle.append(c)
+                deadline = time.monotonic() + 15
+                answered = None
+                while answered is None and time.monotonic() < deadline:
+                    try:
+                        answered = lh.status()
+                    except OSError:  # timed out behind the idle connections: try again
+                        pass
+                if answered is None:
+                    fail("/status did not answer within 15 s of 40 idle half-sent requests")
+            finally:
+                for c in idle:
+                    c.close()
             if lh.proc.poll() is not None:
                 fail("the lighthouse exited (%s) on a bad request" % lh.proc.poll())
             if lh.status()["members"] != st["members"]:
@@ -275,6 +296,11 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
         code, body = lh.request("POST", "/replica/%s/kill" % victim, SECRET, scheme="bearer")
         if code != 200:
             fail("kill with the secret -> %d %s" % (code, body))
+        # A repeated request (a retry, a double click) is the same kill: it must not kill the
+        # victim's replacement too (checked at the end: one fault from outside).
+        code, body = lh.request("POST", "/replica/%s/kill" % victim, SECRET)
+        if code != 200:
+            fail("a repeated kill -> %d %s" % (code, body))
         # From the lighthouse's record of quorum changes, not its current members: on a fast box
         # the quorum without the victim lasts less than one poll (a heal took 79 ms here).
         without = wait_for_change(lh, "a quorum without %s" % victim, incarnations,
@@ -304,7 +330,10 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
               (healed["quorum_id"], incarnations, healed["participants"]))
         # A kill from outside the job counts as a survivor restart in today's ft_train (issue 18,
         # "Faults it did not inject"), which exits 1: check the end state, not the exit code.
-        finish_job(job, summary, workdir, allow_restarts=True)
+        s = finish_job(job, summary, workdir, allow_restarts=True)
+        if s.get("faults_outside") != 1:
+            fail("one kill over HTTP (requested twice) -> faults_outside %s, expected 1" %
+                 s.get("faults_outside"))
         check_one_quorum_per_id(out)
     finally:
         if job.poll() is None:
