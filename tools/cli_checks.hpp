@@ -39,6 +39,14 @@ inline CLI::Validator integer_in(int64_t lo, int64_t hi = INT64_MAX) {
       "INT " + range, "INTEGER_IN");
 }
 
+/// Text that is not empty (an address, a path): `--listen ""` would otherwise mean "none".
+/// Message: "must not be empty".
+inline CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string { return text.empty() ? "must not be empty" : ""; }, "",
+      "NON_EMPTY");
+}
+
 /// An unsigned 64-bit integer (0 to 18446744073709551615), such as a seed. Messages:
 /// "'-1' is not an unsigned integer", "18446744073709551616 is above 18446744073709551615".
 inline CLI::Validator unsigned_integer() {

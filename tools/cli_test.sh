@@ -29,6 +29,12 @@ expect nonzero "--listen is required" agent
 expect nonzero "--bogus" lighthouse --bogus
 expect nonzero "--listen is required" lighthouse
 expect nonzero "bad channel address 'garbage'" agent --listen garbage
+# Empty: each served on no address (or the defaults) instead of refusing.
+expect nonzero "--listen: must not be empty" agent --listen ""
+expect nonzero "--listen: must not be empty" lighthouse --listen ""
+expect nonzero "--http: must not be empty" lighthouse --listen unix://@monarch-cli-e-$$ --http ""
+expect nonzero "--secret-file: must not be empty" lighthouse --listen unix://@monarch-cli-e-$$ \
+  --secret-file ""
 expect nonzero "reachable only inside this process" agent --listen inproc://a
 expect nonzero "reachable only inside this process" lighthouse --listen inproc://lh
 expect nonzero "not started by a host agent" worker
@@ -42,9 +48,9 @@ expect nonzero "not started by a host agent" worker
 # Lighthouse timing flags: 0 where it would silently mean the config default, and durations past
 # the config layer's limit, are refused before anything binds.
 lh="lighthouse --listen unix://@monarch-cli-test-$$"
-expect nonzero "--join-timeout-ms 0: must be above 0" $lh --join-timeout-ms 0
-expect nonzero "--heartbeat-timeout-ms 0: must be above 0" $lh --heartbeat-timeout-ms 0
-expect nonzero "--min-replicas 0: a quorum needs at least 1" $lh --min-replicas 0
+expect nonzero "--join-timeout-ms: must be at least 1, not 0" $lh --join-timeout-ms 0
+expect nonzero "--heartbeat-timeout-ms: must be at least 1, not 0" $lh --heartbeat-timeout-ms 0
+expect nonzero "--min-replicas: must be at least 1, not 0" $lh --min-replicas 0
 expect nonzero "--join-timeout-ms: duration '9223372036854775807ms' is too large" $lh \
   --join-timeout-ms 9223372036854775807
 expect nonzero "--recovery-wait-ms: duration '99999999999999ms' is too large" $lh \
@@ -52,6 +58,6 @@ expect nonzero "--recovery-wait-ms: duration '99999999999999ms' is too large" $l
 # Numbers are checked as text before CLI11 converts them: what is wrong is said in words (CLI11's
 # own check said "not in range 0.000000 to" a 309-digit bound for all of these).
 expect nonzero "--min-replicas: 'abc' is not an integer" $lh --min-replicas abc
-expect nonzero "--min-replicas: must be at least 0, not -1" $lh --min-replicas -1
-expect nonzero "--heartbeat-timeout-ms: must be at least 0, not -5" $lh --heartbeat-timeout-ms -5
+expect nonzero "--min-replicas: must be at least 1, not -1" $lh --min-replicas -1
+expect nonzero "--heartbeat-timeout-ms: must be at least 1, not -5" $lh --heartbeat-timeout-ms -5
 exit $failed

@@ -27,26 +27,34 @@ static int run(int argc, char** argv) {
   // "--listen is required".
   std::string listen;
   auto* agent = app.add_subcommand("agent", "run a host agent until SIGTERM or SIGINT");
-  agent->add_option("--listen", listen,
-                    "channel address, e.g. tcp://0.0.0.0:26600 or unix://@agent (required)");
+  agent
+      ->add_option("--listen", listen,
+                   "channel address, e.g. tcp://0.0.0.0:26600 or unix://@agent (required)")
+      ->check(monarch::cli::non_empty());
   monarch::tools::LighthouseFlags lf;
   int64_t join_ms = 0, heartbeat_ms = 0, recovery_ms = -1;
   auto* lighthouse = app.add_subcommand(
       "lighthouse", "run a standalone fault-tolerance lighthouse until SIGTERM or SIGINT");
-  lighthouse->add_option("--listen", lf.listen,
-                         "channel address the jobs' managers reach, e.g. tcp://0.0.0.0:29500 "
-                         "(required)");
-  lighthouse->add_option("--http", lf.http,
-                         "HOST:PORT of the status page and JSON API (default 127.0.0.1, any port)");
-  lighthouse->add_option("--secret-file", lf.secret_file,
-                         "file holding the job secret (TCP channels, POST /replica/ID/kill); "
-                         "default $MONARCH_SECRET, $MONARCH_SECRET_FILE");
+  lighthouse
+      ->add_option("--listen", lf.listen,
+                   "channel address the jobs' managers reach, e.g. tcp://0.0.0.0:29500 "
+                   "(required)")
+      ->check(monarch::cli::non_empty());
+  lighthouse
+      ->add_option("--http", lf.http,
+                   "HOST:PORT of the status page and JSON API (default 127.0.0.1, any port)")
+      ->check(monarch::cli::non_empty());
+  lighthouse
+      ->add_option("--secret-file", lf.secret_file,
+                   "file holding the job secret (TCP channels, POST /replica/ID/kill); "
+                   "default $MONARCH_SECRET, $MONARCH_SECRET_FILE")
+      ->check(monarch::cli::non_empty());
   lighthouse->add_option("--min-replicas", lf.min_replicas, "default ft.min_replicas")
-      ->check(monarch::cli::integer_in(0));
+      ->check(monarch::cli::integer_in(1));
   lighthouse->add_option("--join-timeout-ms", join_ms, "default ft.quorum_join_timeout")
-      ->check(monarch::cli::integer_in(0));
+      ->check(monarch::cli::integer_in(1));
   lighthouse->add_option("--heartbeat-timeout-ms", heartbeat_ms, "default ft.heartbeat_timeout")
-      ->check(monarch::cli::integer_in(0));
+      ->check(monarch::cli::integer_in(1));
   lighthouse
       ->add_option("--recovery-wait-ms", recovery_ms,
                    "after a start or a freeze, wait this long before leaving a group out "
@@ -112,35 +120,18 @@ static int run(int argc, char** argv) {
   }
   if (*lighthouse) {
     // A timing flag is a duration as the config layer takes one (at most about 115 days: beyond
-    // that the lighthouse's clock arithmetic overflows). 0 is refused where the lighthouse reads
-    // it as "the config default": a user who writes 0 means something else.
-    struct Timing {
-      const char* flag;
-      int64_t ms;
-      const char* zero_means;  // null: 0 is a value of its own
-    };
-    for (const Timing& t : {Timing{"--join-timeout-ms", join_ms, "ft.quorum_join_timeout"},
-                            Timing{"--heartbeat-timeout-ms", heartbeat_ms, "ft.heartbeat_timeout"},
-                            Timing{"--recovery-wait-ms", recovery_ms, nullptr}}) {
-      if (lighthouse->count(t.flag) == 0) continue;
-      if (t.ms == 0 && t.zero_means != nullptr) {
-        std::fprintf(stderr,
-                     "monarch lighthouse: %s 0: must be above 0 (leave the flag out for %s)\n",
-                     t.flag, t.zero_means);
-        return 2;
-      }
+    // that the lighthouse's clock arithmetic overflows). The checks above refuse 0 where the
+    // lighthouse would read it as "the config default": a user who writes 0 means something else.
+    for (const auto& [flag, ms] : {std::pair<const char*, int64_t>{"--join-timeout-ms", join_ms},
+                                   {"--heartbeat-timeout-ms", heartbeat_ms},
+                                   {"--recovery-wait-ms", recovery_ms}}) {
+      if (lighthouse->count(flag) == 0) continue;
       try {
-        (void)monarch::config::parse_duration(std::to_string(t.ms) + "ms");
+        (void)monarch::config::parse_duration(std::to_string(ms) + "ms");
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "monarch lighthouse: %s: %s\n", t.flag, e.what());
+        std::fprintf(stderr, "monarch lighthouse: %s: %s\n", flag, e.what());
         return 2;
       }
-    }
-    if (lighthouse->count("--min-replicas") != 0 && lf.min_replicas == 0) {
-      std::fprintf(stderr,
-                   "monarch lighthouse: --min-replicas 0: a quorum needs at least 1 replica group "
-                   "(leave the flag out for ft.min_replicas)\n");
-      return 2;
     }
     lf.join_timeout = std::chrono::milliseconds(join_ms);
     lf.heartbeat_timeout = std::chrono::milliseconds(heartbeat_ms);

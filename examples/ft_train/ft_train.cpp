@@ -267,22 +267,27 @@ static int run(int argc, char** argv) {
   app.add_option("--batch", cfg.global_batch, "global batch (samples per step, all groups)")
       ->check(monarch::cli::integer_in(1, 1 << 20));
   app.add_option("--lr", cfg.lr, "Adam learning rate")->check(monarch::cli::positive_number());
-  app.add_option("--data", cfg.data_dir, "the model's data (default: its Debian package's)");
+  app.add_option("--data", cfg.data_dir, "the model's data (default: its Debian package's)")
+      ->check(monarch::cli::non_empty());
   app.add_option("--spares", run.spares, "warm spare groups (a failed group's quick replacement)")
       ->check(monarch::cli::integer_in(0, 16));
-  app.add_flag("!--no-fork-server", run.fork_server,
-               "exec every group's procs instead of forking them from a fork server per host");
+  app.add_flag_callback(
+      "--no-fork-server", [&run] { run.fork_server = false; },
+      "exec every group's procs instead of forking them from a fork server per host");
   app.add_option("--freeze-ms", run.freeze_ms, "how long a SIGSTOP fault freezes its victim")
       ->check(monarch::cli::integer_in(1, 5000));
-  app.add_option("--json-summary", json_summary, "write the summary JSON here");
-  app.add_option("--out", out_dir, "directory for metrics JSONL and the PNG chart");
-  app.add_flag("!--no-progress", run.progress, "no progress and event lines");
+  app.add_option("--json-summary", json_summary, "write the summary JSON here")
+      ->check(monarch::cli::non_empty());
+  app.add_option("--out", out_dir, "directory for metrics JSONL and the PNG chart")
+      ->check(monarch::cli::non_empty());
+  app.add_flag_callback(
+      "--no-progress", [&run] { run.progress = false; }, "no progress and event lines");
   app.add_option("--progress-every", run.progress_every,
                  "when stdout is not a terminal: a plain progress line every N steps")
       ->check(monarch::cli::integer_in(1, 1000000));
-  app.add_option(
-      "--lighthouse", lighthouse_addr,
-      "a standalone lighthouse (`monarch lighthouse --listen ADDR`) instead of one here");
+  app.add_option("--lighthouse", lighthouse_addr,
+                 "a standalone lighthouse (`monarch lighthouse --listen ADDR`) instead of one here")
+      ->check(monarch::cli::non_empty());
   ex::add_launcher_flags(app, lo);  // --launcher, --slurm-*, --k8s-*
   ex::add_chaos_flags(app, run.chaos);
   CLI11_PARSE(app, argc, argv);
