@@ -349,20 +349,21 @@ void ReplicaController::check_progress() {
   const int64_t since = std::max(progress_since_ns_, last_commit_ns_);
   if (now - since < std::chrono::duration_cast<std::chrono::nanoseconds>(progress_timeout_).count())
     return;
-  std::string why = "(no answer)";
+  std::string why;
   try {
     auto st = lighthouse_.call(&Lighthouse::status).get(std::chrono::seconds(2));
-    why = st.waiting_for.empty() ? "nothing (no request pending)" : st.waiting_for;
+    why = "; the lighthouse is waiting for: " +
+          (st.waiting_for.empty() ? "nothing (no request pending)" : st.waiting_for);
   } catch (const std::exception& e) {
-    why = std::string("(no answer: ") + e.what() + ")";
+    why = "; the lighthouse " + lighthouse_.id().to_string() +
+          " did not answer a status call within 2 s (is it running?): " + e.what();
   }
   fail_run("no replica group committed a step for " +
            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
                               std::chrono::nanoseconds(now - since))
                               .count()) +
            " s (ft.progress_timeout " + std::to_string(progress_timeout_.count()) +
-           " ms; the last committed step is " + std::to_string(max_committed_) +
-           "); the lighthouse is waiting for: " + why);
+           " ms; the last committed step is " + std::to_string(max_committed_) + ")" + why);
 }
 
 Future<RunStats> ReplicaController::done() {

@@ -75,6 +75,18 @@ struct ReplicaClient::Impl {
       // the Manager is gone too: the group's MeshFailure follows
     }
   }
+  // The quorum's answer, waited for up to step_timeout. A timeout says what was waited for (the
+  // Future's own text names only the Manager's actor id).
+  QuorumResult await_quorum(Future<QuorumResult>& f) {
+    try {
+      return f.get(o.step_timeout);
+    } catch (const TimeoutError&) {
+      throw TimeoutError("no quorum within ft.step_timeout (" +
+                         std::to_string(o.step_timeout.count()) + " ms): this group's Manager (" +
+                         manager.id().to_string() +
+                         ") has no answer from the lighthouse (is it running? not frozen?)");
+    }
+  }
   void heal(const QuorumResult& q);
   void apply(const QuorumResult& q, bool may_heal = true);
   void resolve();
@@ -242,7 +254,7 @@ void ReplicaClient::Impl::resolve() {
   pending.reset();
   const StepPlan predicted = plan;
   // No heal here: the caller's step already read the data position it will commit from.
-  apply(f.get(o.step_timeout), /*may_heal=*/false);
+  apply(await_quorum(f), /*may_heal=*/false);
   if (!plan.step) {
     throw std::runtime_error("the quorum (" + std::to_string(plan.quorum_id) +
                              ") has no step to run: every participant is at max_steps");
@@ -295,7 +307,8 @@ StepPlan ReplicaClient::start_quorum() {
       m.must_vote = true;
       return m.plan;
     }
-    m.apply(m.ask_async().get(m.o.step_timeout));
+    auto answer = m.ask_async();
+    m.apply(m.await_quorum(answer));
     return m.plan;
   } catch (const std::exception& e) {
     m.pending.reset();
