@@ -1604,6 +1604,10 @@ class HostMesh(MeshTrait):
     def _with_shape(self, shape):
         raise ValueError("slicing a HostMesh is not supported; slice the ProcMesh instead")
 
+    def slice(self, **kwargs):
+        """Not supported (ValueError), whatever the dims: slice the ProcMesh instead."""
+        raise ValueError("slicing a HostMesh is not supported; slice the ProcMesh instead")
+
     def spawn_procs(self, per_host: Optional[Dict[str, int]] = None, bootstrap=None,
                     name: Optional[str] = None) -> ProcMesh:
         """``per_host`` procs on every host (e.g. {"gpus": 4}); the ProcMesh's dims are the

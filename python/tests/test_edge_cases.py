@@ -124,6 +124,13 @@ def test_spawn_procs_rejects_an_empty_or_huge_per_host():
         this_host().spawn_procs(per_host={"gpus": 2 ** 40})
 
 
+def test_a_host_mesh_cannot_be_sliced_whatever_the_dims():
+    # An unknown dim said "unknown dim 'hosts' (no dims are left...)", which hid the reason.
+    for dims in ({"hosts": 0}, {}):
+        with pytest.raises(ValueError, match="slicing a HostMesh is not supported"):
+            this_host().slice(**dims)
+
+
 
 def _default_sigint():
     # A client started from a shell's background job inherits SIGINT ignored (and Python then
