@@ -2,6 +2,7 @@
 #include "plot.hpp"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -113,8 +114,14 @@ void plot_loss_accuracy(const std::string& fault_free_jsonl, const std::string& 
     throw std::runtime_error(
         "plot: gnuplot not found: install it with `apt-get install gnuplot-nox`");
   }
+  // Its output only when it fails: its warnings (a 1-step run's "empty x range") are noise.
   const std::string cmd = "gnuplot " + shell_quoted(script) + " 2>&1";
-  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("plot: `" + cmd + "` failed");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) throw std::runtime_error("plot: cannot run `" + cmd + "`");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  if (::pclose(p) != 0) throw std::runtime_error("plot: `" + cmd + "` failed:\n" + out);
 }
 
 void write_file(const std::string& flag, const std::string& path, const std::string* text) {
