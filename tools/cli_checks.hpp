@@ -5,7 +5,8 @@
 //
 // Each is a CLI::Validator: it runs on the option's text before CLI11 converts it, and what it
 // returns is printed as "--flag: MESSAGE" (exit 105, CLI11's ValidationError) before main's own
-// code runs. Header-only; no state, usable from any thread.
+// code runs. Header-only; no state, usable from any thread. tcp_secret_problem() is the check
+// of a TCP address against the job secret, in the tools' terms.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -14,6 +15,8 @@
 #include <cstdint>
 #include <string>
 #include <system_error>
+
+#include "monarch/channel/channel.hpp"
 
 namespace monarch::cli {
 
@@ -77,6 +80,24 @@ inline CLI::Validator positive_number() {
         return {};
       },
       "NUMBER above 0", "POSITIVE_NUMBER");
+}
+
+/// What to tell a user whose `flag` gives a tcp:// `addr` while the job secret is not set (TCP
+/// channels refuse to run without it; the channel layer's own message names
+/// ChannelOptions::secret, a C++ field): "--listen tcp://...: a TCP address needs the job's shared
+/// secret: set MONARCH_SECRET or MONARCH_SECRET_FILE" (`other_ways` goes before those, e.g.
+/// "--secret-file, "). Empty when addr is not tcp:// or the secret is set. A secret file that
+/// cannot be read is the channel layer's error, returned as it is.
+inline std::string tcp_secret_problem(const std::string& flag, const std::string& addr,
+                                      const std::string& other_ways = "") {
+  if (addr.rfind("tcp://", 0) != 0) return {};
+  try {
+    if (!monarch::channel::job_secret(monarch::channel::ChannelOptions{}).empty()) return {};
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return flag + " " + addr + ": a TCP address needs the job's shared secret: set " + other_ways +
+         "MONARCH_SECRET or MONARCH_SECRET_FILE";
 }
 
 }  // namespace monarch::cli

@@ -93,21 +93,12 @@ static int run(int argc, char** argv) {
                    sub->get_name().c_str(), addr.c_str());
       return 2;
     }
-    // A TCP listener refuses to start without the job secret; say so in the CLI's own terms (the
-    // channel layer's message names ChannelOptions::secret, a C++ field).
-    if (*sub && addr.rfind("tcp://", 0) == 0 && (sub == agent || lf.secret_file.empty())) {
-      std::string secret;
-      try {
-        secret = monarch::channel::job_secret(monarch::channel::ChannelOptions{});
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "monarch %s: %s\n", sub->get_name().c_str(), e.what());
-        return 2;
-      }
-      if (secret.empty()) {
-        std::fprintf(stderr,
-                     "monarch %s: --listen %s: a TCP address needs the job's shared secret: "
-                     "set %sMONARCH_SECRET or MONARCH_SECRET_FILE\n",
-                     sub->get_name().c_str(), addr.c_str(), sub == agent ? "" : "--secret-file, ");
+    // A TCP listener refuses to start without the job secret; say so in the CLI's own terms.
+    if (*sub && (sub == agent || lf.secret_file.empty())) {
+      auto problem =
+          monarch::cli::tcp_secret_problem("--listen", addr, sub == agent ? "" : "--secret-file, ");
+      if (!problem.empty()) {
+        std::fprintf(stderr, "monarch %s: %s\n", sub->get_name().c_str(), problem.c_str());
         return 2;
       }
     }

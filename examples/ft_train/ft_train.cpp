@@ -291,6 +291,11 @@ static int run(int argc, char** argv) {
   ex::add_launcher_flags(app, lo);  // --launcher, --slurm-*, --k8s-*
   ex::add_chaos_flags(app, run.chaos);
   CLI11_PARSE(app, argc, argv);
+  if (auto problem = monarch::cli::tcp_secret_problem("--lighthouse", lighthouse_addr);
+      !problem.empty()) {
+    std::fprintf(stderr, "ft_train: %s\n", problem.c_str());
+    return 2;
+  }
   auto defaults = ex::workload_defaults(cfg.model);  // UsageError on an unknown model
   for (auto [v, d] : {std::pair{&cfg.steps, defaults.steps},
                       {&cfg.global_batch, defaults.batch},

@@ -361,11 +361,16 @@ def test_ft_train_flags(ft_train, workdir):
         (["--lighthouse", "garbage"], "cannot reach the lighthouse at garbage: bad channel"),
         # Empty: it ran with a lighthouse of its own, as if the flag were not there.
         (["--lighthouse", ""], "--lighthouse: must not be empty"),
+        # The channel layer's text named ChannelOptions::secret, a C++ field.
+        (["--lighthouse", "tcp://127.0.0.1:1"], "a TCP address needs the job's shared secret: set "
+         "MONARCH_SECRET or MONARCH_SECRET_FILE"),
         (["--out", ""], "--out: must not be empty"),
     ]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MONARCH_SECRET", "MONARCH_SECRET_FILE")}
     for args, want in cases:
         r = subprocess.run([ft_train, "--steps", "5"] + args, capture_output=True, text=True,
-                           timeout=60)
+                           timeout=60, env=env)
         if r.returncode == 0 or want not in r.stderr + r.stdout:
             fail("ft_train %s: exit %d, output %r; expected a failure saying %r" %
                  (" ".join(args), r.returncode, (r.stderr + r.stdout)[-2000:], want))
