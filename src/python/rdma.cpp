@@ -66,9 +66,10 @@ rdma::TransferOptions options(int64_t timeout_ms) {
 NativeRdmaBuffer register_memory(uint64_t address, uint64_t bytes, std::string name,
                                  bool read_only) {
   NoGil nogil;
-  auto b = read_only ? std::make_shared<rdma::RdmaBuffer>(
-                           rdma::RdmaBuffer::read_only(span_at(address, bytes), std::move(name)))
-                     : std::make_shared<rdma::RdmaBuffer>(span_at(address, bytes), std::move(name));
+  auto span = span_at(address, bytes);
+  auto b = std::make_shared<rdma::RdmaBuffer>(
+      read_only ? rdma::RdmaBuffer::read_only(span, std::move(name))
+                : rdma::RdmaBuffer(span, std::move(name)));
   NativeRdmaBuffer out;
   out.handle = b->handle();
   out.owned = std::move(b);
