@@ -55,6 +55,7 @@ json to_json(const ft::LighthouseStatus& s) {
                        {"unix_ms", c.unix_ms},
                        {"max_step", c.max_step},
                        {"participants", c.participants},
+                       {"healing", c.healing},
                        {"reason", c.reason}});
   }
   return {{"epoch", std::to_string(s.epoch)},
@@ -147,7 +148,8 @@ function render(s) {
   for (const c of s.recent_changes.slice().reverse()) {
     const tr = document.createElement('tr');
     cell(tr, c.quorum_id); cell(tr, new Date(c.unix_ms).toISOString()); cell(tr, c.max_step);
-    cell(tr, c.participants.join(' ')); cell(tr, c.reason);
+    cell(tr, c.participants.map(p => c.healing.includes(p) ? p + ' (healing)' : p).join(' '));
+    cell(tr, c.reason);
     cb.appendChild(tr);
   }
   document.getElementById('error').textContent = '';

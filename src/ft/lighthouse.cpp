@@ -27,7 +27,7 @@ QuorumRules rules_from(const LighthouseOptions& o) {
   return r;
 }
 
-uint64_t random_epoch() {
+uint64_t random_nonzero() {
   std::random_device rd;
   uint64_t e = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   return e == 0 ? 1 : e;
@@ -37,6 +37,15 @@ int64_t unix_ms_now() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// A heartbeat reply said kill_replica() doomed this group: end its process as a crash would.
+[[noreturn]] void die_on_request(const std::string& replica_id) {
+  spdlog::warn("manager {}: the lighthouse asked this group to die: SIGKILL to pid {}", replica_id,
+               ::getpid());
+  std::fflush(nullptr);
+  ::kill(::getpid(), SIGKILL);
+  std::abort();  // not reached: SIGKILL cannot be caught
 }
 
 }  // namespace
@@ -63,7 +72,7 @@ void detail::Periodic::stop() {
 }
 
 Lighthouse::Lighthouse(LighthouseOptions options)
-    : state_(rules_from(options)), epoch_(random_epoch()) {}
+    : state_(rules_from(options)), epoch_(random_nonzero()) {}
 
 void Lighthouse::init() {
   auto period = std::max(std::chrono::milliseconds(10), state_.rules().join_timeout / 5);
@@ -78,16 +87,22 @@ void Lighthouse::cleanup(const std::optional<ActorSupervisionEvent>&) {
   waiting_.clear();
 }
 
-HeartbeatReply Lighthouse::heartbeat(std::string replica_id) {
+HeartbeatReply Lighthouse::heartbeat(std::string replica_id, uint64_t incarnation) {
   auto now = Clock::now();
   HeartbeatReply r{.epoch = epoch_, .kill = false};
   if (const auto& prev = state_.previous()) r.quorum_id = prev->quorum_id;
   r.silent = state_.silent(now, replica_id);  // Q-9, before this beat refreshes the view
   state_.heartbeat(replica_id, now);
-  if (auto it = kill_.find(replica_id); it != kill_.end()) {
-    r.kill = true;
-    kill_.erase(it);
-    killed_.insert(replica_id);
+  auto doomed = std::find_if(doomed_.begin(), doomed_.end(), [&](const Doomed& d) {
+    return d.replica_id == replica_id && d.incarnation == incarnation;
+  });
+  if (doomed == doomed_.end()) {
+    incarnation_[replica_id] = incarnation;  // a doomed one that still beats is not the current
+    return r;
+  }
+  r.kill = true;
+  if (!doomed->told) {
+    doomed->told = true;
     spdlog::warn("lighthouse: told {} to kill itself (kill_replica)", replica_id);
   }
   return r;
@@ -163,9 +178,12 @@ LighthouseStatus Lighthouse::status() const {
 }
 
 bool Lighthouse::kill_replica(std::string replica_id) {
-  if (state_.heartbeats().count(replica_id) == 0) return false;
-  if (killed_.count(replica_id) != 0) return true;  // the same kill, still under way
-  kill_[replica_id] = true;
+  auto current = incarnation_.find(replica_id);
+  if (current == incarnation_.end()) return false;
+  for (const auto& d : doomed_)
+    if (d.replica_id == replica_id && d.incarnation == current->second) return true;  // the same
+  doomed_.push_back(Doomed{.replica_id = replica_id, .incarnation = current->second});
+  while (doomed_.size() > kMaxDoomed) doomed_.pop_front();
   return true;
 }
 
@@ -187,13 +205,15 @@ void Lighthouse::try_form() {
   if (!q) return;
   if (changes_.empty() || changes_.back().quorum_id != q->quorum_id) {
     QuorumChange c{.quorum_id = q->quorum_id, .unix_ms = unix_ms_now(), .max_step = q->max_step};
-    for (const auto& p : q->participants) c.participants.push_back(p.replica_id);
+    for (const auto& p : q->participants) {
+      c.participants.push_back(p.replica_id);
+      if (p.step < q->max_step) c.healing.push_back(p.replica_id);
+    }
     c.reason = q->reason;
     changes_.push_back(std::move(c));
     while (changes_.size() > kMaxChanges) changes_.pop_front();
   }
   for (const auto& m : q->participants) {
-    killed_.erase(m.replica_id);  // back: a later kill is a new one
     auto it = waiting_.find(m.replica_id);
     if (it == waiting_.end()) continue;
     it->second.set_value(*q);
@@ -243,7 +263,8 @@ Manager::Manager(ActorRef<Lighthouse> lighthouse, std::string replica_id, int64_
       world_size_(world_size),
       heartbeat_interval_(heartbeat_interval.count() > 0
                               ? heartbeat_interval
-                              : config::global().duration("ft.heartbeat_interval")) {
+                              : config::global().duration("ft.heartbeat_interval")),
+      incarnation_(random_nonzero()) {
   if (world_size_ < 1)
     throw UsageError(
         fmt::format("Manager {}: world_size must be >= 1, got {}", replica_id_, world_size_));
@@ -281,18 +302,21 @@ ActorRef<Lighthouse> Manager::lighthouse() const {
 // actor's name, and re-send the pending quorum request.
 void Manager::beat() {
   auto lh = lighthouse();
-  auto f = lh.call(&Lighthouse::heartbeat, replica_id_);
+  auto f = lh.call(&Lighthouse::heartbeat, replica_id_, incarnation_);
   auto wait = std::max(heartbeat_interval_ * 5, std::chrono::milliseconds(500));
-  if (!f.wait_for(wait)) return;
+  if (!f.wait_for(wait)) {
+    // Late, not lost: a kill in this reply still counts when it comes (the lighthouse repeats it
+    // in every reply to this incarnation, but a lighthouse that is always this slow would not
+    // deliver it otherwise). The rest of a late reply is stale.
+    (void)std::move(f).then([id = replica_id_](const HeartbeatReply& r) {
+      if (r.kill) die_on_request(id);
+    });
+    return;
+  }
   bool moved = false;
   try {
     HeartbeatReply r = f.get(wait);
-    if (r.kill) {
-      spdlog::warn("manager {}: the lighthouse asked this group to die: SIGKILL to pid {}",
-                   replica_id_, ::getpid());
-      std::fflush(nullptr);
-      ::kill(::getpid(), SIGKILL);
-    }
+    if (r.kill) die_on_request(replica_id_);
     moved = epoch_ != 0 && r.epoch != epoch_;
     epoch_ = r.epoch;
     {

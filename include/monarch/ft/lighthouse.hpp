@@ -122,10 +122,13 @@ struct QuorumChange {
   int64_t unix_ms = 0;  ///< wall-clock time it formed, ms since the Unix epoch
   int64_t max_step = 0;
   std::vector<std::string> participants{};
+  /// Participants behind max_step, which heal in this quorum (a replaced group rejoins this way,
+  /// so a kill can show here rather than as a quorum without the victim).
+  std::vector<std::string> healing{};
   std::string reason{};
   template <class A>
   void serialize(A& ar) {
-    ar(quorum_id, unix_ms, max_step, participants, reason);
+    ar(quorum_id, unix_ms, max_step, participants, healing, reason);
   }
 };
 
@@ -161,10 +164,11 @@ class Lighthouse : public Actor {
   void init() override;
   void cleanup(const std::optional<ActorSupervisionEvent>& error) override;
 
-  /// A group is alive. Called (or sent) from the group's heartbeat thread; the reply carries the
-  /// lighthouse's epoch, whether the group was asked to die (kill_replica), and the last quorum's
-  /// silent participants.
-  HeartbeatReply heartbeat(std::string replica_id);
+  /// A group is alive. Called (or sent) from the group's heartbeat thread. `incarnation` names the
+  /// group's current Manager (a random number drawn per Manager actor, never 0: a respawned group
+  /// has a new one). The reply carries the lighthouse's epoch, whether this incarnation was
+  /// asked to die (kill_replica), and the last quorum's silent participants.
+  HeartbeatReply heartbeat(std::string replica_id, uint64_t incarnation);
   /// Joins the next quorum; completes when one forms (Q-1..Q-5). A newer request from the same
   /// group fails the older one with QuorumError. The caller bounds the wait (ft.step_timeout).
   Future<Quorum> quorum(QuorumMember member);
@@ -181,11 +185,13 @@ class Lighthouse : public Actor {
   void tick();
   /// A snapshot of the lighthouse's view (the HTTP /status page reads it through this call).
   LighthouseStatus status() const;
-  /// Chaos drills: the next heartbeat reply to `replica_id` tells its Manager to SIGKILL its own
-  /// process (so the job's supervision sees a real failure). False when the lighthouse never heard
-  /// from that group. Idempotent: for a group already told to die that has not been in a quorum
-  /// since (its replacement is not up yet), it does nothing more and returns true, so that a
-  /// repeated request does not kill the replacement too.
+  /// Chaos drills: dooms the incarnation of `replica_id` that the lighthouse heard from last.
+  /// Every heartbeat reply to that incarnation, from now on, tells its Manager to SIGKILL its own
+  /// process (so the job's supervision sees a real failure). Every reply, not only the next one:
+  /// a reply its Manager stopped waiting for (a slow lighthouse) must not lose the kill. Replies to
+  /// a later incarnation (the group's replacement) never carry it. So a repeated request that
+  /// comes before the replacement's first heartbeat is the same kill, and does not kill the
+  /// replacement too. False when the lighthouse never heard a heartbeat from that group.
   bool kill_replica(std::string replica_id);
 
   MONARCH_ENDPOINTS(Lighthouse, heartbeat, quorum, evict, last_quorum, healthy, pending, tick,
@@ -202,8 +208,16 @@ class Lighthouse : public Actor {
   std::map<std::string, Promise<Quorum>> waiting_;
   std::map<std::string, int64_t> last_step_;
   std::deque<QuorumChange> changes_;
-  std::map<std::string, bool> kill_;  // replica id -> a kill is waiting for its next heartbeat
-  std::set<std::string> killed_;      // told to die, not in a quorum since (see kill_replica)
+  std::map<std::string, uint64_t> incarnation_;  // replica id -> the incarnation heard from last
+  /// Incarnations told to die (kill_replica), oldest first, at most kMaxDoomed; `told`: a reply
+  /// carried the kill (logged once).
+  struct Doomed {
+    std::string replica_id;
+    uint64_t incarnation;
+    bool told = false;
+  };
+  std::deque<Doomed> doomed_;
+  static constexpr size_t kMaxDoomed = 256;
   detail::Periodic ticker_;
 };
 
@@ -308,7 +322,8 @@ class Manager : public Actor {
   std::string job_;
   int64_t world_size_;
   std::chrono::milliseconds heartbeat_interval_;
-  uint64_t epoch_ = 0;  // heartbeat thread only: the lighthouse incarnation last heard
+  uint64_t epoch_ = 0;    // heartbeat thread only: the lighthouse incarnation last heard
+  uint64_t incarnation_;  // this Manager's, sent with every heartbeat (random, never 0)
   // the latest heartbeat reply's quorum id and silent members (heartbeat thread writes,
   // quorum_health reads).
   struct Health {

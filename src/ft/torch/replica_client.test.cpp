@@ -419,7 +419,8 @@ struct InProcessGroups {
     auto g = std::make_unique<Group>();
     g->id = id;
     g->manager = proc.spawn<ft::Manager>("manager." + id, lh, id, 1, std::chrono::milliseconds(50));
-    lh.send(&ft::Lighthouse::heartbeat, id);  // known before its first request (FIFO per sender)
+    lh.send(&ft::Lighthouse::heartbeat, id,
+            uint64_t{0});  // known before its first request (FIFO per sender)
     return g;
   }
   // Trains `g` to `steps`, then, with `hold`, holds (laggards heal from it) until `stop`.
