@@ -250,6 +250,7 @@ def _view_of(pm, what="activate()") -> _View:
     if not isinstance(pm, _actor.ProcMesh):
         raise TypeError("%s: expected a ProcMesh (or a slice of one), not %s"
                         % (what, type(pm).__name__))
+    pm._live.check()  # SupervisionError naming the mesh when it was stopped
     return _session(pm).view(pm)
 
 
@@ -501,6 +502,8 @@ def _view_for(tensors, mode_view, what):
         elif tv.key != v.key or tv.session is not v.session:
             raise ValueError("%s: a monarch.Tensor on %r is used with %r; move it first with "
                              "t.to_mesh(mesh) or t.slice_mesh(...)" % (what, tv, v))
+    if v is not None:
+        v.pm._live.check()  # an op on stopped procs raises here, not at a later fetch_shard
     return v
 
 

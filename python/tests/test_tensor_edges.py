@@ -158,3 +158,19 @@ def test_local_tensors_too_big_for_a_batch_are_refused_and_the_mesh_lives_on(pro
             acc = acc + c
     assert inspect(y, gpus=1).tolist() == [2.0] * 4
     assert inspect(acc, gpus=2)[:3].tolist() == [45.0] * 3
+
+
+def test_stopped_procs_refuse_activate_and_ops_at_the_call():
+    from monarch.actor import SupervisionError, this_host
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    with pm.activate():
+        t = torch.ones(3)
+    assert inspect(t, gpus=1).tolist() == [1.0, 1.0, 1.0]
+    pm.stop().get(timeout=60)
+    # Before, both went through and only a later fetch_shard failed, far from the cause.
+    with pytest.raises(SupervisionError, match="was stopped"):
+        pm.activate()
+    with pytest.raises(SupervisionError, match="was stopped"):
+        t + 1
+    with pytest.raises(SupervisionError, match="was stopped"):
+        pm.slice(gpus=0).activate()
