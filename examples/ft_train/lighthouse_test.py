@@ -361,6 +361,12 @@ def test_ft_train_flags(ft_train, workdir):
         (["--lr", "-1"], "--lr: must be a finite number above 0, not -1"),
         (["--steps", "abc"], "--steps: 'abc' is not an integer"),
         (["--batch", "99999999999999999999"], "--batch: must be from 1 to 1048576, not 9999"),
+        # Within the flag's range, but more than an epoch: every allreduce timed out, and the
+        # run ended after 108 s with a quorum error that did not name the batch.
+        (["--batch", "1048576"], "--batch 1048576 is more than one epoch of mlp's training data "
+         "(60000 samples): at most 60000"),
+        (["--model", "llama-tiny", "--batch", "1048576"], "--batch 1048576 is more than one "
+         "epoch of llama-tiny's training data"),
         # One past 2^64-1 was once clamped to it, and training started.
         (["--seed", "18446744073709551616"], "--seed: 18446744073709551616 is above 1844674"),
         (["--seed", "-1"], "--seed: '-1' is not an unsigned integer"),

@@ -196,6 +196,10 @@ FlatState& LlamaTiny::state() {
   return impl_->state;
 }
 
+std::int64_t LlamaTiny::train_samples() const {
+  return impl_->train.count();
+}
+
 double LlamaTiny::forward_backward(std::int64_t position, std::int64_t batch, int slot, int slots) {
   if (slots < 1 || slot < 0 || slot >= slots || batch < slots) {
     throw std::invalid_argument("llama-tiny forward_backward: slot " + std::to_string(slot) +

@@ -69,6 +69,7 @@ class LlamaTiny final : public Workload {
   /// better; kFortunesDir's unigram baseline is unigram_perplexity() (27.1 at seq_len 64).
   double evaluate(bool full) override;
 
+  std::int64_t train_samples() const override;
   const char* metric() const override { return "perplexity"; }
   bool higher_is_better() const override { return false; }
 

@@ -33,6 +33,7 @@ class MlpWorkload final : public Workload {
     return model_.forward_backward(train_, idx);
   }
   double evaluate(bool full) override { return model_.evaluate(full ? test_ : quick_); }
+  std::int64_t train_samples() const override { return train_.size; }
   const char* metric() const override { return "accuracy"; }
   bool higher_is_better() const override { return true; }
 

@@ -31,6 +31,10 @@ class Workload {
   /// fixed subset (for progress). No gradients; does not change state().
   virtual double evaluate(bool full) = 0;
 
+  /// Samples in one epoch of the training data (images; windows of text). ft_train refuses a
+  /// global batch larger than this.
+  virtual std::int64_t train_samples() const = 0;
+
   /// "accuracy" (in [0, 1], higher is better) or "perplexity" (>= 1, lower is better).
   virtual const char* metric() const = 0;
   virtual bool higher_is_better() const = 0;
