@@ -316,15 +316,13 @@ static int run(int argc, char** argv) {
     // Fail before spawning anything on a bad model or missing data (the message names the package).
     auto probe = ex::make_workload({cfg.model, cfg.seed, cfg.data_dir, cfg.eval_samples});
     const std::string metric = run.metric = probe->metric();
-    if (cfg.global_batch > probe->train_samples()) {
+    if (const long long epoch = probe->train_samples(); cfg.global_batch > epoch) {
       // Allowed before, and a step that big outlasted ft.collective_timeout on a 2-core box: every
       // allreduce timed out and the run ended with a quorum error that did not name the batch.
       std::fprintf(stderr,
                    "ft_train: --batch %lld is more than one epoch of %s's training data (%lld "
                    "samples): at most %lld\n",
-                   static_cast<long long>(cfg.global_batch), cfg.model.c_str(),
-                   static_cast<long long>(probe->train_samples()),
-                   static_cast<long long>(probe->train_samples()));
+                   static_cast<long long>(cfg.global_batch), cfg.model.c_str(), epoch, epoch);
       return 2;
     }
     probe.reset();

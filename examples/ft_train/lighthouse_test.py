@@ -305,7 +305,7 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
         # (a loaded CI box did: the one reply that carried it came after its Manager gave up).
         # The fault itself: freeze it past those waits, so that the victim's beats queue up.
         lh.proc.send_signal(signal.SIGSTOP)
-        time.sleep(1.5)
+        time.sleep(1.5)  # the fault's duration (> the 500 ms waits), not waiting for a state
         lh.proc.send_signal(signal.SIGCONT)
         # From the lighthouse's record of quorum changes, not its current members: on a fast box
         # the quorum without the victim lasts less than one poll (a heal took 79 ms here). It may

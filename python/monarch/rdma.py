@@ -12,14 +12,14 @@
     buf.drop()                                      # owner: ends remote access
 
 Memory: a CPU ``torch.Tensor`` (contiguous, not empty) or any contiguous buffer-protocol object
-(``bytearray``, ``memoryview``, a numpy array). A read-only object (``bytes``, a read-only
-numpy array) is registered read-only: peers can read it, and a ``write_from`` to it raises
-``ValueError`` (or, from a peer that skips that check, fails with ``RdmaError``); it can be the
-source of a ``write_from`` but not the destination of a ``read_into``. Registration never
-copies: peers read and write the object's own memory. The buffer keeps a reference to the object while it is registered, that is until
-``drop()`` (not until the ``RDMABuffer`` is garbage-collected: a buffer returned from an endpoint
-must stay readable after the handler let go of it), so call ``drop()`` when peers are done. Torch
-is never imported here; a tensor is recognised only when torch is already loaded.
+(``bytearray``, ``memoryview``, a numpy array). A read-only object (``bytes``, a read-only numpy
+array) is registered read-only: peers can read it, and a ``write_from`` to it raises ``ValueError``
+(or, from a peer that skips that check, fails with ``RdmaError``); it can be the source of a
+``write_from`` but not the destination of a ``read_into``. Registration never copies: peers read and
+write the object's own memory. The buffer keeps a reference to the object while it is registered,
+that is until ``drop()`` (not until the ``RDMABuffer`` is garbage-collected: a buffer returned from
+an endpoint must stay readable after the handler let go of it), so call ``drop()`` when peers are
+done. Torch is never imported here; a tensor is recognised only when torch is already loaded.
 
 Routes (docs/data-plane.md): a reader on the owner's host reads with ``process_vm_readv``
 (``cma``) straight from the owner's memory; writes, and readers elsewhere, go over the data plane's

@@ -93,10 +93,8 @@ HeartbeatReply Lighthouse::heartbeat(std::string replica_id, uint64_t incarnatio
   if (const auto& prev = state_.previous()) r.quorum_id = prev->quorum_id;
   r.silent = state_.silent(now, replica_id);  // Q-9, before this beat refreshes the view
   state_.heartbeat(replica_id, now);
-  auto doomed = std::find_if(doomed_.begin(), doomed_.end(), [&](const Doomed& d) {
-    return d.replica_id == replica_id && d.incarnation == incarnation;
-  });
-  if (doomed == doomed_.end()) {
+  Doomed* doomed = find_doomed(replica_id, incarnation);
+  if (doomed == nullptr) {
     incarnation_[replica_id] = incarnation;  // a doomed one that still beats is not the current
     return r;
   }
@@ -177,11 +175,17 @@ LighthouseStatus Lighthouse::status() const {
   return s;
 }
 
+Lighthouse::Doomed* Lighthouse::find_doomed(const std::string& replica_id, uint64_t incarnation) {
+  auto it = std::find_if(doomed_.begin(), doomed_.end(), [&](const Doomed& d) {
+    return d.replica_id == replica_id && d.incarnation == incarnation;
+  });
+  return it == doomed_.end() ? nullptr : &*it;
+}
+
 bool Lighthouse::kill_replica(std::string replica_id) {
   auto current = incarnation_.find(replica_id);
   if (current == incarnation_.end()) return false;
-  for (const auto& d : doomed_)
-    if (d.replica_id == replica_id && d.incarnation == current->second) return true;  // the same
+  if (find_doomed(replica_id, current->second) != nullptr) return true;  // the same kill
   doomed_.push_back(Doomed{.replica_id = replica_id, .incarnation = current->second});
   while (doomed_.size() > kMaxDoomed) doomed_.pop_front();
   return true;

@@ -217,6 +217,7 @@ class Lighthouse : public Actor {
     bool told = false;
   };
   std::deque<Doomed> doomed_;
+  Doomed* find_doomed(const std::string& replica_id, uint64_t incarnation);
   static constexpr size_t kMaxDoomed = 256;
   detail::Periodic ticker_;
 };

@@ -419,8 +419,8 @@ struct InProcessGroups {
     auto g = std::make_unique<Group>();
     g->id = id;
     g->manager = proc.spawn<ft::Manager>("manager." + id, lh, id, 1, std::chrono::milliseconds(50));
-    lh.send(&ft::Lighthouse::heartbeat, id,
-            uint64_t{0});  // known before its first request (FIFO per sender)
+    // Known before its first request (FIFO per sender); the Manager's own beats follow.
+    lh.send(&ft::Lighthouse::heartbeat, id, uint64_t{0});
     return g;
   }
   // Trains `g` to `steps`, then, with `hold`, holds (laggards heal from it) until `stop`.
