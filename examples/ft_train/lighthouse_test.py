@@ -10,8 +10,10 @@
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR flags     bad flags (lighthouse's and ft_train's) are
                                                         refused with a clear message
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR jobs      jobs one after the other on one lighthouse
-                                                        (Q-10); a job that cannot form a quorum,
-                                                        or that lost every group, fails, naming why
+                                                        (Q-10); a job started before its
+                                                        lighthouse waits, saying so; a job that
+                                                        cannot form a quorum, or that lost every
+                                                        group, fails, naming why
   lighthouse_test.py MONARCH FT_TRAIN WORKDIR chromium  the page in headless Chromium shows the
                                                         members change when a group is killed
 
@@ -459,6 +461,55 @@ def test_all_groups_lost(ft_train, workdir):
             job.wait()
 
 
+def test_lighthouse_after_job(monarch, ft_train, workdir):
+    """A job started before its lighthouse says at once that it is waiting, and why (it once
+    waited 30 s in silence), then trains once the lighthouse comes up on that address."""
+    with socket.socket() as s:  # a free port (nothing listens on it until the lighthouse does)
+        s.bind(("127.0.0.1", 0))
+        addr = "tcp://127.0.0.1:%d" % s.getsockname()[1]
+    summary = os.path.join(workdir, "early_job.json")
+    job = subprocess.Popen([ft_train, "--lighthouse", addr, "--replicas", "2", "--steps", "40",
+                            "--no-faults", "--no-progress", "--out",
+                            os.path.join(workdir, "early_job"), "--json-summary", summary],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lh = None
+    try:
+        want = "no lighthouse at %s yet (Connection refused)" % addr
+        seen = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            line = job.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if want in line:
+                break
+        if not seen or want not in seen[-1]:
+            fail("ft_train with no lighthouse at %s: expected a warning saying %r, got %r" %
+                 (addr, want, "".join(seen)[-2000:]))
+        print("waiting job said: %s" % seen[-1].strip())
+        lh = Lighthouse(monarch, addr)
+        try:
+            rest, _ = job.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            fail("ft_train did not finish after its lighthouse came up at %s" % addr)
+        if job.returncode != 0:
+            fail("ft_train exited %d after its lighthouse came up: %s" %
+                 (job.returncode, ("".join(seen) + rest)[-3000:]))
+        with open(summary) as f:
+            s = json.load(f)
+        if not s["replicas_bitwise_equal"] or s["steps"] != 40:
+            fail("job started before its lighthouse: %s" % json.dumps(s)[:2000])
+        print("job started before its lighthouse: exit 0, 40 steps, replicas equal")
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        if lh:
+            lh.stop()
+
+
 def test_jobs(monarch, ft_train, workdir):
     """One lighthouse, several jobs one after the other (Q-10): ft_train's two runs (fault-free,
     then faulty) and a second ft_train, each from step 0, healed and equal. Then a job that can
@@ -484,6 +535,7 @@ def test_jobs(monarch, ft_train, workdir):
                   (name, secs, s["faults_injected"]))
     finally:
         lh.stop()
+    test_lighthouse_after_job(monarch, ft_train, workdir)
     test_all_groups_lost(ft_train, workdir)
     lh = Lighthouse(monarch, "tcp://127.0.0.1:0", extra=["--min-replicas", str(REPLICAS + 2)])
     try:

@@ -499,7 +499,26 @@ ActorRef<Lighthouse> connect_lighthouse(Proc& proc, const std::string& addr,
     throw UsageError("connect_lighthouse(" + addr +
                      "): this Proc does not listen (set ProcOptions::listen)");
   try {
-    return proc.lookup_remote<Lighthouse>(addr, kLighthouseName).get(timeout);
+    // The lighthouse may start after the job (the link retries), so this waits; but a wait with
+    // nothing to show looks like a hang. Once a connection attempt has failed, say so, and why,
+    // while waiting on.
+    auto f = proc.lookup_remote<Lighthouse>(addr, kLighthouseName);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    constexpr auto kSlice = std::chrono::milliseconds(500);
+    bool warned = false;
+    while (!f.wait_for(kSlice) && std::chrono::steady_clock::now() < deadline) {
+      if (warned) continue;
+      const std::string why = proc.link_error(addr);
+      if (why.empty()) continue;
+      warned = true;
+      spdlog::warn(
+          "no lighthouse at {} yet ({}): waiting up to {} ms for one (is `monarch lighthouse "
+          "--listen {}` running?)",
+          addr, why, timeout.count(), addr);
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    return f.get(std::max(left, std::chrono::milliseconds(1)));
   } catch (const TimeoutError& e) {
     // Why the link got nowhere ("Connection refused") says more than the wait that ran out.
     const std::string why = proc.link_error(addr);

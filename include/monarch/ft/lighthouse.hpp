@@ -224,7 +224,9 @@ class Lighthouse : public Actor {
 
 /// Looks up the standalone lighthouse serving `addr` (e.g. "tcp://10.0.0.5:29500", the address
 /// `monarch lighthouse` prints) from `proc`, which must listen (ProcOptions::listen) and share the
-/// job secret for TCP. Blocks up to `timeout`. Every error names `addr`: TimeoutError when nothing
+/// job secret for TCP. Blocks up to `timeout` (the lighthouse may start after the job); once a
+/// connection attempt has failed it logs one warning with the cause (e.g. "Connection refused")
+/// and waits on. Every error names `addr`: TimeoutError when nothing
 /// answered within `timeout`; otherwise an Error with the cause's code, at once for a malformed
 /// address or a TCP address without the job secret (code Channel). Any thread outside an actor
 /// handler.
