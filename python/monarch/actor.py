@@ -73,10 +73,21 @@ __all__ = [
 
 
 class _DimKeyError(KeyError):
-    """A KeyError whose text reads as written (KeyError's own str() shows its message quoted)."""
+    """A KeyError whose text reads as written (KeyError's own str() shows its message quoted).
+    A traceback names it ``KeyError``, what callers catch, not this private helper."""
 
     def __str__(self):
         return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):  # by the function below: pickle cannot find the class by its new name
+        return _dim_key_error, self.args
+
+
+def _dim_key_error(*args):
+    return _DimKeyError(*args)
+
+
+_DimKeyError.__module__, _DimKeyError.__qualname__ = "builtins", "KeyError"
 
 
 class Extent(Mapping):

@@ -1,7 +1,9 @@
 """Every adverb of an endpoint (call, call_one, choose, stream, broadcast, reduce, send) on a
 mesh of four real worker procs, and per-sender FIFO order over 10k broadcasts."""
 
+import pickle
 import threading
+import traceback
 
 import pytest
 
@@ -74,6 +76,11 @@ def test_call_gives_a_value_mesh(members):
     with pytest.raises(KeyError) as missing:
         vm.item()  # gpus has size 4: its coordinate is required
     assert str(missing.value) == "missing coordinate for dim 'gpus' of extent {gpus=4}"
+    # A traceback's last line names the exception as callers know it, not a private class.
+    assert traceback.format_exception_only(missing.type, missing.value) == [
+        "KeyError: missing coordinate for dim 'gpus' of extent {gpus=4}\n"]
+    again = pickle.loads(pickle.dumps(missing.value))  # it still pickles (multiprocessing does)
+    assert isinstance(again, KeyError) and str(again) == str(missing.value)
     assert vm.item(gpus=-1) == 131 and vm.item(gpus=-4) == 101  # from the end, as slice() counts
     with pytest.raises(IndexError, match="gpus=-5 out of range for size 4"):
         vm.item(gpus=-5)
