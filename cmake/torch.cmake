@@ -12,7 +12,8 @@ if(NOT GLOO_INCLUDE_DIR)
                       "(installs libgloo-dev)")
 endif()
 # libgloo itself: AllreduceGroup ends a gloo op in flight through its TCP pairs
-# (gloo::transport::tcp::Pair::signalExceptionExternal), beyond what c10d exposes.
+# (gloo::transport::tcp::Pair::signalExceptionExternal), and wakes the TCP device's event loop
+# (gloo::transport::tcp::Device::registerDescriptor), beyond what c10d exposes.
 find_library(GLOO_LIBRARY gloo)
 if(NOT GLOO_LIBRARY)
   message(FATAL_ERROR "libgloo not found: run `make deps` (installs libgloo-dev)")

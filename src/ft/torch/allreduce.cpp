@@ -3,6 +3,10 @@
 
 #include <ATen/ATen.h>
 #include <gloo/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/loop.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -76,6 +80,61 @@ class WatchableGloo : public c10d::ProcessGroupGloo {
   }
 };
 
+// gloo's TCP event loop (libgloo 0.0~git20220518) wakes every 10 ms when idle, and a thread other
+// than the loop's that takes a socket off it waits for the loop's next wakeup: up to 10 ms per
+// socket, one socket after the other. A group is built and destroyed that way (each pair drops a
+// listening socket while connecting; every pair's socket goes when the group is destroyed), so
+// forming a group of 4 took 40-70 ms on the 2-core VM, in steps of 10 ms, and every quorum
+// change paid it. LoopPump registers an eventfd on the device's loop and, while a Pumping guard
+// lives, writes it every 200 us, so that those waits end within about that.
+class LoopPump final : public gloo::transport::tcp::Handler {
+ public:
+  explicit LoopPump(std::shared_ptr<gloo::transport::tcp::Device> device)
+      : device_(std::move(device)), fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (fd_ >= 0) device_->registerDescriptor(fd_, EPOLLIN, this);
+  }
+  ~LoopPump() override {
+    if (fd_ < 0) return;
+    device_->unregisterDescriptor(fd_, this);  // waits for one loop wakeup: after this, no calls
+    ::close(fd_);
+  }
+  LoopPump(const LoopPump&) = delete;
+  LoopPump& operator=(const LoopPump&) = delete;
+
+  // On the loop's thread.
+  void handleEvents(int) override {
+    std::uint64_t n;
+    while (::read(fd_, &n, sizeof n) > 0) {
+    }
+  }
+
+  // Wakes the loop every 200 us from a thread of its own until destroyed. Never throws: without
+  // a thread (none could start) the waits are gloo's own.
+  class Pumping {
+   public:
+    explicit Pumping(LoopPump* pump) noexcept {
+      if (pump == nullptr || pump->fd_ < 0) return;
+      try {
+        thread_ = std::jthread([fd = pump->fd_](std::stop_token stop) {
+          while (!stop.stop_requested()) {
+            const std::uint64_t one = 1;
+            (void)!::write(fd, &one, sizeof one);
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
+        });
+      } catch (const std::exception&) {
+      }
+    }
+
+   private:
+    std::jthread thread_;
+  };
+
+ private:
+  std::shared_ptr<gloo::transport::tcp::Device> device_;
+  int fd_;
+};
+
 // Completion of a work, waited for in slices (Work::wait(timeout) throws a c10::Error with a
 // backtrace when it times out: too costly to poll with).
 struct Completion {
@@ -123,6 +182,13 @@ struct AllreduceGroup::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
   std::string store_host;
   std::uint16_t store_port = 0;
+
+  // The gloo device (its TCP event loop), reused while local_host stays the same, and the pump
+  // that speeds its loop up while a group is built or destroyed (null if the device is not gloo's
+  // TCP one). Declared before pg: destroyed after it.
+  std::shared_ptr<gloo::transport::Device> device;
+  std::string device_host;
+  std::unique_ptr<LoopPump> pump;
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   AllreduceBackend backend = AllreduceBackend::gloo;
@@ -187,6 +253,8 @@ void AllreduceGroup::abort() noexcept {
   // Dropping the last reference destroys the ProcessGroupGloo: its worker thread is joined (it
   // is idle: every allreduce_sum waits for its work) and the gloo pairs close their sockets, so
   // peers blocked on a recv from us see "connection closed" at once.
+  if (!impl_->pg) return;
+  LoopPump::Pumping pumping(impl_->pump.get());
   impl_->pg.reset();
 }
 
@@ -226,8 +294,15 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
     impl_->backend = backend;
     impl_->timeout = timeout;
     if (backend == AllreduceBackend::gloo) {
+      if (!impl_->device || impl_->device_host != local_host) {
+        impl_->pump.reset();
+        impl_->device = c10d::ProcessGroupGloo::createDeviceForHostname(local_host);
+        impl_->device_host = local_host;
+        if (auto tcp = std::dynamic_pointer_cast<gloo::transport::tcp::Device>(impl_->device))
+          impl_->pump = std::make_unique<LoopPump>(std::move(tcp));
+      }
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local_host));
+      opts->devices.push_back(impl_->device);
       opts->threads = 1;
       // gloo's connect to a peer that published its address and then died retries past the
       // group timeout (seen: 4-5 s for a 1 s timeout). Build the group on its own thread and
@@ -243,6 +318,7 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
       }).detach();
       // Meanwhile, every few ms: has a member given up on this group (abort key)? Then the
       // missing member is not coming either (it died, or left for a newer quorum).
+      LoopPump::Pumping pumping(impl_->pump.get());
       const auto deadline =
           std::chrono::steady_clock::now() + timeout + std::chrono::milliseconds(100);
       while (ready.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready) {
@@ -355,7 +431,10 @@ void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
   // until gloo's timeout, so the group is parked rather than destroyed (which would join it).
   impl_->publish_abort(prefix_);  // before the connections close: see other_gave_up()
   auto* gloo = dynamic_cast<WatchableGloo*>(impl_->pg.get());
-  if (gloo) gloo->close_pairs();
+  if (gloo) {
+    LoopPump::Pumping pumping(impl_->pump.get());  // each pair's socket leaves the loop
+    gloo->close_pairs();
+  }
   park({std::move(impl_->pg), std::move(work)});
   abort();
   throw AllreduceError(

@@ -68,7 +68,11 @@ enum class AllreduceBackend {
 
 /// One member of a reconfigurable allreduce group. Not thread-safe: one thread (the replica's
 /// training loop) calls configure/allreduce_sum/abort in turn. The group owns one gloo worker
-/// thread that runs the collective. Constructing the first AllreduceGroup sets SIGPIPE to
+/// thread that runs the collective, and one gloo device (its TCP event loop thread), kept across
+/// configure() calls while `local_host` stays the same; while it builds or drops a group, a helper
+/// thread wakes that loop every 200 us (gloo's own loop wakes every 10 ms, and each socket taken
+/// off it waits for a wakeup: a group of 4 took 40-70 ms to build, 8 ms with the wakeups; see
+/// bench_ft_reconfigure). Constructing the first AllreduceGroup sets SIGPIPE to
 /// SIG_IGN for the whole process: gloo writes to sockets without MSG_NOSIGNAL, and a member
 /// whose peers closed the group must get an AllreduceError, not die.
 class AllreduceGroup {
