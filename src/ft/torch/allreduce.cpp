@@ -108,18 +108,27 @@ class LoopPump final : public gloo::transport::tcp::Handler {
     }
   }
 
-  // Wakes the loop every 200 us from a thread of its own until destroyed. Never throws: without
-  // a thread (none could start) the waits are gloo's own.
+  // Wakes the loop from a thread of its own until destroyed: every 200 us for the first 20 ms (a
+  // group of 4 builds in about 8), then half as often each time, down to gloo's own pace, so that
+  // a build waiting long for a starved or dead peer does not keep a core busy. Never throws:
+  // without a thread (none could start) the waits are gloo's own.
   class Pumping {
    public:
     explicit Pumping(LoopPump* pump) noexcept {
       if (pump == nullptr || pump->fd_ < 0) return;
       try {
         thread_ = std::jthread([fd = pump->fd_](std::stop_token stop) {
+          using namespace std::chrono_literals;
+          const auto fast_until = std::chrono::steady_clock::now() + 20ms;
+          std::chrono::microseconds every = 200us;
+          std::mutex mu;
+          std::condition_variable_any cv;  // woken by the stop request alone: the guard's end
+          std::unique_lock lock(mu);
           while (!stop.stop_requested()) {
             const std::uint64_t one = 1;
             (void)!::write(fd, &one, sizeof one);
-            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            cv.wait_for(lock, stop, every, [] { return false; });
+            if (std::chrono::steady_clock::now() > fast_until) every = std::min(every * 2, 10000us);
           }
         });
       } catch (const std::exception&) {
