@@ -138,13 +138,24 @@ std::vector<uint32_t> cast_path(uint32_t procs, size_t fanout, uint32_t p, const
 }
 
 void CastFence::arrive() {
-  std::vector<UniqueFunction<void()>> run;
   {
     std::lock_guard lock(mu_);
     if (left_ == 0 || --left_ != 0) return;
-    run.swap(waiting_);
+    draining_ = true;
   }
-  for (auto& f : run) {
+  // The held casts go in their order, and casts made meanwhile join the queue (then()) until it
+  // is empty: one that went at once could overtake an earlier one of its sender (CAST-3).
+  for (;;) {
+    UniqueFunction<void()> f;
+    {
+      std::lock_guard lock(mu_);
+      if (waiting_.empty()) {
+        draining_ = false;
+        return;
+      }
+      f = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
     try {
       f();
     } catch (const std::exception& e) {  // one cast's failure must not strand the others
@@ -156,7 +167,7 @@ void CastFence::arrive() {
 void CastFence::then(UniqueFunction<void()> f) {
   {
     std::lock_guard lock(mu_);
-    if (left_ != 0) {
+    if (left_ != 0 || draining_) {
       waiting_.push_back(std::move(f));
       return;
     }

@@ -7,9 +7,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "monarch/mesh/proc_mesh.hpp"
 
@@ -151,6 +154,39 @@ TEST(CastTree, CAST3_PerPairFifoHoldsAcrossDifferentSlices) {
   for (auto& c : calls) c.get(30s).throw_if_failed();
   auto logs = m.call(&Member::log).get(30s);
   for (size_t r = 0; r < m.size(); ++r) EXPECT_EQ(logs[r], expected[r]) << "member " << r;
+}
+
+// CAST-3, CAST-11: a cast made while the spawn fence is letting the held casts go (on the thread
+// of its last arrival) waits behind them. It once went at once and overtook them: a Python test
+// saw casts 12-14 of one sender arrive after 15-26.
+TEST(CastTree, CAST11_ACastMadeWhileTheFenceOpensQueuesBehindTheHeldOnes) {
+  monarch::mesh::detail::CastFence fence(1);
+  std::mutex mu;
+  std::vector<int> order;
+  auto note = [&](int i) {
+    std::lock_guard lock(mu);
+    order.push_back(i);
+  };
+  std::promise<void> first_started, release;
+  auto released = release.get_future().share();
+  fence.then([&] {  // a slow first send: the fence is open while it runs
+    first_started.set_value();
+    released.wait();
+    note(0);
+  });
+  for (int i = 1; i < 5; ++i) fence.then([&note, i] { note(i); });
+  std::thread opener([&] { fence.arrive(); });
+  first_started.get_future().wait();
+  fence.then([&] { note(5); });  // the same sender, later: must not run before 0..4
+  {
+    std::lock_guard lock(mu);
+    EXPECT_TRUE(order.empty()) << "cast 5 ran before the held casts, first " << order.front();
+  }
+  release.set_value();
+  opener.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  fence.then([&] { note(6); });  // drained: at once, on this thread
+  EXPECT_EQ(order.back(), 6);
 }
 
 // CAST-6: a member error deep in the tree names the member: call() holds it in that member's

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -54,13 +55,16 @@ class CastFence {
  public:
   explicit CastFence(size_t arrivals) : left_(arrivals) {}
   void arrive();
-  /// Runs `f` now when open, else on the thread of the last arrival (a channel I/O thread).
+  /// Runs `f` now when open, else on the thread of the last arrival (a channel I/O thread),
+  /// after every function given before it: also one given while the last arrival is still
+  /// running the held ones (then it joins their queue), so no cast overtakes an earlier one.
   void then(UniqueFunction<void()> f);
 
  private:
   std::mutex mu_;
   size_t left_;
-  std::vector<UniqueFunction<void()>> waiting_;
+  bool draining_ = false;  // the last arrival is running waiting_: then() queues behind it
+  std::deque<UniqueFunction<void()>> waiting_;
 };
 
 /// What an actor mesh knows of its procs' lifetime, shared with their owner, which sets the flags.
