@@ -25,11 +25,8 @@
 namespace {
 
 using monarch::bench::Clock;
+using monarch::bench::us_since;
 constexpr int kWorld = 4;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 // One rank: `rounds` rounds per side, alternating; writes "side round ms" lines to `out`.
 int rank_main(int rank, uint16_t port, int rounds, FILE* out) {
@@ -50,7 +47,7 @@ int rank_main(int rank, uint16_t port, int rounds, FILE* out) {
       if (side == 0) {
         ours.configure("127.0.0.1", port, prefix, rank, kWorld, timeout);
         ours.allreduce_sum(std::span<float>(&x, 1));
-        std::fprintf(out, "0 %d %.4f\n", r, ms_since(t0));  // configure dropped the old group
+        std::fprintf(out, "0 %d %.4f\n", r, us_since(t0) / 1e3);  // configure dropped the old group
       } else {
         peer.reset();  // the previous quorum's group goes first
         auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -60,7 +57,7 @@ int rank_main(int rank, uint16_t port, int rounds, FILE* out) {
             c10::make_intrusive<c10d::PrefixStore>(prefix, store), rank, kWorld, opts);
         std::vector<at::Tensor> t{at::from_blob(&x, {1}, at::kFloat)};
         peer->allreduce(t)->wait();
-        std::fprintf(out, "1 %d %.4f\n", r, ms_since(t0));
+        std::fprintf(out, "1 %d %.4f\n", r, us_since(t0) / 1e3);
       }
     }
   }
