@@ -528,7 +528,10 @@ TEST(Blocking, WorkQueuedBehindABlockingHandlerWakesTheSleepingWorker) {
 struct Exclusive : monarch::Actor {
   void enter() {
     if (inside.fetch_add(1, std::memory_order_acq_rel) != 0) overlaps.fetch_add(1);
-    for (int i = 0; i < 20; ++i) std::this_thread::yield();  // widen the window for an overlap
+    // Widen the window for an overlap. A few yields are enough: each gives the other workers a
+    // turn. With 20 per handler (160k in all) the test ran past its 30 s deadline on a starved
+    // 2-core box (ASan beside a build).
+    for (int i = 0; i < 4; ++i) std::this_thread::yield();
     inside.fetch_sub(1, std::memory_order_acq_rel);
     ++runs;  // plain int: only ever touched by one activation at a time
   }
