@@ -58,10 +58,17 @@ json to_json(const ft::LighthouseStatus& s) {
                        {"healing", c.healing},
                        {"reason", c.reason}});
   }
+  // The members of the current quorum that heal in it: its own change's healers (the record keeps
+  // the last changes, so the current quorum's is there once one formed).
+  std::vector<std::string> healing;
+  for (const auto& c : s.changes) {
+    if (c.quorum_id == s.quorum_id) healing = c.healing;
+  }
   return {{"epoch", std::to_string(s.epoch)},
           {"quorum_id", s.quorum_id},
           {"max_step", s.max_step},
           {"members", s.members},
+          {"healing", healing},
           {"replicas", replicas},
           {"pending", s.pending},
           {"waiting_for", s.waiting_for},
@@ -134,7 +141,8 @@ function cell(row, text) { const td = document.createElement('td'); td.textConte
 function render(s) {
   document.getElementById('quorum_id').textContent = s.quorum_id;
   document.getElementById('max_step').textContent = s.max_step;
-  document.getElementById('members').textContent = s.members.join(' ');
+  document.getElementById('members').textContent =
+    s.members.map(m => s.healing.includes(m) ? m + ' (healing)' : m).join(' ');
   document.getElementById('waiting').textContent = s.waiting_for ? 'waiting: ' + s.waiting_for : '';
   const rb = document.getElementById('replicas'); rb.replaceChildren();
   for (const r of s.replicas) {

@@ -218,6 +218,15 @@ def test_freeze(monarch, ft_train, workdir, secret_file):
     print("PASS")
 
 
+def check_healing(st):
+    """/status's `healing` is the current quorum's change's healers, all of them members."""
+    own = [c for c in st["recent_changes"] if c["quorum_id"] == st["quorum_id"]]
+    expected = own[-1]["healing"] if own else []
+    if st["healing"] != expected or not set(st["healing"]) <= set(st["members"]):
+        fail("/status healing %s: expected %s, members %s" %
+             (st["healing"], expected, st["members"]))
+
+
 def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
     lh = Lighthouse(monarch, "tcp://127.0.0.1:0", secret_file=secret_file)
     job, out, summary = start_job(ft_train, workdir, lh.addr, 1500)
@@ -225,9 +234,11 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
         st = wait_for("the first quorum of %d groups" % REPLICAS,
                       lambda: (lh.status() or {}).get("members") and
                       len(lh.status()["members"]) == REPLICAS and lh.status(), 60, job)
-        for key in ("quorum_id", "members", "replicas", "recent_changes", "pending", "max_step"):
+        for key in ("quorum_id", "members", "healing", "replicas", "recent_changes", "pending",
+                    "max_step"):
             if key not in st:
                 fail("/status lacks '%s': %s" % (key, st))
+        check_healing(st)
         for r in st["replicas"]:
             for key in ("replica_id", "step", "heartbeat_age_ms", "healthy"):
                 if key not in r:
@@ -318,6 +329,7 @@ def test_http(monarch, ft_train, workdir, secret_file, chromium=False):
             lambda c: victim not in c["participants"] or victim in c["healing"], 30, job)
         print("after the kill: quorum %d members %s healing %s" %
               (changed["quorum_id"], changed["participants"], changed["healing"]))
+        check_healing(lh.status())
         if chromium:
             # The page polls; the group may be healed back by the time Chromium reads it. Then
             # the change must still show in its table of recent quorum changes.
