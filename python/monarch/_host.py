@@ -18,6 +18,7 @@ import inspect
 import pickle
 import threading
 import traceback
+import weakref
 
 from monarch import actor as _actor
 from monarch.errors import MeshFailure
@@ -99,6 +100,12 @@ class ActorHost:
         self.endpoints = _actor._endpoints_of(cls)
         self.is_async = any(e.is_async for e in self.endpoints.values())
         self._lock = None
+        # The response ports handed to explicit-response-port handlers and still alive: those
+        # left unanswered when the actor stops are failed then (cleanup), not when the garbage
+        # collector gets to them (a port kept in the actor's state lived until its proc ended,
+        # and its caller waited that long). Handlers add from several threads: _ports_mu.
+        self._ports = weakref.WeakSet()
+        self._ports_mu = threading.Lock()
         rank_point = _actor._point_from_tuple(rank)
         self.instance_info = _actor.ActorInstance(actor_id, name, rank_point)
         self.instance_info._host = self
@@ -151,6 +158,8 @@ class ActorHost:
         port = None
         if ep.explicit_response_port:
             port = _actor._ResponsePort(reply, label, self.instance_info.actor_id)
+            with self._ports_mu:
+                self._ports.add(port)
             args = (port,) + tuple(args)
         if ep.is_async:
             self._schedule(ep, args, kwargs, ctx, reply, port, label, send=False)
@@ -283,11 +292,19 @@ class ActorHost:
         return True
 
     def cleanup(self, error):
+        """PyActor::cleanup, once, on the actor's worker: runs ``__cleanup__``, then fails every
+        response port still unanswered (its caller gets ActorError naming the endpoint)."""
         fn = getattr(self.instance, "__cleanup__", None)
-        if fn is None:
-            return
-        exc = None if error is None else _actor.ActorError(error)
-        self._run_hook(fn, exc)
+        try:
+            if fn is not None:
+                self._run_hook(fn, None if error is None else _actor.ActorError(error))
+        finally:
+            with self._ports_mu:
+                left = [p for p in self._ports if not p._answered]
+                self._ports = weakref.WeakSet()
+            for p in left:
+                p._fail(RuntimeError("actor %s stopped before endpoint %s answered its response "
+                                     "port" % (self.instance_info.actor_id, p._label)))
 
 
 def _broadcast_failure(label, e):

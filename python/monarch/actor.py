@@ -575,6 +575,8 @@ def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None,
 
     With ``explicit_response_port=True`` the handler's first argument after self is a Port; it
     answers with ``port.send(value)`` (now or later, once), and its return value is ignored.
+    A port dropped unanswered, or still unanswered when the actor stops (after its
+    ``__cleanup__``), fails its call: the caller's ``get()`` raises ActorError naming the endpoint.
     ``propagate(*meta_args, **meta_kwargs)`` gives the meta tensor of the result of
     ``endpoint.rref(...)`` (distributed tensors, docs/tensors.md); ``instrument`` is accepted so
     that Monarch scripts run unchanged and changes nothing.

@@ -135,6 +135,20 @@ def test_a_response_port_dropped_unanswered_names_its_endpoint(echo):
         echo.slice(gpus=0).forget.call_one().get(timeout=30)
 
 
+def test_a_response_port_kept_unanswered_fails_when_its_actor_stops(procs):
+    """The port kept in the actor's state lived on after stop() (a reference cycle held the
+    instance) and its caller waited until the procs ended."""
+    from monarch.actor import ActorError
+    mesh = procs.spawn("keeper", Echo)
+    one = mesh.slice(gpus=3)
+    fut = one.answer_later.call_one(1)
+    one.value.call_one(0).get(timeout=30)  # answer_later ran: the port is held
+    assert not fut.done()
+    mesh.stop().get(timeout=30)
+    with pytest.raises(ActorError, match="stopped before endpoint Echo.answer_later answered"):
+        fut.get(timeout=10)
+
+
 def test_response_port_exception_needs_an_exception(echo):
     """port.exception("text") failed inside the encoder with an AttributeError."""
     from monarch.actor import ActorError
