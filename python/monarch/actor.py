@@ -1056,8 +1056,7 @@ def _lost_send(where, mesh_name, error, owner):
     if me is not None:
         me.lost(mesh_name, reason, text)
     else:
-        globals().get("unhandled_fault_hook", _default_fault_hook)(
-            error if isinstance(error, MonarchError) else SupervisionError(text))
+        _run_fault_hook(error if isinstance(error, MonarchError) else SupervisionError(text))
 
 
 def _rebuild_actor_mesh(cls, encoded, name):
@@ -1692,8 +1691,7 @@ class HostMesh(MeshTrait):
                 return owner.owned_failure(mesh_name, ranks, cause, text)
             f = MeshFailure(mesh_name, ranks, cause, text)
             mesh._failures.append(f)
-            hook = globals().get("unhandled_fault_hook", _default_fault_hook)
-            hook(f)
+            _run_fault_hook(f)
             return True
 
         # The owning actor, for the runtime: what it sent to a proc that then failed is not
@@ -1792,6 +1790,31 @@ def _default_fault_hook(failure) -> None:
 unhandled_fault_hook = _default_fault_hook
 
 
+def _run_fault_hook(failure) -> None:
+    """Gives ``failure`` to ``unhandled_fault_hook``, on the runtime thread that found it. A hook
+    that raises (or is not callable) has not handled it: the failure and the hook's error are
+    printed and the client exits 1, as with the default hook (``sys.exit(n)`` in a hook exits
+    with ``n``). Before, the error was printed as ignored and the client went on."""
+    hook = globals().get("unhandled_fault_hook", _default_fault_hook)
+    try:
+        hook(failure)
+        return
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        why = None
+    except BaseException as e:
+        code, why = 1, "%s: %s" % (type(e).__name__, e)
+    text = failure.report() if isinstance(failure, MeshFailure) else str(failure)
+    try:
+        sys.stdout.flush()
+        if why is not None:
+            sys.stderr.write("monarch: unhandled failure: %s\nmonarch: unhandled_fault_hook %r "
+                             "raised %s\n" % (text, hook, why))
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 _INTERRUPTED = False
 _previous_excepthook = sys.excepthook
 
@@ -1834,8 +1857,7 @@ atexit.register(_stop_at_exit)
 
 
 def _unhandled_report(text):
-    h = globals().get("unhandled_fault_hook", _default_fault_hook)
-    h(SupervisionError(text))
+    _run_fault_hook(SupervisionError(text))
 
 
 def _install_fault_hook():

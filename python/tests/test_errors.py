@@ -165,6 +165,44 @@ def test_default_hook_prints_and_exits_nonzero(tmp_path):
     assert "unhandled failure" in r.stderr and "nobody handles this" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("hook,code,text", [
+    ("raise RuntimeError('the hook broke')", 1, "raised RuntimeError: the hook broke"),
+    ("raise SystemExit(7)", 7, None),
+])
+def test_a_fault_hook_that_raises_exits_the_client(tmp_path, hook, code, text):
+    """A raising hook was reported as ignored (and called a second time, with the failure's
+    text), and the client went on as if the failure had been handled."""
+    r = run_client(tmp_path, """
+        import os, sys, threading
+        import monarch.actor as ma
+        from monarch.actor import Actor, endpoint, this_host
+
+        calls = []
+
+        def hook(failure):
+            calls.append(failure)
+            print("HOOK", len(calls), type(failure).__name__, flush=True)
+            %s
+
+        ma.unhandled_fault_hook = hook
+
+        class Dies(Actor):
+            @endpoint
+            def die(self):
+                os._exit(4)
+
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        m = procs.spawn("dies", Dies)
+        m.die.broadcast()
+        threading.Event().wait(30)  # the hook's failure exits the process long before
+        print("NOT REACHED", flush=True)
+    """ % hook, timeout=60)
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "NOT REACHED" not in r.stdout and r.stdout.count("HOOK") == 1, r.stdout
+    if text is not None:
+        assert "unhandled failure" in r.stderr and text in r.stderr, r.stderr
+
+
 class Child(Actor):
     @endpoint
     def pid(self):
