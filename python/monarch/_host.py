@@ -86,14 +86,19 @@ def pool():
 
 
 class InitError(Exception):
-    """The actor class's ``__init__`` raised: the text names the class and holds the user's
-    traceback (PyActor::init makes it the actor's failure cause)."""
+    """The actor class's ``__init__`` raised (the text names the class and holds the user's
+    traceback), or its class and spawn arguments could not be unpickled here; PyActor::init
+    makes the text the actor's failure cause."""
 
 
 class ActorHost:
     def __init__(self, spec, rank, actor_id, name, me=None, set_label=None):
         self.me = me  # .fail(text) fails this actor
-        cls, args, kwargs = pickle.loads(spec)
+        try:
+            cls, args, kwargs = pickle.loads(spec)
+        except BaseException as e:
+            raise InitError("the class and spawn arguments of actor %r could not be unpickled in "
+                            "this proc: %s: %s" % (name, type(e).__name__, e)) from None
         if set_label is not None:  # reports name this class, not the C++ PyActor
             set_label(cls.__qualname__)
         self.cls = cls

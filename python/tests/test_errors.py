@@ -786,6 +786,30 @@ def test_every_call_to_an_actor_whose_init_raised_names_the_cause(fault_hook):
             assert isinstance(vm.error(gpus=g), SupervisionError), repr(vm.error(gpus=g))
         shown = repr(vm)
         assert "<failed: SupervisionError: " in shown and " object at " not in shown, shown
+        assert "ValueError: no config XYZ>" in shown, shown  # the exception, not only line one
+    finally:
+        pm.stop().get(timeout=60)
+
+
+def _refuse_to_unpickle():
+    raise ValueError("cannot unpickle me")
+
+
+class _Unloadable:
+    def __reduce__(self):
+        return (_refuse_to_unpickle, ())
+
+
+def test_spawn_arguments_that_fail_to_unpickle_say_so(fault_hook):
+    """The report said only "init threw: ValueError: cannot unpickle me", as if __init__ had
+    raised it."""
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="badargs")
+    try:
+        m = pm.spawn("noload", FailsInInit, _Unloadable())
+        with pytest.raises(SupervisionError) as info:
+            m.ok.call_one().get(timeout=30)
+        assert ("actor 'noload' could not be unpickled in this proc: ValueError: cannot unpickle "
+                "me") in str(info.value), str(info.value)
     finally:
         pm.stop().get(timeout=60)
 
