@@ -507,9 +507,14 @@ class _Failure:
     def __init__(self, error):
         self.error = error
 
-    def __repr__(self):  # a ValueMesh's repr shows what failed, not an object address
-        return "<failed: %s: %s>" % (type(self.error).__name__,
-                                      str(self.error).split("\n", 1)[0])
+    def __repr__(self):
+        # A ValueMesh's repr shows what failed: the error's first line (which endpoint, which
+        # actor) and, for a traceback, its last (the exception), not an object address.
+        lines = [ln for ln in str(self.error).splitlines() if ln.strip()]
+        text = lines[0] if lines else ""
+        if len(lines) > 1:
+            text += " ... " + lines[-1].strip()
+        return "<failed: %s: %s>" % (type(self.error).__name__, text)
 
 
 def _decode_reply(b, rank=None, where="endpoint"):
@@ -1451,9 +1456,16 @@ class ProcMesh(MeshTrait):
             return self._view
         return self._full if self._full is not None else self._lazy.result().shape
 
+    def slice(self, **kwargs):
+        """As MeshTrait.slice. TypeError on ``this_proc()``: this process alone, no dims."""
+        if self._local:
+            raise TypeError("slice: this_proc() is this process alone, a mesh of one: it has no "
+                            "dims to slice")
+        return super().slice(**kwargs)
+
     def _with_shape(self, shape):
         if self._local:
-            raise ValueError("this_proc() is a mesh of one; it has no dims to slice")
+            raise TypeError("this_proc() is a mesh of one; it has no dims to slice")
         m = ProcMesh(self._lazy, self._name, self._live, shape, remote=self._remote)
         m._failures = self._failures  # views see the failures of the procs they share
         return m
@@ -1654,6 +1666,11 @@ class HostMesh(MeshTrait):
             raise TypeError("spawn_procs: name must be a non-empty str, not %r" % (name,))
         if not name:
             raise ValueError("spawn_procs: name must be a non-empty str, not ''")
+        if not all(c.isascii() and (c.isalnum() or c in "_-") for c in name):
+            # The runtime's rule (HostMesh::spawn_procs), checked here too: the spawn itself runs
+            # later, on another thread, and failed only the mesh's first use.
+            raise UsageError("spawn_procs: mesh name %r may hold only letters, digits, '_' and "
+                             "'-'" % name)
         labels, sizes = list(per_host), [per_host[k] for k in per_host]
         env = _worker_env()
         if bootstrap is not None:

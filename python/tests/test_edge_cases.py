@@ -124,6 +124,20 @@ def test_spawn_procs_rejects_an_empty_or_huge_per_host():
         this_host().spawn_procs(per_host={"gpus": 2 ** 40})
 
 
+def test_spawn_procs_rejects_a_bad_name_at_the_call():
+    # It returned a ProcMesh whose first use raised, whatever that use was.
+    for bad in ("a[b]", "a.b", "x y"):
+        with pytest.raises(ValueError, match="may hold only letters, digits"):
+            this_host().spawn_procs(per_host={"gpus": 1}, name=bad)
+
+
+def test_this_proc_cannot_be_sliced():
+    # It said "unknown dim 'gpus' (no dims are left: the other coordinates picked one member)".
+    from monarch.actor import this_proc
+    with pytest.raises(TypeError, match="this_proc\\(\\) is this process alone"):
+        this_proc().slice(gpus=0)
+
+
 def test_a_host_mesh_cannot_be_sliced_whatever_the_dims():
     # An unknown dim said "unknown dim 'hosts' (no dims are left...)", which hid the reason.
     for dims in ({"hosts": 0}, {}):
