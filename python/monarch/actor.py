@@ -1068,6 +1068,65 @@ def _rebuild_actor_mesh(cls, encoded, name):
     return ActorMesh(cls, _Lazy.of(_native.decode_mesh(encoded)), name, _Liveness(name))
 
 
+class _SenderOrder:
+    """One sender's order towards one actor mesh (PY-1): keeps its ``call_one`` behind its own
+    earlier casts to the same member.
+
+    A cast (call, broadcast, reduce, send) reaches a member through the tree (comm[0] -> ... ->
+    the member's proc), and casts from one sender stay in order there (CAST-3); a direct message
+    takes the shorter way and overtook them (CAST-4): ``broadcast(set)`` then ``call_one(get)``
+    read the old state. So after a cast, this sender's ``call_one`` to a member goes through the
+    tree too, as a cast of its one-member view, until a reply through the tree shows that member
+    has run everything this sender cast before: then no tree message to it is in flight, and
+    direct messages are in order again. A sender is an actor (on whichever thread it runs) or,
+    outside actors, one thread. Updated from the sending thread and reply callbacks: ``lock``."""
+
+    __slots__ = ("lock", "casts", "confirmed", "in_tree")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.casts = 0       # casts sent so far
+        self.confirmed = {}  # member id -> casts known run by it
+        self.in_tree = {}    # member id -> call_ones through the tree not yet answered
+
+    def cast(self):
+        with self.lock:
+            self.casts += 1
+
+    def route(self, member):
+        """Whether a call_one to ``member`` must go through the tree; if so it is counted in
+        flight, and ``done(member, n)`` with the returned ``n`` ends it."""
+        with self.lock:
+            if self.casts == 0 or (self.confirmed.get(member, 0) >= self.casts
+                                   and not self.in_tree.get(member)):
+                return None
+            self.in_tree[member] = self.in_tree.get(member, 0) + 1
+            return self.casts
+
+    def done(self, member, n):
+        with self.lock:
+            self.in_tree[member] -= 1
+            if self.confirmed.get(member, 0) < n:
+                self.confirmed[member] = n
+
+
+def _sender_order(lazy) -> _SenderOrder:
+    """The calling sender's _SenderOrder towards the actor mesh of ``lazy`` (shared by its
+    views)."""
+    ctx = _current.get()
+    inst = getattr(ctx, "actor_instance", None) if ctx is not None else None
+    key = inst.actor_id if inst is not None else threading.get_ident()
+    orders = lazy.__dict__.get("_orders")
+    if orders is None:
+        with lazy._lock:
+            orders = lazy.__dict__.setdefault("_orders", {})
+    o = orders.get(key)
+    if o is None:
+        with lazy._lock:
+            o = orders.setdefault(key, _SenderOrder())
+    return o
+
+
 class EndpointRef(Generic[R]):
     """One endpoint of an actor mesh (``mesh.incr``): its adverbs."""
 
@@ -1151,7 +1210,13 @@ class EndpointRef(Generic[R]):
             ext = Extent(*self._mesh._view_tuple)
             return ValueMesh(ext, [_decode_reply(v, r, self._where) for r, v in enumerate(values)])
 
-        return self._future(args, kwargs, lambda m, p: m.call(self._name, p), decode, True)
+        order = _sender_order(self._mesh._lazy)
+
+        def send(m, p):
+            order.cast()
+            return m.call(self._name, p)
+
+        return self._future(args, kwargs, send, decode, True)
 
     def _deadlock(self, m):
         """Why get() on this call could never return, or None: the caller is a handler that
@@ -1172,8 +1237,21 @@ class EndpointRef(Generic[R]):
 
     def call_one(self, *args, **kwargs) -> Future[R]:
         """The view must hold exactly one member (the error names the mesh and its size)."""
-        return self._future(args, kwargs, lambda m, p: m.call_one(self._name, p),
-                            self._value_or_raise, True)
+        order = _sender_order(self._mesh._lazy)
+
+        def send(m, p):
+            member = m.member_name(0) if order.casts and len(m) == 1 else None
+            n = order.route(member) if member is not None else None
+            if n is None:
+                return m.call_one(self._name, p)
+            native = m.call(self._name, p)  # behind this sender's casts (_SenderOrder)
+            native.add_done_callback(lambda: order.done(member, n))
+            return native
+
+        def decode(b):  # a call through the tree gives a list of one reply
+            return self._value_or_raise(b[0] if isinstance(b, (list, tuple)) else b)
+
+        return self._future(args, kwargs, send, decode, True)
 
     def choose(self, *args, **kwargs) -> Future[R]:
         """One member, picked at random among those whose proc is not known dead (a
@@ -1200,7 +1278,13 @@ class EndpointRef(Generic[R]):
 
     def broadcast(self, *args, **kwargs) -> None:
         """Every member, fire and forget; a handler that raises fails its actor."""
-        self._fire(args, kwargs, None, lambda m, p, me: m.broadcast(self._name, p, me))
+        order = _sender_order(self._mesh._lazy)
+
+        def send(m, p, me):
+            order.cast()
+            m.broadcast(self._name, p, me)
+
+        self._fire(args, kwargs, None, send)
 
     def reduce(self, reducer, *args, **kwargs) -> Future[R]:
         """Every member; the replies combined inside the cast tree, so one value comes back.
@@ -1218,8 +1302,13 @@ class EndpointRef(Generic[R]):
             fnb = _dumps(fn)
         except Exception as e:
             raise TypeError("reduce: the reducer cannot be serialised: %s" % e) from None
-        return self._future(args, kwargs, lambda m, p: m.reduce(fnb, self._name, p),
-                            self._value_or_raise)
+        order = _sender_order(self._mesh._lazy)
+
+        def send(m, p):
+            order.cast()
+            return m.reduce(fnb, self._name, p)
+
+        return self._future(args, kwargs, send, self._value_or_raise)
 
     def rref(self, *args, **kwargs):
         """Runs the endpoint on every member with the local shards of its monarch.Tensor
@@ -1233,7 +1322,10 @@ class EndpointRef(Generic[R]):
         if selection not in ("all", "choose"):
             raise ValueError('send: selection must be "all" or "choose", not %r' % (selection,))
 
+        order = _sender_order(self._mesh._lazy)
+
         def send(m, payload, me):
+            order.cast()
             if selection == "choose":
                 i = m.choose_rank()  # a member whose proc is not known dead
                 if m.shape.labels:

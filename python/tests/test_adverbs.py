@@ -216,6 +216,35 @@ def test_fifo_over_10k_broadcasts(members):
         assert s == list(range(n)), "member %d saw the broadcasts out of order" % rank
 
 
+def test_call_one_after_a_broadcast_sees_it(members):
+    """One sender's broadcast then call_one to the same member arrive in send order (PY-1). The
+    call_one took the direct way and overtook the broadcast's way through the tree: 200 of 200
+    reads after a write were stale."""
+    one = members.slice(gpus=3)
+    one.take_seen.call_one().get(timeout=30)
+    for i in range(100):
+        members.record.broadcast(i)  # the whole mesh: through comm[0], then member 3's proc
+        assert one.take_seen.call_one().get(timeout=30) == [i]
+        one.record.broadcast(-i)  # a one-member slice
+        assert one.take_seen.call_one().get(timeout=30) == [-i]
+    members.take_seen.call().get(timeout=30)
+
+
+def test_interleaved_call_one_and_broadcast_keep_send_order(members):
+    one = members.slice(gpus=1)
+    one.take_seen.call_one().get(timeout=30)
+    pending = []
+    for i in range(600):
+        if i % 3 == 0:
+            pending.append(one.record.call_one(i))
+        else:
+            one.record.broadcast(i)
+    for f in pending:
+        f.get(timeout=30)
+    assert one.take_seen.call_one().get(timeout=30) == list(range(600))
+    members.take_seen.call().get(timeout=30)
+
+
 def test_choose_picks_only_members_on_live_procs(fault_hook):
     """choose() and send(selection="choose") skip a proc known dead: a fifth of the picks used to
     land on it and fail with SupervisionError although three members were alive."""
