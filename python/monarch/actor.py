@@ -1240,8 +1240,14 @@ class EndpointRef(Generic[R]):
         order = _sender_order(self._mesh._lazy)
 
         def send(m, p):
-            member = m.member_name(0) if order.casts and len(m) == 1 else None
-            n = order.route(member) if member is not None else None
+            if not order.casts:  # this sender never cast to the mesh: the direct way
+                return m.call_one(self._name, p)
+            member = self._mesh.__dict__.get("_member0")
+            if member is None:
+                if len(m) != 1:
+                    return m.call_one(self._name, p)  # raises, naming the mesh and its size
+                member = self._mesh._member0 = m.member_name(0)
+            n = order.route(member)
             if n is None:
                 return m.call_one(self._name, p)
             native = m.call(self._name, p)  # behind this sender's casts (_SenderOrder)
