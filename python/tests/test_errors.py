@@ -203,6 +203,32 @@ def test_a_fault_hook_that_raises_exits_the_client(tmp_path, hook, code, text):
         assert "unhandled failure" in r.stderr and text in r.stderr, r.stderr
 
 
+def test_a_proc_that_crashes_while_its_mesh_stops_is_reported(tmp_path):
+    """A __cleanup__ that ended its proc with an error during ProcMesh.stop() went unreported."""
+    r = run_client(tmp_path, """
+        import os
+        from monarch.actor import Actor, endpoint, this_host
+
+        class Dies(Actor):
+            @endpoint
+            def ok(self):
+                return 1
+
+            def __cleanup__(self, exc):
+                os._exit(3)
+
+        procs = this_host().spawn_procs(per_host={"gpus": 2}, name="crashy")
+        m = procs.spawn("dies", Dies)
+        m.ok.call().get(timeout=30)
+        procs.stop().get(timeout=60)
+        print("STOPPED", flush=True)
+    """, timeout=90)
+    assert r.returncode == 0 and "STOPPED" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    for rank in (0, 1):
+        assert ("proc mesh crashy: rank %d exited with code 3 while it stopped" % rank
+                in r.stderr), r.stderr
+
+
 class Child(Actor):
     @endpoint
     def pid(self):
