@@ -1250,7 +1250,11 @@ class EndpointRef(Generic[R]):
             n = order.route(member)
             if n is None:
                 return m.call_one(self._name, p)
-            native = m.call(self._name, p)  # behind this sender's casts (_SenderOrder)
+            try:
+                native = m.call(self._name, p)  # behind this sender's casts (_SenderOrder)
+            except BaseException:
+                order.done(member, 0)  # not sent: not in flight, and it confirms nothing
+                raise
             native.add_done_callback(lambda: order.done(member, n))
             return native
 
