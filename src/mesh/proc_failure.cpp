@@ -103,17 +103,16 @@ void ProcessGroup::on_exit(uint64_t rank, const ExitStatus& st) {
   // An error exit or an abort names what the proc last wrote on stderr; a kill does not (its
   // last line has nothing to do with it).
   const bool said_why = st.signal == 0 ? st.code != 0 : st.signal == SIGABRT;
+  const std::string how =
+      st.to_string() + (said_why && !r.last_stderr.empty()
+                            ? " (its last line on stderr: " + r.last_stderr + ")"
+                            : std::string());
   if (r.st == St::Stopping && (st.code != 0 || st.signal != 0) && st.signal != SIGKILL) {
     // Asked to stop, it crashed or failed on its way out (an actor's cleanup): no failure to
     // deliver any more, but not silence either. SIGKILL is this stop's own (past stop_timeout).
-    spdlog::warn("proc mesh {}: rank {} {} while it stopped{}", name, rank, st.to_string(),
-                 said_why && !r.last_stderr.empty()
-                     ? " (its last line on stderr: " + r.last_stderr + ")"
-                     : std::string());
+    spdlog::warn("proc mesh {}: rank {} {} while it stopped", name, rank, how);
   }
-  fail_locked(rank, st.to_string() + (said_why && !r.last_stderr.empty()
-                                          ? " (its last line on stderr: " + r.last_stderr + ")"
-                                          : std::string()));
+  fail_locked(rank, how);
   cv.notify_all();
 }
 
