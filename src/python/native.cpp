@@ -562,8 +562,9 @@ NativeFuture mesh_stop(const Mesh& m) {
       lock.unlock();
       auto msg = what + " did not finish within " + std::to_string(limit.count()) +
                  " ms (mesh.stop_timeout): a member is in a handler that does not return, which "
-                 "holds its actor (a stop first waits for the messages sent before it); stop the "
-                 "procs (ProcMesh.stop()), which ends them";
+                 "holds its actor (a stop first waits for the messages sent before it), or in a "
+                 "__cleanup__ that does not return; stop the procs (ProcMesh.stop()), which ends "
+                 "them";
       complete(s, [msg]() -> py::object { throw TimeoutError(msg); });
     }
   };
