@@ -1235,6 +1235,24 @@ class EndpointRef(Generic[R]):
                 "handler returns; use @concurrent_endpoint or an async endpoint, or do not wait"
                 % (self._where(), me))
 
+    def _ordered_one(self, order, one, p, member):
+        """Sends a call to ``one`` (a native view of one member, ``member`` its id): direct, or,
+        after this sender's casts, as a cast of that view (_SenderOrder)."""
+        n = order.route(member)
+        if n is None:
+            return one.call_one(self._name, p)
+        try:
+            native = one.call(self._name, p)  # behind this sender's casts
+        except BaseException:
+            order.done(member, 0)  # not sent: not in flight, and it confirms nothing
+            raise
+        native.add_done_callback(lambda: order.done(member, n))
+        return native
+
+    def _one_reply(self, b):
+        """A call through the tree gives a list of one reply; call_one, the reply."""
+        return self._value_or_raise(b[0] if isinstance(b, (list, tuple)) else b)
+
     def call_one(self, *args, **kwargs) -> Future[R]:
         """The view must hold exactly one member (the error names the mesh and its size)."""
         order = _sender_order(self._mesh._lazy)
@@ -1247,27 +1265,25 @@ class EndpointRef(Generic[R]):
                 if len(m) != 1:
                     return m.call_one(self._name, p)  # raises, naming the mesh and its size
                 member = self._mesh._member0 = m.member_name(0)
-            n = order.route(member)
-            if n is None:
-                return m.call_one(self._name, p)
-            try:
-                native = m.call(self._name, p)  # behind this sender's casts (_SenderOrder)
-            except BaseException:
-                order.done(member, 0)  # not sent: not in flight, and it confirms nothing
-                raise
-            native.add_done_callback(lambda: order.done(member, n))
-            return native
+            return self._ordered_one(order, m, p, member)
 
-        def decode(b):  # a call through the tree gives a list of one reply
-            return self._value_or_raise(b[0] if isinstance(b, (list, tuple)) else b)
-
-        return self._future(args, kwargs, send, decode, True)
+        return self._future(args, kwargs, send, self._one_reply, True)
 
     def choose(self, *args, **kwargs) -> Future[R]:
         """One member, picked at random among those whose proc is not known dead (a
-        SupervisionError when every proc is)."""
-        return self._future(args, kwargs, lambda m, p: m.choose(self._name, p),
-                            self._value_or_raise)
+        SupervisionError when every proc is). Kept behind this sender's casts as call_one is."""
+        order = _sender_order(self._mesh._lazy)
+
+        def send(m, p):
+            if not order.casts:
+                return m.choose(self._name, p)
+            one = m
+            if m.shape.labels:  # no dims: one member already
+                i = m.choose_rank()
+                one = m.with_view(m.shape.flatten("_all").slice_range("_all", i, i + 1, 1))
+            return self._ordered_one(order, one, p, one.member_name(0))
+
+        return self._future(args, kwargs, send, self._one_reply)
 
     def stream(self, *args, **kwargs) -> Iterator[Future[R]]:
         """Every member; yields one completed Future per member, in the order replies arrive."""

@@ -230,6 +230,13 @@ def test_call_one_after_a_broadcast_sees_it(members):
     members.take_seen.call().get(timeout=30)
 
 
+def test_choose_after_a_broadcast_sees_it(members):
+    for i in range(50):
+        members.record.broadcast(i)
+        assert members.take_seen.choose().get(timeout=30)[-1:] == [i]
+    members.take_seen.call().get(timeout=30)
+
+
 def test_interleaved_call_one_and_broadcast_keep_send_order(members):
     one = members.slice(gpus=1)
     one.take_seen.call_one().get(timeout=30)
