@@ -1784,11 +1784,9 @@ class HostMesh(MeshTrait):
             raise TypeError("spawn_procs: name must be a non-empty str, not %r" % (name,))
         if not name:
             raise ValueError("spawn_procs: name must be a non-empty str, not ''")
-        if not all(c.isascii() and (c.isalnum() or c in "_-") for c in name):
-            # The runtime's rule (HostMesh::spawn_procs), checked here too: the spawn itself runs
-            # later, on another thread, and failed only the mesh's first use.
-            raise UsageError("spawn_procs: mesh name %r may hold only letters, digits, '_' and "
-                             "'-'" % name)
+        # The runtime's rule, checked now: the spawn itself runs later, on another thread, and a
+        # bad name failed only the mesh's first use. Raises UsageError (a ValueError).
+        _native.check_proc_mesh_name(name)
         labels, sizes = list(per_host), [per_host[k] for k in per_host]
         env = _worker_env()
         if bootstrap is not None:

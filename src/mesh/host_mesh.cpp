@@ -214,6 +214,15 @@ const ProcTimeouts& HostMesh::timeouts() const {
   return state_->timeouts;
 }
 
+void check_proc_mesh_name(const std::string& name) {
+  for (char c : name) {
+    if (std::isalnum(static_cast<unsigned char>(c)) == 0 && c != '_' && c != '-') {
+      throw UsageError("spawn_procs: mesh name '" + name +
+                       "' may hold only letters, digits, '_' and '-'");
+    }
+  }
+}
+
 ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions options) const {
   if (per_host.num_ranks() == 0)
     throw UsageError("spawn_procs: empty extent " + per_host.to_string());
@@ -226,12 +235,7 @@ ProcMesh HostMesh::spawn_procs(const ndslice::Extent& per_host, SpawnOptions opt
   ndslice::Extent extent(labels, sizes);
   std::string name =
       options.name.empty() ? "procs" + std::to_string(g_mesh_counter++) : options.name;
-  for (char c : name) {
-    if (std::isalnum(static_cast<unsigned char>(c)) == 0 && c != '_' && c != '-') {
-      throw UsageError("spawn_procs: mesh name '" + name +
-                       "' may hold only letters, digits, '_' and '-'");
-    }
-  }
+  check_proc_mesh_name(name);
   ActorId owner = options.owner;
   Proc* owner_proc = options.owner_proc;
   if (!options.on_failure) {

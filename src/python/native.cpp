@@ -799,6 +799,7 @@ PYBIND11_MODULE(_native, m) {
       [](const std::vector<std::string>& agents) { return mesh::attach_to_workers(agents); },
       py::arg("agents"), py::call_guard<NoGil>());
   m.def("is_worker", &is_worker);
+  m.def("check_proc_mesh_name", &mesh::check_proc_mesh_name, py::arg("name"));
   m.def(
       "max_frame_bytes", [] { return config::global().bytes("channel.max_frame_bytes"); },
       "channel.max_frame_bytes: the largest message (bytes, headers included).");

@@ -107,6 +107,11 @@ struct SpawnOptions {
   CastOptions cast{};
 };
 
+/// The rule for a proc mesh's name (SpawnOptions::name): letters, digits, '_' and '-' (it
+/// becomes part of process and actor names). Throws UsageError naming `name` otherwise.
+/// HostMesh::spawn_procs applies it; front ends call it to reject a name before spawning.
+void check_proc_mesh_name(const std::string& name);
+
 /// Hosts, each running a host agent. Copies share the agents and the client Proc.
 class HostMesh {
  public:
