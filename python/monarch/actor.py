@@ -1127,6 +1127,15 @@ def _sender_order(lazy) -> _SenderOrder:
     return o
 
 
+def _chosen_one(m):
+    """A native view of one member of native mesh ``m``, picked at random among those whose proc
+    is not known dead (``m`` itself when it has no dims: one member)."""
+    if not m.shape.labels:
+        return m
+    i = m.choose_rank()
+    return m.with_view(m.shape.flatten("_all").slice_range("_all", i, i + 1, 1))
+
+
 class EndpointRef(Generic[R]):
     """One endpoint of an actor mesh (``mesh.incr``): its adverbs."""
 
@@ -1277,10 +1286,7 @@ class EndpointRef(Generic[R]):
         def send(m, p):
             if not order.casts:
                 return m.choose(self._name, p)
-            one = m
-            if m.shape.labels:  # no dims: one member already
-                i = m.choose_rank()
-                one = m.with_view(m.shape.flatten("_all").slice_range("_all", i, i + 1, 1))
+            one = _chosen_one(m)
             return self._ordered_one(order, one, p, one.member_name(0))
 
         return self._future(args, kwargs, send, self._one_reply)
@@ -1353,9 +1359,7 @@ class EndpointRef(Generic[R]):
         def send(m, payload, me):
             order.cast()
             if selection == "choose":
-                i = m.choose_rank()  # a member whose proc is not known dead
-                if m.shape.labels:
-                    m = m.with_view(m.shape.flatten("_all").slice_range("_all", i, i + 1, 1))
+                m = _chosen_one(m)
             m.broadcast(self._name, payload, me)
 
         self._fire(args, kwargs, port, send)
