@@ -6,8 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "monarch/rdma/rdma.hpp"
 
@@ -31,6 +34,19 @@ void write_slot(std::byte* base, std::size_t slot, std::int64_t v) {
   std::memcpy(base + slot * 8, &v, 8);
 }
 
+// The buffers of the live FlatStates. A module's parameters can be bound into one of them at a
+// time: a second FlatState over the same module would take the parameters' .grad away from the
+// first, whose grads() then stay zero while training goes on (nothing would fail).
+std::mutex live_mu;
+std::set<const void*>& live_buffers() {
+  static std::set<const void*> live;
+  return live;
+}
+void forget_buffer(const void* base) {
+  std::lock_guard lock(live_mu);
+  live_buffers().erase(base);
+}
+
 }  // namespace
 
 struct FlatState::Impl {
@@ -47,12 +63,21 @@ FlatState::FlatState(::torch::nn::Module& module, FlatStateOptions options)
   auto parameters = module.parameters(/*recurse=*/true);
   if (parameters.empty()) throw UsageError("FlatState: the module has no parameters");
   std::size_t count = 0;
-  for (const auto& p : parameters) {
-    if (p.device() != torch::kCPU || p.scalar_type() != torch::kFloat32 || p.is_sparse()) {
-      throw UsageError("FlatState: parameter of shape " + c10::str(p.sizes()) +
-                       " is not a dense CPU float32 tensor");
+  {
+    std::lock_guard lock(live_mu);
+    for (const auto& p : parameters) {
+      if (p.device() != torch::kCPU || p.scalar_type() != torch::kFloat32 || p.is_sparse()) {
+        throw UsageError("FlatState: parameter of shape " + c10::str(p.sizes()) +
+                         " is not a dense CPU float32 tensor");
+      }
+      if (live_buffers().count(p.storage().data()) != 0) {
+        throw UsageError("FlatState: the parameter of shape " + c10::str(p.sizes()) +
+                         " is already bound into another FlatState, which is still alive: a "
+                         "module can have one FlatState at a time (a second one takes the "
+                         "parameters' gradients away from the first)");
+      }
+      count += static_cast<std::size_t>(p.numel());
     }
-    count += static_cast<std::size_t>(p.numel());
   }
   num_params_ = count;
   std::size_t total = kHeaderFloats + 3 * count;
@@ -95,11 +120,27 @@ FlatState::FlatState(::torch::nn::Module& module, FlatStateOptions options)
   grads_ = s.grads.data_ptr<float>();
   write_slot(base_, kMagicSlot, static_cast<std::int64_t>(kMagic));
   write_slot(base_, kCountSlot, static_cast<std::int64_t>(count));
+  std::lock_guard lock(live_mu);
+  live_buffers().insert(base_);
 }
 
-FlatState::~FlatState() = default;
+FlatState::~FlatState() {
+  if (impl_) forget_buffer(base_);
+}
 FlatState::FlatState(FlatState&&) noexcept = default;
-FlatState& FlatState::operator=(FlatState&&) noexcept = default;
+FlatState& FlatState::operator=(FlatState&& other) noexcept {
+  if (this != &other) {
+    if (impl_) forget_buffer(base_);
+    impl_ = std::move(other.impl_);
+    base_ = std::exchange(other.base_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    num_params_ = std::exchange(other.num_params_, 0);
+    rdma_buffer_ = std::exchange(other.rdma_buffer_, nullptr);
+    params_ = std::exchange(other.params_, nullptr);
+    grads_ = std::exchange(other.grads_, nullptr);
+  }
+  return *this;
+}
 
 void FlatState::load_from(std::span<const std::byte> src) {
   if (src.size() != size_) {

@@ -228,4 +228,35 @@ TEST(FlatState, RejectsNonFloatParameters) {
   EXPECT_THROW(FlatState{empty}, monarch::UsageError);
 }
 
+// A second FlatState over a module took the parameters' .grad away from the first, whose grads()
+// then stayed zero while the job trained nothing, without an error (newcomer report, stop 51).
+TEST(FlatState, OneFlatStateAtATimePerModule) {
+  Net net(3);
+  auto first = std::make_unique<FlatState>(net);
+  try {
+    FlatState second(net);
+    FAIL() << "a second live FlatState over the same module was accepted";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("already bound into another FlatState"), std::string::npos)
+        << e.what();
+  }
+  // The first one still owns the gradients.
+  torch::nn::functional::mse_loss(net.forward(torch::ones({2, 5})), torch::zeros({2, 3}))
+      .backward();
+  float sum = 0;
+  for (float g : first->grads()) sum += std::abs(g);
+  EXPECT_GT(sum, 0.0f);
+  // Moved, it is still the one; once it is gone, the module can be wrapped again.
+  FlatState moved(std::move(*first));
+  EXPECT_THROW(FlatState{net}, monarch::UsageError);
+  Net other(4);
+  FlatState assigned(other);
+  assigned = std::move(moved);
+  EXPECT_THROW(FlatState{net}, monarch::UsageError);
+  first.reset();
+  { FlatState gone = std::move(assigned); }
+  FlatState again(net);
+  EXPECT_EQ(again.num_params(), kParams);
+}
+
 }  // namespace

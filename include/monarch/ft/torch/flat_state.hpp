@@ -64,10 +64,12 @@ class FlatState {
   /// backward read and write the flat buffers with no copies. The buffers are shared with the
   /// module's tensors (reference counted), so either may outlive the other. Do not replace the
   /// module's parameters afterwards (module.to(), optimizer.zero_grad(set_to_none)), or they stop
-  /// aliasing. Throws UsageError if a parameter is not a dense CPU float32 tensor or
-  /// the module has none. Optimizer moments start at zero, step and data_position at 0.
-  /// With options.shared_memory, bytes() lives in an RdmaBuffer::allocate()d buffer (see
-  /// FlatStateOptions); throws rdma::RdmaError(BackendUnavailable) if that memory cannot be made.
+  /// aliasing. A module can have one FlatState at a time: a second one would take the
+  /// parameters' gradients away from the first. Throws UsageError if a parameter is not a dense
+  /// CPU float32 tensor, is already bound into another live FlatState, or the module has none.
+  /// Optimizer moments start at zero, step and data_position at 0. With options.shared_memory,
+  /// bytes() lives in an RdmaBuffer::allocate()d buffer (see FlatStateOptions); throws
+  /// rdma::RdmaError(BackendUnavailable) if that memory cannot be made.
   explicit FlatState(::torch::nn::Module& module, FlatStateOptions options = {});
   ~FlatState();
   FlatState(FlatState&&) noexcept;
