@@ -158,7 +158,7 @@ static int run(int argc, char** argv) {
   app.add_option("--ft-train", ft_train, "--job ft_train: ft_train's path in the image")
       ->capture_default_str();
   app.add_option("ft_args", ft_args, "--job ft_train: more ft_train arguments (after --)");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = monarch::cli::parse(app, argc, argv); rc >= 0) return rc;
   o.gpu_vendor =
       vendor == "amd" ? monarch::launch::GpuVendor::amd : monarch::launch::GpuVendor::nvidia;
   o.host.listen = listen;

@@ -4,9 +4,9 @@
 // unsigned value past 2^64-1 through, clamped. These say what was wrong with the text instead.
 //
 // Each is a CLI::Validator: it runs on the option's text before CLI11 converts it, and what it
-// returns is printed as "--flag: MESSAGE" (exit 105, CLI11's ValidationError) before main's own
-// code runs. Header-only; no state, usable from any thread. tcp_secret_problem() is the check
-// of a TCP address against the job secret, in the tools' terms.
+// returns is printed as "--flag: MESSAGE" before main's own code runs; parse() then exits 2, as
+// for every other usage error. Header-only; no state, usable from any thread. tcp_secret_problem()
+// is the check of a TCP address against the job secret, in the tools' terms.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -19,6 +19,19 @@
 #include "monarch/channel/channel.hpp"
 
 namespace monarch::cli {
+
+/// CLI11_PARSE, except that every usage error exits 2 (CLI11 gives each kind of error its own
+/// code: 105 for a failed check, 106 for a missing value, ...), as the tools' own usage checks
+/// do; --help exits 0. Prints what CLI11 prints. Returns the exit code, or -1 when the arguments
+/// parsed: `if (int rc = cli::parse(app, argc, argv); rc >= 0) return rc;`.
+inline int parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return -1;
+}
 
 /// An integer from `lo` to `hi`, both included, written in decimal (a leading '+' is refused, as
 /// are spaces and a fraction). Messages: "'abc' is not an integer", "must be from 1 to 64, not 0",

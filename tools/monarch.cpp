@@ -77,7 +77,7 @@ static int run(int argc, char** argv) {
       return 2;
     }
   }
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = monarch::cli::parse(app, argc, argv); rc >= 0) return rc;
   for (auto* sub : {agent, lighthouse}) {
     if (*sub && sub->count("--listen") == 0) {
       std::fprintf(stderr, "monarch %s: --listen is required (see monarch %s --help)\n",

@@ -166,7 +166,7 @@ static int run(int argc, char** argv) {
   app.add_flag("--worker", o.worker)->group("");
   app.add_option("--rank", o.rank)->group("");
   app.add_option("--port", o.port)->group("");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = monarch::cli::parse(app, argc, argv); rc >= 0) return rc;
   try {
     if (o.worker) return worker(o);
     // Fail early (and readably) when the data is missing, before spawning workers.

@@ -290,7 +290,7 @@ static int run(int argc, char** argv) {
       ->check(monarch::cli::non_empty());
   ex::add_launcher_flags(app, lo);  // --launcher, --slurm-*, --k8s-*
   ex::add_chaos_flags(app, run.chaos);
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = monarch::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (auto problem = monarch::cli::tcp_secret_problem("--lighthouse", lighthouse_addr);
       !problem.empty()) {
     std::fprintf(stderr, "ft_train: %s\n", problem.c_str());
