@@ -116,7 +116,7 @@ class Lighthouse:
                 self.proc.wait()
 
 
-def start_job(ft_train, workdir, lighthouse_addr, steps):
+def start_job(ft_train, workdir, lighthouse_addr, steps, env=None):
     out = os.path.join(workdir, "out")
     summary = os.path.join(workdir, "summary.json")
     # --spares 0: a killed group's replacement starts fresh procs. A warm spare can join the very
@@ -126,7 +126,8 @@ def start_job(ft_train, workdir, lighthouse_addr, steps):
             "--replicas", str(REPLICAS), "--spares", "0", "--no-progress", "--out", out,
             "--json-summary", summary]
     log = open(os.path.join(workdir, "ft_train.log"), "w")
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), out, summary
+    return (subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                             env=dict(os.environ, **(env or {}))), out, summary)
 
 
 def finish_job(job, summary, workdir, timeout=120, allow_restarts=False):
@@ -169,7 +170,12 @@ def max_step(lh):
 
 def test_freeze(monarch, ft_train, workdir, secret_file):
     lh = Lighthouse(monarch, "tcp://127.0.0.1:0", secret_file=secret_file)
-    job, out, summary = start_job(ft_train, workdir, lh.addr, 1500)
+    # A long step timeout: a quorum request that the managers' channel dropped during the freeze
+    # must be re-sent once the lighthouse answers again, not waited out (training stalled for the
+    # whole ft.step_timeout after a thaw).
+    step_timeout = 25
+    job, out, summary = start_job(ft_train, workdir, lh.addr, 2500,
+                                  env={"MONARCH_FT_STEP_TIMEOUT": "%ds" % step_timeout})
     try:
         wait_for("the first quorum of %d groups" % REPLICAS,
                  lambda: (lh.status() or {}).get("members") and
@@ -177,14 +183,22 @@ def test_freeze(monarch, ft_train, workdir, secret_file):
         hb_timeout = lh.status()["heartbeat_timeout_ms"] / 1000.0
         before = max_step(lh)
         lh.proc.send_signal(signal.SIGSTOP)
-        time.sleep(hb_timeout + 1.5)  # the fault itself: frozen for longer than the timeout
+        # The fault itself: frozen for longer than the lighthouse's heartbeat timeout, and until
+        # a manager's channel has given up on its quorum request in flight (its delivery
+        # timeout, which ft_train sets above the mesh heartbeat timeout).
+        time.sleep(hb_timeout + 1.5)
+        log = os.path.join(workdir, "ft_train.log")
+        wait_for("a manager to give up on its quorum request to the frozen lighthouse",
+                 lambda: "quorum request not delivered" in open(log).read(), 30, job)
         lh.proc.send_signal(signal.SIGCONT)
-        after = wait_for("training to resume after SIGCONT",
-                         lambda: max_step(lh) > before + 20 and max_step(lh), 30, job)
-        st = lh.status()
-        if len(st["members"]) != REPLICAS:
-            wait_for("every group back in one quorum",
-                     lambda: len((lh.status() or {"members": []})["members"]) == REPLICAS, 20, job)
+        # Every group, the one whose request was dropped included, back in one quorum and
+        # training: well within ft.step_timeout, which the dropped request's ranks waited out.
+        def resumed_all():
+            st = lh.status() or {"members": [], "max_step": 0}
+            return len(st["members"]) == REPLICAS and st["max_step"] > before + 20 and st
+        st = wait_for("every group back in one quorum, training, after SIGCONT (well within "
+                      "ft.step_timeout, %d s)" % step_timeout, resumed_all, 15, job)
+        after = st["max_step"]
         print("freeze: step %d before, %d after; members %s" % (before, after, st["members"]))
         epoch = st["epoch"]
 

@@ -317,7 +317,7 @@ void Manager::beat() {
     });
     return;
   }
-  bool moved = false;
+  bool moved = false, back = false;
   try {
     HeartbeatReply r = f.get(wait);
     if (r.kill) die_on_request(replica_id_);
@@ -329,8 +329,10 @@ void Manager::beat() {
       health_->silent = std::move(r.silent);
       health_->at = Clock::now();
     }
-    if (unreachable_->exchange(false))
+    if (unreachable_->exchange(false)) {
       spdlog::info("manager {}: the lighthouse answers again", replica_id_);
+      back = true;
+    }
   } catch (const DeliveryFailure& e) {
     const auto& id = lh.id();
     // Once per outage at warning level (a run cut short stops its lighthouse before its managers).
@@ -352,6 +354,11 @@ void Manager::beat() {
     spdlog::warn("manager {}: the lighthouse restarted; re-sending the pending quorum request",
                  replica_id_);
     self<Manager>().send(&Manager::resend);
+  } else if (back) {
+    // The same lighthouse, thawed or reachable again: a request the channel gave up on while it
+    // was away is lost, and the ranks would wait out ft.step_timeout for it. Re-sending one that
+    // is still pending there only replaces it (the latest send answers).
+    self<Manager>().send(&Manager::resend);
   }
 }
 
@@ -360,7 +367,13 @@ void Manager::undeliverable(const DeliveryFailure& failure) {
 }
 
 void Manager::resend() {
-  if (inflight_) send_inflight();
+  if (!inflight_) return;
+  {
+    std::lock_guard lock(inflight_->mu);
+    if (inflight_->done) return;
+  }
+  spdlog::info("manager {}: re-sending the pending quorum request", replica_id_);
+  send_inflight();
 }
 
 // Sends the group's request (again): only the latest send may answer the ranks. A DeliveryFailure

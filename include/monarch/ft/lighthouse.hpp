@@ -25,7 +25,9 @@
 //
 // The Manager survives its lighthouse: it is never failed by a DeliveryFailure of a heartbeat or
 // quorum call. A frozen lighthouse simply answers late (its heartbeats queue; the ranks' quorum
-// waits are bounded by their own deadline and retried). A lighthouse restarted on the same address
+// waits are bounded by their own deadline and retried); a quorum request that the channel gave up
+// on meanwhile (delivery timeout) is re-sent when a heartbeat is answered again, so a thaw does
+// not cost the rest of ft.step_timeout. A lighthouse restarted on the same address
 // is a new incarnation (LighthouseStatus::epoch, returned by every heartbeat): the Manager then
 // looks it up again by address and name and re-sends its pending quorum request there.
 #pragma once
