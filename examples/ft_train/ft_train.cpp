@@ -82,6 +82,7 @@ struct Trainer : monarch::Actor {
   }
   void cleanup(const std::optional<monarch::ActorSupervisionEvent>&) override {
     stop_ = true;
+    stop_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
   MONARCH_ENDPOINTS(Trainer, ready, start)
@@ -114,6 +115,13 @@ struct Trainer : monarch::Actor {
                 metric = work_->evaluate(false);
             }
           }
+        } catch (const monarch::UsageError&) {
+          // A program error (two trainers with one rank, replicas of different sizes): no step
+          // can succeed. The report carries it as fatal, the controller ends the run with it
+          // and stops this trainer.
+          client.report(loss, metric);
+          stop_.wait(false);
+          return;
         } catch (const std::exception&) {
           // no quorum, no vote or a failed heal (client.last_error()): the next step retries
         }

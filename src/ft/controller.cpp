@@ -294,17 +294,51 @@ void ReplicaController::event(const std::string& what) {
 
 Future<void> ReplicaController::spawn_all() {
   t0_ = now_ns();
-  Promise<void> all;
-  auto f = all.get_future();
-  auto pending = std::make_shared<std::pair<int64_t, Promise<void>>>(opts_.groups + opts_.spares,
-                                                                     std::move(all));
-  // The continuations run in this actor once each group or spare is ready (this handler has
-  // returned).
-  auto one = [pending] {
-    if (--pending->first == 0) pending->second.set_value();
+  struct Pending {
+    std::mutex mu;
+    int64_t left;
+    bool failed = false;
+    Promise<void> all;
   };
-  for (int64_t r = 0; r < opts_.groups; ++r) (void)spawn_group(r, false).then(one);
-  for (int64_t k = 0; k < opts_.spares; ++k) (void)spawn_spare().then(one);
+  auto pending = std::make_shared<Pending>();
+  pending->left = opts_.groups + opts_.spares;
+  auto f = pending->all.get_future();
+  // Completes on the thread that readied (or failed) each group or spare. A group whose procs or
+  // trainers fail before they are up fails spawn_all naming it (its future's own error, e.g.
+  // "promise dropped", names neither the group nor the mesh).
+  auto one = [pending](std::string what) {
+    return [pending, what = std::move(what)](monarch::detail::State<void>& s) {
+      std::unique_lock lock(pending->mu);
+      if (pending->failed) return;
+      if (s.error) {
+        pending->failed = true;
+        lock.unlock();
+        std::string why = "unknown error";
+        try {
+          std::rethrow_exception(s.error);
+        } catch (const std::exception& e) {
+          why = e.what();
+        } catch (...) {
+        }
+        pending->all.set_error(std::make_exception_ptr(
+            Error("spawn_all: " + what + " did not start: " + why +
+                  " (a failure before training starts is not healed; see the supervise "
+                  "events)")));
+        return;
+      }
+      if (--pending->left == 0) {
+        lock.unlock();
+        pending->all.set_value();
+      }
+    };
+  };
+  for (int64_t r = 0; r < opts_.groups; ++r) {
+    spawn_group(r, false).on_complete(
+        one(replica_id(r) + " (mesh " + replica_id(r) + "-" +
+            std::to_string(groups_[static_cast<size_t>(r)].incarnation) + ")"));
+  }
+  for (int64_t k = 0; k < opts_.spares; ++k)
+    spawn_spare().on_complete(one("spare" + std::to_string(next_spare_ - 1)));
   return f;
 }
 
@@ -625,6 +659,10 @@ void ReplicaController::take_report(StepReport r) {
   if (gi < 0 || r.incarnation != groups_[static_cast<size_t>(gi)].incarnation || finished_)
     return;  // from a replaced group, or late
   auto& g = groups_[static_cast<size_t>(gi)];
+  if (r.fatal) {
+    return fail_run(r.replica_id + " rank " + std::to_string(r.rank) + ": " + r.error +
+                    " (a program error, not a fault: no retry or respawn can fix it)");
+  }
   if (!r.error.empty()) {
     // A failed step during a recovery is expected; show each group's first error per quorum.
     if (auto* f = open_fault(); f && !f->detected) f->detected = r.t_ns;

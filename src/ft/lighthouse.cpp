@@ -424,6 +424,17 @@ void Manager::send_inflight() {
   fault_point_quorum_request(lh, replica_id_, step);  // chaos: killed with the request pending
 }
 
+std::string Manager::claim(int64_t rank, uint64_t client) {
+  check_rank(rank, "claim");
+  auto [it, fresh] = claims_.emplace(rank, client);
+  if (fresh || it->second == client) return {};
+  return fmt::format(
+      "{} rank {} is already used by another trainer of this group: two trainers were given "
+      "the same rank; give each trainer of a group its own rank, 0..{} "
+      "(ReplicaClientOptions::rank)",
+      replica_id_, rank, world_size_ - 1);
+}
+
 void Manager::check_rank(int64_t rank, const char* what) const {
   if (rank < 0 || rank >= world_size_) {
     throw UsageError(fmt::format("Manager {}::{}: rank {} is outside [0, {})", replica_id_, what,

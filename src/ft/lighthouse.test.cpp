@@ -67,6 +67,20 @@ TEST_F(LighthouseTest, EveryRankOfEveryGroupGetsItsPlaceInOneQuorum) {
   EXPECT_EQ(rb1.global_rank, 2);
 }
 
+// Two trainers of one group given the same rank replaced each other's quorum requests for a
+// minute (newcomer report, stop 51). Each ReplicaClient claims its rank once; a second client
+// on a claimed rank is told why, naming the group and the ranks it may use.
+TEST_F(LighthouseTest, ARankIsClaimedByOneClientOnly) {
+  auto b = manager("b", 2);
+  EXPECT_EQ(b.call(&Manager::claim, int64_t{0}, uint64_t{11}).get(5s), "");
+  EXPECT_EQ(b.call(&Manager::claim, int64_t{0}, uint64_t{11}).get(5s), "");  // the same client
+  EXPECT_EQ(b.call(&Manager::claim, int64_t{1}, uint64_t{12}).get(5s), "");
+  const std::string why = b.call(&Manager::claim, int64_t{0}, uint64_t{13}).get(5s);
+  EXPECT_THAT(why, HasSubstr("b rank 0 is already used by another trainer of this group"));
+  EXPECT_THAT(why, HasSubstr("its own rank, 0..1"));
+  EXPECT_THROW(b.call(&Manager::claim, int64_t{2}, uint64_t{14}).get(5s), monarch::Error);
+}
+
 TEST_F(LighthouseTest, OneBadVoteFailsTheCommitForTheWholeGroup) {
   auto g = manager("g", 3);
   auto v0 = g.call(&Manager::should_commit, int64_t{0}, int64_t{5}, true);

@@ -137,10 +137,15 @@ struct StepReport {
   double metric = -1;   ///< the model's quality metric when evaluated (-1: not this step)
   bool final = false;   ///< the rank reached the last step and holds
   uint64_t state_bytes = 0;
+  /// `error` is a program error (ReplicaClient::allreduce's UsageError, e.g. replicas whose
+  /// states differ in size), not a fault: no retry or respawn can fix it, and the controller
+  /// ends the run with it (RunStats::error).
+  bool fatal = false;
   template <class A>
   void serialize(A& ar) {
     ar(replica_id, incarnation, rank, step, committed, loss, quorum_id, participants, healing,
-       healed, donor, heal_ms, heal_bytes, hash, t_ns, error, metric, final, state_bytes, hashed);
+       healed, donor, heal_ms, heal_bytes, hash, t_ns, error, metric, final, state_bytes, hashed,
+       fatal);
   }
 };
 
@@ -312,15 +317,20 @@ struct GroupInfo {
 
 class ReplicaController : public Actor {
  public:
-  /// `hosts`: at least one (UsageError otherwise). `lighthouse`: the job's (in this process or
-  /// external).
+  /// `hosts`: at least one; options.groups and options.ranks at least 1 (UsageError otherwise,
+  /// from the constructor: spawned as an actor, that fails the actor, and unhandled at the top
+  /// it ends the process with the message, as any actor's failing constructor does).
+  /// `lighthouse`: the job's (in this process or external).
   ReplicaController(std::vector<mesh::HostMesh> hosts, ActorRef<Lighthouse> lighthouse,
                     ReplicaControllerOptions options);
   ~ReplicaController() override;
 
   /// Spawns every group (procs, manager, fault agents, trainers) and options.spares spares;
-  /// completes once every group's and spare's spawn_trainers future did (a group whose trainers
-  /// fail to start never completes it: bound the wait). Does not start training.
+  /// completes once every group's and spare's spawn_trainers future did. Fails with an Error
+  /// naming the first group or spare whose future failed ("spawn_all: replica2 (mesh replica2-0)
+  /// did not start: <its error>"; e.g. a process killed while its trainers initialise): a
+  /// failure before training starts is not healed. A spawn_trainers future that never completes
+  /// never completes this one either: bound the wait. Does not start training.
   Future<void> spawn_all();
   /// Waits (polling, up to mesh.spawn_timeout) until the lighthouse has heard from every group,
   /// so that the first quorum has them all, then calls start_trainers for every group.

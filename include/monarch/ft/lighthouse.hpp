@@ -276,11 +276,18 @@ class Manager : public Actor {
   /// Rank `rank` (0 <= rank < world_size) of this group asks for the quorum of step `step` (its
   /// committed steps). `commit_failed`: its previous step did not commit. `state`: where its
   /// committed state can be read, when it has one. Completes once every rank asked and the
-  /// lighthouse answered; fails with UsageError on a bad rank, QuorumError from the lighthouse.
+  /// lighthouse answered; fails with UsageError on a bad rank, QuorumError from the lighthouse
+  /// (called from another actor or thread, as ReplicaClient does, these arrive as the cause of
+  /// an ActorError, like any handler's exception).
   Future<QuorumResult> quorum(int64_t rank, int64_t step, bool commit_failed,
                               std::optional<rdma::RdmaHandle> state);
   /// One vote per rank for step `step`; completes with true only if every rank voted ok.
   Future<bool> should_commit(int64_t rank, int64_t step, bool ok);
+  /// Rank `rank` is used by the ReplicaClient `client` (a random id it drew). "" when the rank
+  /// was free or is already this client's; else why not (another client of this Manager uses it:
+  /// two trainers of one group were given the same rank). A rank stays claimed for the
+  /// Manager's life (one per group incarnation). UsageError on a bad rank.
+  std::string claim(int64_t rank, uint64_t client);
   /// Whether quorum `quorum_id` lost a member, as the lighthouse's latest heartbeat reply says
   /// "" when it did not, or when that reply was about another quorum; else a sentence
   /// naming the silent groups and the reply's age. Answers from memory (no lighthouse round
@@ -288,13 +295,13 @@ class Manager : public Actor {
   /// (ReplicaClient::allreduce does, every ReplicaClientOptions::silent_probe).
   std::string quorum_health(int64_t quorum_id) const;
 
-  /// Internal (the heartbeat thread): the lighthouse restarted or was re-resolved; re-send the
-  /// pending quorum request to it.
+  /// Internal (the heartbeat thread): the lighthouse restarted, was re-resolved, or answers again
+  /// after an outage; re-send the pending quorum request to it (no-op when none is pending).
   void resend();
   /// A DeliveryFailure of a send is logged, never fatal (the lighthouse may be down for a while).
   void undeliverable(const DeliveryFailure& failure) override;
 
-  MONARCH_ENDPOINTS(Manager, quorum, should_commit, quorum_health, resend)
+  MONARCH_ENDPOINTS(Manager, quorum, should_commit, quorum_health, resend, claim)
 
  private:
   struct QuorumAsk {
@@ -320,6 +327,7 @@ class Manager : public Actor {
     Promise<bool> reply;
   };
   void check_rank(int64_t rank, const char* what) const;
+  std::map<int64_t, uint64_t> claims_;  // rank -> the ReplicaClient that uses it (claim)
 
   mutable std::mutex lh_mu_;  // lighthouse_ (re-resolved by the heartbeat thread)
   ActorRef<Lighthouse> lighthouse_;

@@ -200,6 +200,8 @@ struct AllreduceGroup::Impl {
   std::unique_ptr<LoopPump> pump;
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  // The number of floats every member of pg was found to pass (check_sizes); 0: not checked yet.
+  std::size_t checked_size = 0;
   AllreduceBackend backend = AllreduceBackend::gloo;
   std::chrono::milliseconds timeout{0};
   // A second client connection to the same store, for the abort key alone: the first one may be
@@ -272,6 +274,7 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
                                std::chrono::milliseconds timeout, AllreduceBackend backend,
                                const std::string& local_host) {
   abort();
+  impl_->checked_size = 0;
   prefix_ = prefix;
   rank_ = rank;
   world_size_ = world_size;
@@ -363,12 +366,53 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
   }
 }
 
+// Members that pass different sizes must not reach gloo's ring allreduce: a member receiving a
+// chunk larger than it expects aborts its whole process (gloo::EnforceNotMet thrown on gloo's
+// device thread, op.preamble.length <= op.nbytes), and the member with the odd size may go on.
+// So the first allreduce of each size in a group first reduces (n, -n) with MAX: one 16-byte
+// collective per group and size, after which every member knows the largest and smallest size.
+void AllreduceGroup::check_sizes(std::size_t n) {
+  std::int64_t most = 0, least = 0;
+  try {
+    auto t = at::tensor({static_cast<std::int64_t>(n), -static_cast<std::int64_t>(n)},
+                        at::TensorOptions().dtype(at::kLong));
+    std::vector<at::Tensor> tensors{t};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    opts.timeout = impl_->timeout;
+    auto work = impl_->pg->allreduce(tensors, opts);
+    work->wait();
+    most = t[0].item<std::int64_t>();
+    least = -t[1].item<std::int64_t>();
+  } catch (const std::exception& e) {
+    std::string cause = describe(e);
+    if (impl_->other_gave_up(prefix_)) {
+      cause += " (another member had already given up on this group and closed its connections)";
+    }
+    abort();
+    throw AllreduceError(prefix_, rank_, world_size_,
+                         "allreduce of " + std::to_string(n) + " floats: size check: " + cause);
+  }
+  if (most != static_cast<std::int64_t>(n) || least != static_cast<std::int64_t>(n)) {
+    abort();
+    throw UsageError("allreduce of group " + prefix_ + " (rank " + std::to_string(rank_) + " of " +
+                     std::to_string(world_size_) + "): this member passes " + std::to_string(n) +
+                     " floats, and the members pass between " + std::to_string(least) + " and " +
+                     std::to_string(most) +
+                     ": every member must pass the same number (replicas of one model: every "
+                     "replica must build the same architecture)");
+  }
+  impl_->checked_size = n;
+}
+
 void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
   if (!impl_->pg) {
     throw AllreduceError(prefix_, rank_, world_size_,
                          "not configured (or closed by an earlier error/abort)");
   }
   if (world_size_ == 1 || data.empty()) return;
+  if (impl_->backend == AllreduceBackend::gloo && impl_->checked_size != data.size())
+    check_sizes(data.size());
   const bool watching = watch && watch->probe && watch->every.count() > 0;
   c10::intrusive_ptr<c10d::Work> work;
   std::string abandoned;

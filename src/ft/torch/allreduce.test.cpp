@@ -339,6 +339,44 @@ TEST(AllreduceGroup, ConfigureEndsWhenAnotherMemberGivesUp) {
   EXPECT_FALSE(patient.configured());
 }
 
+// Members passing different sizes: gloo's ring aborted the process of the member that received
+// more than it expected (EnforceNotMet on its device thread, SIGABRT), and the member with the
+// odd size went on alone (newcomer report, stop 51). Now every member throws UsageError naming
+// the sizes, the processes live on, and the next group of equal sizes works.
+TEST(AllreduceGroup, MembersPassingDifferentSizesAllGetAUsageError) {
+  StoreServer store;
+  AllreduceGroup a, b;
+  auto run = [&](AllreduceGroup& g, const std::string& prefix, int rank, std::size_t n, float value,
+                 std::string* error) {
+    std::vector<float> buf(n, value);
+    try {
+      g.configure(store.host(), store.port(), prefix, rank, 2, 10000ms);
+      g.allreduce_sum(buf);
+    } catch (const monarch::UsageError& e) {
+      *error = e.what();
+    }
+    return buf;
+  };
+  std::string ea, eb;
+  std::thread t([&] { run(b, "sizes", 1, 1200, 1.0f, &eb); });
+  run(a, "sizes", 0, 1000, 1.0f, &ea);
+  t.join();
+  for (const std::string* e : {&ea, &eb}) {
+    EXPECT_NE(e->find("the members pass between 1000 and 1200"), std::string::npos) << *e;
+    EXPECT_NE(e->find("same architecture"), std::string::npos) << *e;
+  }
+  EXPECT_NE(ea.find("this member passes 1000 floats"), std::string::npos) << ea;
+  EXPECT_NE(eb.find("this member passes 1200 floats"), std::string::npos) << eb;
+  EXPECT_FALSE(a.configured());
+  EXPECT_FALSE(b.configured());
+  std::vector<float> got_b;
+  std::thread t2([&] { got_b = run(b, "sizes2", 1, 1000, 2.0f, &eb); });
+  auto got_a = run(a, "sizes2", 0, 1000, 1.0f, &ea);
+  t2.join();
+  EXPECT_EQ(got_a, std::vector<float>(1000, 3.0f));
+  EXPECT_EQ(got_b, std::vector<float>(1000, 3.0f));
+}
+
 TEST(AllreduceGroup, WorldOfOneIsTheIdentity) {
   StoreServer store;
   AllreduceGroup group;

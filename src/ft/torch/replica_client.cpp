@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "monarch/config/config.hpp"
@@ -32,6 +33,10 @@ struct ReplicaClient::Impl {
   bool deferred_heal = false;
   std::optional<Future<QuorumResult>> pending;  // async quorum: the answer for this step
   std::string error;
+  std::string fatal;  // a program error (a UsageError of allreduce or start_quorum): every report
+                      // carries it, and start_quorum() throws it again
+  const uint64_t client_id = std::random_device{}() * 0x100000000ULL + std::random_device{}();
+  bool claimed = false;             // the Manager knows this client uses o.rank (claim_rank)
   std::vector<StepReport> reports;  // plain commits not sent yet (report())
   // A healer's route to its donor, set up on a helper thread while something else runs (see
   // apply()); joined before the heal. Last member: joined before the others go.
@@ -49,6 +54,24 @@ struct ReplicaClient::Impl {
                                         : o.async_quorum > 0),
         quorum_every(std::max<int64_t>(
             1, o.quorum_every > 0 ? o.quorum_every : config::global().integer("ft.quorum_every"))) {
+  }
+
+  // Once per client, at its first start_quorum(): tells the Manager which client uses this rank,
+  // so that two trainers given the same rank are named at once (they would replace each other's
+  // quorum requests forever). A Manager that does not answer is asked again next step.
+  void claim_rank() {
+    std::string why;
+    try {
+      why = manager.call(&Manager::claim, o.rank, client_id).get(o.step_timeout);
+    } catch (const std::exception&) {
+      return;  // the quorum request that follows fails too, and says why
+    }
+    if (!why.empty()) {
+      fatal = "start_quorum of " + where() + ": " + why;
+      error = fatal;
+      throw UsageError(fatal);
+    }
+    claimed = true;
   }
 
   std::string where() const {
@@ -272,6 +295,8 @@ void ReplicaClient::Impl::resolve() {
 
 StepPlan ReplicaClient::start_quorum() {
   auto& m = *impl_;
+  if (!m.fatal.empty()) throw UsageError(m.fatal);  // a program error: no step can succeed
+  if (!m.claimed) m.claim_rank();
   // An answer nobody consumed (the caller skipped allreduce() and should_commit()) is dropped,
   // and this step asks and waits.
   const bool unconsumed = m.pending.has_value();
@@ -342,6 +367,10 @@ void ReplicaClient::allreduce(std::span<float> data) {
     m.group.allreduce_sum(data, watch.probe ? &watch : nullptr);
     const float inv = 1.0f / static_cast<float>(std::max(1, m.plan.slots));
     for (float& x : data) x *= inv;
+  } catch (const UsageError& e) {
+    m.fatal = std::string("allreduce of ") + m.where() + ": " + e.what();
+    m.fail(m.fatal);
+    throw;
   } catch (const std::exception& e) {
     m.fail(std::string("allreduce of ") + m.where() + ": " + e.what());
     throw;
@@ -350,6 +379,10 @@ void ReplicaClient::allreduce(std::span<float> data) {
 
 bool ReplicaClient::should_commit(bool ok) {
   auto& m = *impl_;
+  if (m.step0 < 0) {  // (plan.step is no test: a failed step may have reset it)
+    throw UsageError("should_commit of " + m.where() +
+                     " before any start_quorum() (vote on the step start_quorum() planned)");
+  }
   if (m.pending) {  // no allreduce this step (it failed before): the answer still sets the group
     try {
       m.resolve();
@@ -429,10 +462,15 @@ void ReplicaClient::report(double loss, double metric, bool final) {
   if (r.hashed) r.hash = m.state.hash();
   r.t_ns = Clock::now().time_since_epoch().count();
   r.error = final ? "" : m.error;
+  if (!m.fatal.empty()) {
+    r.error = m.fatal;
+    r.fatal = true;
+  }
   r.metric = metric;
   r.final = final;
   if (final) r.state_bytes = m.state.bytes().size();
-  const bool plain = r.committed && r.error.empty() && !r.healed && r.metric < 0 && !final;
+  const bool plain =
+      r.committed && r.error.empty() && !r.healed && r.metric < 0 && !final && !r.fatal;
   m.reports.push_back(std::move(r));
   if (!plain || static_cast<int64_t>(m.reports.size()) >= m.o.report_batch) {
     // A lost report is only a lost metric.

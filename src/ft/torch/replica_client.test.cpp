@@ -39,12 +39,14 @@ constexpr int64_t kSteps = 300;
 constexpr int64_t kBatch = 48;
 
 // y = 0.5 * sum(x) on a deterministic stream of inputs: sample p is sin(0.01 * p * (1..8)).
+// `extra` > 0: one more parameter of that many floats, unused (a replica built differently).
 struct TinyModel {
-  TinyModel() {
+  explicit TinyModel(int64_t extra = 0) {
     torch::set_num_threads(1);
     torch::manual_seed(7);  // same seed in every process: every replica starts bitwise equal
-    lin = torch::nn::Linear(8, 1);
-    state = std::make_unique<ft::FlatState>(*lin);
+    lin = root.register_module("lin", torch::nn::Linear(8, 1));
+    if (extra > 0) root.register_parameter("extra", torch::zeros({extra}));
+    state = std::make_unique<ft::FlatState>(root);
   }
   double forward_backward(int64_t pos, int slot, int slots) {
     int64_t lo = pos + kBatch * slot / slots, hi = pos + kBatch * (slot + 1) / slots;
@@ -56,6 +58,7 @@ struct TinyModel {
     loss.backward();
     return loss.item<double>();
   }
+  torch::nn::Module root;
   torch::nn::Linear lin{nullptr};
   std::unique_ptr<ft::FlatState> state;
 };
@@ -83,6 +86,8 @@ ft::StepPlan train_step(ft::ReplicaClient& client, TinyModel& model, double* los
       st.adam_step({.lr = 1e-2});
       st.set_data_position(pos + kBatch);
     }
+  } catch (const monarch::UsageError&) {
+    throw;  // a program error: no retry fixes it
   } catch (const std::exception&) {
     // the next start_quorum retries (the error is in client.last_error())
   }
@@ -90,8 +95,9 @@ ft::StepPlan train_step(ft::ReplicaClient& client, TinyModel& model, double* los
 }
 
 struct TinyTrainer : monarch::Actor {
-  explicit TinyTrainer(ft::ReplicaClientOptions options) : options_(std::move(options)) {}
-  void init() override { model_ = std::make_unique<TinyModel>(); }
+  TinyTrainer(ft::ReplicaClientOptions options, int64_t extra)
+      : options_(std::move(options)), extra_(extra) {}
+  void init() override { model_ = std::make_unique<TinyModel>(extra_); }
   int pid() { return ::getpid(); }
   void start(std::string replica_id, int64_t incarnation, ActorRef<ft::Manager> manager) {
     options_.replica_id = std::move(replica_id);
@@ -101,6 +107,7 @@ struct TinyTrainer : monarch::Actor {
   }
   void cleanup(const std::optional<monarch::ActorSupervisionEvent>&) override {
     stop_ = true;
+    stop_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
   MONARCH_ENDPOINTS(TinyTrainer, pid, start)
@@ -111,7 +118,13 @@ struct TinyTrainer : monarch::Actor {
     ft::ReplicaClient client(*manager_, st, options_);
     while (!stop_ && st.step() < options_.max_steps) {
       double loss = -1;
-      (void)train_step(client, *model_, &loss);
+      try {
+        (void)train_step(client, *model_, &loss);
+      } catch (const monarch::UsageError&) {
+        client.report(loss);  // fatal: the controller ends the run and stops this trainer
+        stop_.wait(false);
+        return;
+      }
       client.report(loss);
     }
     if (!stop_) client.report(-1, 1.0, /*final=*/true);
@@ -119,6 +132,7 @@ struct TinyTrainer : monarch::Actor {
   }
 
   ft::ReplicaClientOptions options_;
+  int64_t extra_ = 0;
   std::optional<ActorRef<ft::Manager>> manager_;
   std::unique_ptr<TinyModel> model_;
   std::atomic<bool> stop_{false};
@@ -137,9 +151,11 @@ struct TinyTrainer : monarch::Actor {
 // start a host would).
 struct TestController : ft::ReplicaController {
   TestController(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
-                 ft::ReplicaClientOptions client, int64_t spares, bool chaos, bool respawn_fails)
+                 ft::ReplicaClientOptions client, int64_t spares, bool chaos, bool respawn_fails,
+                 bool mismatch, bool no_faults, bool kill_in_spawn = false)
       : ReplicaController(std::move(hosts), std::move(lighthouse),
                           {.groups = kGroups,
+                           .ranks = client.ranks,
                            .steps = client.max_steps,
                            .samples_per_step = kBatch,
                            .run_name = "test",
@@ -147,7 +163,10 @@ struct TestController : ft::ReplicaController {
         client_(std::move(client)),
         stage_(spares > 0 ? 1 : 0),
         chaos_(chaos),
-        respawn_fails_(respawn_fails) {}
+        respawn_fails_(respawn_fails),
+        mismatch_(mismatch),
+        no_faults_(no_faults),
+        kill_in_spawn_(kill_in_spawn) {}
   std::vector<std::string> events() { return events_; }
   int64_t ready_spares() { return spares_ready(); }
   int64_t spare_failures() { return failed_spares_; }
@@ -167,13 +186,22 @@ struct TestController : ft::ReplicaController {
   Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs) override {
     auto o = client_;
     o.controller = self<ft::ReplicaController>();
-    auto t = procs.spawn<TinyTrainer>("trainer", o);
+    // With mismatch_, replica1 builds its model with 5 more parameter floats than the others.
+    const bool odd = mismatch_ && g.mesh.starts_with("replica1-");
+    auto t = procs.spawn<TinyTrainer>("trainer", o, int64_t{odd ? 5 : 0});
     trainers_.insert_or_assign(g.mesh, t);
+    if (kill_in_spawn_ && g.mesh == "replica1-0") {
+      // Killed from outside while its trainers initialise: what they were asked next fails.
+      ::kill(t.call(&TinyTrainer::pid).get(std::chrono::seconds(30))[0], SIGKILL);
+      return t.call(&TinyTrainer::pid).then([](auto) {});
+    }
     return t.call(&TinyTrainer::pid).then([this, m = g.mesh](auto v) { pids_[m] = v[0]; });
   }
   void start_trainers(const ft::GroupInfo& g, ActorRef<ft::Manager> manager) override {
     meshes_[g.group] = g.mesh;
-    trainers_.at(g.mesh).at(0).send(&TinyTrainer::start, g.replica_id, g.incarnation, manager);
+    auto& t = trainers_.at(g.mesh);
+    for (size_t i = 0; i < t.size(); ++i)
+      t.at(i).send(&TinyTrainer::start, g.replica_id, g.incarnation, manager);
   }
   void on_event(const std::string& line) override {
     events_.push_back(line);
@@ -187,6 +215,7 @@ struct TestController : ft::ReplicaController {
     }
   }
   void on_commit(int64_t step, const ft::StepInfo&) override {
+    if (no_faults_) return;  // the run must end on a program error alone
     if (respawn_fails_) {
       if (step >= 5 && !hosts_gone_ && quiet()) {
         hosts_gone_ = true;
@@ -238,10 +267,14 @@ struct TestController : ft::ReplicaController {
   int64_t failed_spares_ = 0;
   bool chaos_ = false;
   bool respawn_fails_ = false;
+  bool mismatch_ = false;
+  bool no_faults_ = false;
+  bool kill_in_spawn_ = false;
   bool hosts_gone_ = false;
 };
 
 struct Outcome {
+  std::string spawn_error;  // spawn_all's, when it failed (the run was not started)
   ft::RunStats stats;
   std::string log;
   std::map<std::string, int> pids;
@@ -250,8 +283,9 @@ struct Outcome {
 };
 
 // One run with `spares` warm spares. With spares, waits (bounded) for the refilled pool first.
-Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps,
-            bool respawn_fails = false) {
+// `same_rank`: groups of 2 ranks whose two trainers are both given rank 0 (a user's mistake).
+Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps, bool respawn_fails = false,
+            bool mismatch = false, bool same_rank = false, bool kill_in_spawn = false) {
   ft::StoreServer store;
   std::vector<mesh::HostMesh> hosts{mesh::this_host()};
   auto& client = hosts[0].client();
@@ -259,12 +293,32 @@ Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps,
   ft::ReplicaClientOptions o;
   o.store_host = store.host();
   o.store_port = store.port();
-  const std::string mode = chaos ? "chaos" : respawn_fails ? "respawn_fails" : "test";
+  const std::string mode = chaos           ? "chaos"
+                           : respawn_fails ? "respawn_fails"
+                           : mismatch      ? "mismatch"
+                           : same_rank     ? "same_rank"
+                           : kill_in_spawn ? "kill_in_spawn"
+                                           : "test";
   o.store_namespace = mode + std::to_string(spares);
   o.max_steps = steps;
+  if (same_rank) o.ranks = 2;  // and every trainer keeps o.rank = 0
   std::string name = mode + std::to_string(spares);
-  auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares, chaos, respawn_fails);
+  auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares, chaos, respawn_fails,
+                                        mismatch, mismatch || same_rank, kill_in_spawn);
   auto timeout = monarch::config::global().duration("mesh.spawn_timeout");
+  if (kill_in_spawn) {
+    Outcome out;
+    try {
+      c.call(&TestController::spawn_all).get(timeout * 2);
+    } catch (const std::exception& e) {
+      out.spawn_error = e.what();
+    }
+    for (auto& e : c.call(&TestController::events).get(timeout)) out.log += e + "\n";
+    lighthouse.stop().get(timeout);
+    c.call(&TestController::shutdown).get(timeout * 2);
+    c.stop().get(timeout);
+    return out;
+  }
   c.call(&TestController::spawn_all).get(timeout * 2);
   auto deadline = std::chrono::steady_clock::now() + timeout;
   if (spares > 0) {
@@ -356,6 +410,50 @@ TEST(ReplicaClient, AGroupThatCannotBeRespawnedEndsTheRunNamingIt) {
   EXPECT_EQ(s.faults_injected, 1) << out.log;
   EXPECT_EQ(s.respawns, 0) << out.log;
   EXPECT_NE(out.log.find("cannot respawn replica1"), std::string::npos) << out.log;
+}
+
+// A replica built with a different model: gloo's allreduce aborted the processes of the others
+// (SIGABRT), the odd one trained on alone, its respawned peers failed to heal from it over and
+// over, and after a minute the run ended naming the lighthouse (newcomer report, stop 51). Now
+// the allreduce's size check fails every member with a UsageError, which the clients report as
+// fatal: the run ends at once with it, and no process died.
+TEST(ReplicaClient, ReplicasOfDifferentModelsEndTheRunWithTheProgramError) {
+  Outcome out = run(0, /*chaos=*/false, kSteps, /*respawn_fails=*/false, /*mismatch=*/true);
+  const ft::RunStats& s = out.stats;
+  EXPECT_NE(s.error.find("passes"), std::string::npos) << s.error << "\n" << out.log;
+  EXPECT_NE(s.error.find("the members pass between 9 and 14"), std::string::npos) << s.error;
+  EXPECT_NE(s.error.find("a program error, not a fault"), std::string::npos) << s.error;
+  EXPECT_EQ(s.faults_injected, 0) << out.log;
+  EXPECT_EQ(s.faults_outside, 0) << out.log;  // nobody's process aborted
+  EXPECT_EQ(s.respawns, 0) << out.log;
+  EXPECT_EQ(s.survivor_restarts, 0) << out.log;
+}
+
+// Two trainers of each group given the same rank replaced each other's quorum requests for a
+// minute, flooding the log, and the run ended naming the lighthouse (newcomer report, stop 51).
+// Now the second client's first start_quorum() is refused by the group's Manager, and the run
+// ends at once with that error.
+TEST(ReplicaClient, TwoTrainersWithOneRankEndTheRunNamingTheRank) {
+  Outcome out = run(0, false, kSteps, false, false, /*same_rank=*/true);
+  const ft::RunStats& s = out.stats;
+  EXPECT_NE(s.error.find("rank 0 is already used by another trainer of this group"),
+            std::string::npos)
+      << s.error << "\n"
+      << out.log;
+  EXPECT_NE(s.error.find("a program error, not a fault"), std::string::npos) << s.error;
+  EXPECT_EQ(s.faults_outside, 0) << out.log;
+  EXPECT_EQ(s.respawns, 0) << out.log;
+}
+
+// A group killed from outside while its trainers initialise: spawn_all failed with "promise
+// dropped without a result", naming no group (newcomer report, stop 51).
+TEST(ReplicaClient, AGroupKilledBeforeItIsUpFailsSpawnAllNamingIt) {
+  Outcome out = run(0, false, kSteps, false, false, false, /*kill_in_spawn=*/true);
+  std::printf("spawn_all failed: %s\n", out.spawn_error.c_str());
+  EXPECT_NE(out.spawn_error.find("spawn_all: replica1 (mesh replica1-0) did not start: "),
+            std::string::npos)
+      << out.spawn_error << "\n"
+      << out.log;
 }
 
 // The chaos kinds at their points: each fires (a pending request, a healer mid-read, two groups
@@ -573,6 +671,26 @@ TEST(ReplicaClientProtocol, TheOthersStopWaitingForAFrozenGroupOnceTheLighthouse
   }
   EXPECT_EQ(a->model.state->hash(), b->model.state->hash());
   EXPECT_LT(c->model.state->step(), a->model.state->step());
+}
+
+// should_commit() before any start_quorum() returned true (newcomer report, stop 51), while
+// allreduce() there threw UsageError.
+TEST(ReplicaClientProtocol, AVoteBeforeAnyQuorumIsAUsageError) {
+  InProcessGroups env;
+  auto a = env.group("a");
+  ft::ReplicaClientOptions o;
+  o.replica_id = "a";
+  o.store_host = env.store.host();
+  o.store_port = env.store.port();
+  ft::ReplicaClient client(a->manager, *a->model.state, o);
+  try {
+    (void)client.should_commit(true);
+    FAIL() << "should_commit before start_quorum answered";
+  } catch (const monarch::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("before any start_quorum()"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(client.allreduce(a->model.state->grads()), monarch::UsageError);
 }
 
 TEST(FaultPoints, ArmRejectsAnUnknownPointAndTakeConsumesOnce) {

@@ -88,7 +88,9 @@ class AllreduceGroup {
   /// until every member of the group has joined; throws AllreduceError if that takes longer than
   /// `timeout` (a peer never showed up), if another member gave up on the group meanwhile (its
   /// abort key, see abort(); seen within ~5 ms), or if the store at `store_host`:`store_port` is
-  /// unreachable. A configure that fails gives up on the group the same way.
+  /// unreachable (connecting to the store waits at least 5 s whatever `timeout`: c10d's connect
+  /// failed at once with shorter ones when clients connected together). A configure that fails
+  /// gives up on the group the same way.
   /// `timeout` also bounds every later allreduce_sum of this group. `local_host` is the address
   /// this member's gloo device binds and advertises (loopback for replicas on one host).
   void configure(const std::string& store_host, std::uint16_t store_port, const std::string& prefix,
@@ -110,6 +112,10 @@ class AllreduceGroup {
   /// In-place elementwise sum of `data` over all members (every member passes the same number of
   /// floats). All members get bitwise-identical results (gloo's ring allreduce reduces each chunk
   /// once, in one order, then broadcasts it). With world_size 1 it returns at once.
+  /// The first call with a given size in a group first checks, with one 16-byte collective, that
+  /// every member passes that size: if not, every member throws UsageError naming the sizes seen
+  /// (the group is closed), rather than gloo aborting the process of a member that receives more
+  /// than it expects.
   /// Throws AllreduceError if the group is not configured, a peer died or aborted (typically
   /// within milliseconds: its sockets close), the op took longer than the configure timeout
   /// (a stopped peer), or `watch`'s probe gave a reason ("... abandoned: <reason>"; the group's
@@ -137,6 +143,8 @@ class AllreduceGroup {
   int world_size() const noexcept { return world_size_; }
 
  private:
+  void check_sizes(std::size_t n);  // gloo: every member passes n floats, else UsageError
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string prefix_;

@@ -5,7 +5,9 @@
 //   ft::ReplicaClient client(manager, state, options);      // state: FlatState& of the model
 //   while (state.step() < steps) {
 //     ft::StepPlan plan;
-//     try { plan = client.start_quorum(); } catch (const std::exception&) { continue; }
+//     try { plan = client.start_quorum(); }
+//     catch (const monarch::UsageError&) { throw; }         // a program error: no retry fixes it
+//     catch (const std::exception&) { continue; }           // a fault: the next step retries
 //     if (!plan.step) continue;                             // caught up by healing only
 //     int64_t pos = state.data_position();
 //     bool ok = true;
@@ -162,19 +164,29 @@ class ReplicaClient {
   /// member of a quorum is at the same step, so all of them ask at the same steps. A failure
   /// still shows at once (the allreduce fails, the next step asks); what waits is a group that
   /// asks to join: up to K - 1 steps of the others (the lighthouse holds its request, Q-3).
+  ///
+  /// Program errors are UsageError, and no retry fixes them: the first start_quorum() of a client
+  /// tells the Manager which client uses this rank, and throws UsageError if another client of the
+  /// group already does (two trainers given the same rank would otherwise replace each other's
+  /// requests forever). After one (or allreduce()'s size mismatch) every start_quorum() throws it
+  /// again and report() sends it as fatal, so the controller ends the run with it; a loop without
+  /// a controller must stop on it (the loop above rethrows it).
   StepPlan start_quorum();
   /// Sums `data` over the quorum's ranks in place, then divides by plan.slots. A rank that did
   /// not train (plan.train false) contributes zeros. Fault point "allreduce.enter" throws here.
   /// A predicted plan first waits for the quorum (start_quorum()). On failure aborts the group
   /// (peers fail fast) and throws AllreduceError (naming the quorum and the peer) or
-  /// std::runtime_error; call should_commit(false) next. A wait for a member the lighthouse
-  /// names silent (Q-9; ReplicaClientOptions::silent_probe) ends with an AllreduceError
+  /// std::runtime_error; call should_commit(false) next. UsageError for a program error: no
+  /// planned step, or replicas whose states differ in size (AllreduceGroup::allreduce_sum checks
+  /// it once per quorum); report() then sends it as fatal and the controller ends the run with it
+  /// (RunStats::error) instead of retrying a step that can never succeed. A wait for a member the
+  /// lighthouse names silent (Q-9; ReplicaClientOptions::silent_probe) ends with an AllreduceError
   /// "... abandoned: the lighthouse has not heard from <group> ...", about one heartbeat
   /// timeout after that member froze, instead of after collective_timeout.
   void allreduce(std::span<float> data);
   /// The group's commit vote for the step start_quorum() planned: true only if every rank of the
   /// group voted ok (a group of one rank votes locally, no Manager round trip). `false` or a vote
-  /// timeout aborts the gloo group; a timeout throws.
+  /// timeout aborts the gloo group; a timeout throws. UsageError before any start_quorum().
   bool should_commit(bool ok);
   /// For a rank that finished (state.step() >= max_steps): one quorum round without training,
   /// so that groups still behind can heal from this one; errors are ignored. Paces itself (50 ms).
@@ -186,6 +198,7 @@ class ReplicaClient {
   /// hash at steps that are multiples of hash_every and in the final report. Plain commits wait
   /// for a batch of ReplicaClientOptions::report_batch; the rest goes at once (with the batch).
   /// `loss` < 0: did not train; `metric` < 0: not evaluated. `final`: the rank is done.
+  /// After a program error (a UsageError of allreduce()) every report carries it as `fatal`.
   void report(double loss, double metric = -1, bool final = false);
 
   /// The committed state's RdmaBuffer handle (what healers read).
