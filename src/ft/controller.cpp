@@ -313,15 +313,9 @@ Future<void> ReplicaController::spawn_all() {
       if (s.error) {
         pending->failed = true;
         lock.unlock();
-        std::string why = "unknown error";
-        try {
-          std::rethrow_exception(s.error);
-        } catch (const std::exception& e) {
-          why = e.what();
-        } catch (...) {
-        }
         pending->all.set_error(std::make_exception_ptr(
-            Error("spawn_all: " + what + " did not start: " + why +
+            Error("spawn_all: " + what +
+                  " did not start: " + monarch::detail::describe_exception(s.error) +
                   " (a failure before training starts is not healed; see the supervise "
                   "events)")));
         return;

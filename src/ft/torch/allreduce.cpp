@@ -366,6 +366,18 @@ void AllreduceGroup::configure(const std::string& store_host, std::uint16_t stor
   }
 }
 
+// A collective of this group (`op`) ended with `e`: closes the group (the op ended, its worker is
+// idle) and throws AllreduceError. Connections closed by a member that gave up first (its watch,
+// its error, abort()) fail the op with a socket error that names no member: say that one did.
+void AllreduceGroup::op_failed(const std::exception& e, const std::string& op) {
+  std::string cause = describe(e);
+  if (impl_->other_gave_up(prefix_)) {
+    cause += " (another member had already given up on this group and closed its connections)";
+  }
+  abort();
+  throw AllreduceError(prefix_, rank_, world_size_, op + ": " + cause);
+}
+
 // Members that pass different sizes must not reach gloo's ring allreduce: a member receiving a
 // chunk larger than it expects aborts its whole process (gloo::EnforceNotMet thrown on gloo's
 // device thread, op.preamble.length <= op.nbytes), and the member with the odd size may go on.
@@ -385,13 +397,7 @@ void AllreduceGroup::check_sizes(std::size_t n) {
     most = t[0].item<std::int64_t>();
     least = -t[1].item<std::int64_t>();
   } catch (const std::exception& e) {
-    std::string cause = describe(e);
-    if (impl_->other_gave_up(prefix_)) {
-      cause += " (another member had already given up on this group and closed its connections)";
-    }
-    abort();
-    throw AllreduceError(prefix_, rank_, world_size_,
-                         "allreduce of " + std::to_string(n) + " floats: size check: " + cause);
+    op_failed(e, "allreduce of " + std::to_string(n) + " floats: size check");
   }
   if (most != static_cast<std::int64_t>(n) || least != static_cast<std::int64_t>(n)) {
     abort();
@@ -468,15 +474,7 @@ void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
       return;
     }
   } catch (const std::exception& e) {
-    // Connections closed by a member that gave up first (its watch, its error, abort()) fail
-    // this op with a socket error that names no member: say that one did.
-    std::string cause = describe(e);
-    if (impl_->other_gave_up(prefix_)) {
-      cause += " (another member had already given up on this group and closed its connections)";
-    }
-    abort();  // the op ended (with this error): its worker is idle
-    throw AllreduceError(prefix_, rank_, world_size_,
-                         "allreduce of " + std::to_string(data.size()) + " floats: " + cause);
+    op_failed(e, "allreduce of " + std::to_string(data.size()) + " floats");
   }
   // Given up on while gloo still runs it (a frozen peer never closes its sockets, so gloo would
   // wait out its timeout): close the group's connections, so that nothing more arrives into

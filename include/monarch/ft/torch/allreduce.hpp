@@ -144,6 +144,7 @@ class AllreduceGroup {
 
  private:
   void check_sizes(std::size_t n);  // gloo: every member passes n floats, else UsageError
+  [[noreturn]] void op_failed(const std::exception& e, const std::string& op);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;
