@@ -139,6 +139,30 @@ struct TinyTrainer : monarch::Actor {
   std::thread thread_;
 };
 
+// What one run of the job does (run()). faults: the named fault points and outside kills below;
+// chaos and respawn_fails: see TestController; mismatch: replica1 builds a bigger model;
+// same_rank: groups of 2 ranks whose two trainers are both given rank 0; kill_in_spawn: replica1's
+// first process is killed while its trainers initialise. The last three inject no other fault.
+enum class Scenario { faults, chaos, respawn_fails, mismatch, same_rank, kill_in_spawn };
+
+const char* scenario_name(Scenario s) {
+  switch (s) {
+    case Scenario::faults:
+      return "test";
+    case Scenario::chaos:
+      return "chaos";
+    case Scenario::respawn_fails:
+      return "respawn_fails";
+    case Scenario::mismatch:
+      return "mismatch";
+    case Scenario::same_rank:
+      return "same_rank";
+    case Scenario::kill_in_spawn:
+      return "kill_in_spawn";
+  }
+  return "?";
+}
+
 // Faults at named points. spares 0: allreduce.enter on replica0 at step 5; at the first quiet step
 // >= 20, an injected SIGKILL of replica1 and, at the same moment, a kill from outside of replica2;
 // once replica2's replacement is up, and before it rejoined, a kill from outside of it too.
@@ -151,8 +175,7 @@ struct TinyTrainer : monarch::Actor {
 // start a host would).
 struct TestController : ft::ReplicaController {
   TestController(std::vector<mesh::HostMesh> hosts, ActorRef<ft::Lighthouse> lighthouse,
-                 ft::ReplicaClientOptions client, int64_t spares, bool chaos, bool respawn_fails,
-                 bool mismatch, bool no_faults, bool kill_in_spawn = false)
+                 ft::ReplicaClientOptions client, int64_t spares, Scenario scenario)
       : ReplicaController(std::move(hosts), std::move(lighthouse),
                           {.groups = kGroups,
                            .ranks = client.ranks,
@@ -162,11 +185,7 @@ struct TestController : ft::ReplicaController {
                            .spares = spares}),
         client_(std::move(client)),
         stage_(spares > 0 ? 1 : 0),
-        chaos_(chaos),
-        respawn_fails_(respawn_fails),
-        mismatch_(mismatch),
-        no_faults_(no_faults),
-        kill_in_spawn_(kill_in_spawn) {}
+        scenario_(scenario) {}
   std::vector<std::string> events() { return events_; }
   int64_t ready_spares() { return spares_ready(); }
   int64_t spare_failures() { return failed_spares_; }
@@ -186,11 +205,11 @@ struct TestController : ft::ReplicaController {
   Future<void> spawn_trainers(const ft::GroupInfo& g, const mesh::ProcMesh& procs) override {
     auto o = client_;
     o.controller = self<ft::ReplicaController>();
-    // With mismatch_, replica1 builds its model with 5 more parameter floats than the others.
-    const bool odd = mismatch_ && g.mesh.starts_with("replica1-");
+    // Scenario::mismatch: replica1 builds its model with 5 more parameter floats than the others.
+    const bool odd = scenario_ == Scenario::mismatch && g.mesh.starts_with("replica1-");
     auto t = procs.spawn<TinyTrainer>("trainer", o, int64_t{odd ? 5 : 0});
     trainers_.insert_or_assign(g.mesh, t);
-    if (kill_in_spawn_ && g.mesh == "replica1-0") {
+    if (scenario_ == Scenario::kill_in_spawn && g.mesh == "replica1-0") {
       // Killed from outside while its trainers initialise: what they were asked next fails.
       ::kill(t.call(&TinyTrainer::pid).get(std::chrono::seconds(30))[0], SIGKILL);
       return t.call(&TinyTrainer::pid).then([](auto) {});
@@ -215,15 +234,16 @@ struct TestController : ft::ReplicaController {
     }
   }
   void on_commit(int64_t step, const ft::StepInfo&) override {
-    if (no_faults_) return;  // the run must end on a program error alone
-    if (respawn_fails_) {
+    if (scenario_ == Scenario::mismatch || scenario_ == Scenario::same_rank)
+      return;  // no faults: the run must end on the program error alone
+    if (scenario_ == Scenario::respawn_fails) {
       if (step >= 5 && !hosts_gone_ && quiet()) {
         hosts_gone_ = true;
         inject(ft::FaultKind::sigkill, 1);
       }
       return;
     }
-    if (chaos_) {
+    if (scenario_ == Scenario::chaos) {
       if (step < 5 || !quiet()) return;
       if (stage_ == 0) {
         // Armed, then its process dies of another fault before the point can fire: the point
@@ -265,11 +285,7 @@ struct TestController : ft::ReplicaController {
   std::vector<std::string> events_;
   int stage_ = 0;
   int64_t failed_spares_ = 0;
-  bool chaos_ = false;
-  bool respawn_fails_ = false;
-  bool mismatch_ = false;
-  bool no_faults_ = false;
-  bool kill_in_spawn_ = false;
+  Scenario scenario_;
   bool hosts_gone_ = false;
 };
 
@@ -283,9 +299,7 @@ struct Outcome {
 };
 
 // One run with `spares` warm spares. With spares, waits (bounded) for the refilled pool first.
-// `same_rank`: groups of 2 ranks whose two trainers are both given rank 0 (a user's mistake).
-Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps, bool respawn_fails = false,
-            bool mismatch = false, bool same_rank = false, bool kill_in_spawn = false) {
+Outcome run(int64_t spares, Scenario scenario = Scenario::faults, int64_t steps = kSteps) {
   ft::StoreServer store;
   std::vector<mesh::HostMesh> hosts{mesh::this_host()};
   auto& client = hosts[0].client();
@@ -293,20 +307,14 @@ Outcome run(int64_t spares, bool chaos = false, int64_t steps = kSteps, bool res
   ft::ReplicaClientOptions o;
   o.store_host = store.host();
   o.store_port = store.port();
-  const std::string mode = chaos           ? "chaos"
-                           : respawn_fails ? "respawn_fails"
-                           : mismatch      ? "mismatch"
-                           : same_rank     ? "same_rank"
-                           : kill_in_spawn ? "kill_in_spawn"
-                                           : "test";
+  const std::string mode = scenario_name(scenario);
   o.store_namespace = mode + std::to_string(spares);
   o.max_steps = steps;
-  if (same_rank) o.ranks = 2;  // and every trainer keeps o.rank = 0
+  if (scenario == Scenario::same_rank) o.ranks = 2;  // and every trainer keeps o.rank = 0
   std::string name = mode + std::to_string(spares);
-  auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares, chaos, respawn_fails,
-                                        mismatch, mismatch || same_rank, kill_in_spawn);
+  auto c = client.spawn<TestController>(name, hosts, lighthouse, o, spares, scenario);
   auto timeout = monarch::config::global().duration("mesh.spawn_timeout");
-  if (kill_in_spawn) {
+  if (scenario == Scenario::kill_in_spawn) {
     Outcome out;
     try {
       c.call(&TestController::spawn_all).get(timeout * 2);
@@ -403,7 +411,7 @@ TEST(ReplicaClient, ReplacesAFailedSpareThenPromotesOneForAKilledGroupAndRefills
 // A group that cannot be respawned (its host is gone and none replaces it) ends the run with an
 // error naming the group and the cause; the controller keeps running, so done() answers.
 TEST(ReplicaClient, AGroupThatCannotBeRespawnedEndsTheRunNamingIt) {
-  Outcome out = run(0, /*chaos=*/false, kSteps, /*respawn_fails=*/true);
+  Outcome out = run(0, Scenario::respawn_fails);
   const ft::RunStats& s = out.stats;
   EXPECT_EQ(s.error, "cannot respawn replica1: test: the host of replica1 is gone") << out.log;
   EXPECT_FALSE(s.replicas_bitwise_equal) << out.log;  // the run did not complete
@@ -418,7 +426,7 @@ TEST(ReplicaClient, AGroupThatCannotBeRespawnedEndsTheRunNamingIt) {
 // the allreduce's size check fails every member with a UsageError, which the clients report as
 // fatal: the run ends at once with it, and no process died.
 TEST(ReplicaClient, ReplicasOfDifferentModelsEndTheRunWithTheProgramError) {
-  Outcome out = run(0, /*chaos=*/false, kSteps, /*respawn_fails=*/false, /*mismatch=*/true);
+  Outcome out = run(0, Scenario::mismatch);
   const ft::RunStats& s = out.stats;
   EXPECT_NE(s.error.find("passes"), std::string::npos) << s.error << "\n" << out.log;
   EXPECT_NE(s.error.find("the members pass between 9 and 14"), std::string::npos) << s.error;
@@ -434,7 +442,7 @@ TEST(ReplicaClient, ReplicasOfDifferentModelsEndTheRunWithTheProgramError) {
 // Now the second client's first start_quorum() is refused by the group's Manager, and the run
 // ends at once with that error.
 TEST(ReplicaClient, TwoTrainersWithOneRankEndTheRunNamingTheRank) {
-  Outcome out = run(0, false, kSteps, false, false, /*same_rank=*/true);
+  Outcome out = run(0, Scenario::same_rank);
   const ft::RunStats& s = out.stats;
   EXPECT_NE(s.error.find("rank 0 is already used by another trainer of this group"),
             std::string::npos)
@@ -448,7 +456,7 @@ TEST(ReplicaClient, TwoTrainersWithOneRankEndTheRunNamingTheRank) {
 // A group killed from outside while its trainers initialise: spawn_all failed with "promise
 // dropped without a result", naming no group (newcomer report, stop 51).
 TEST(ReplicaClient, AGroupKilledBeforeItIsUpFailsSpawnAllNamingIt) {
-  Outcome out = run(0, false, kSteps, false, false, false, /*kill_in_spawn=*/true);
+  Outcome out = run(0, Scenario::kill_in_spawn);
   std::printf("spawn_all failed: %s\n", out.spawn_error.c_str());
   EXPECT_NE(out.spawn_error.find("spawn_all: replica1 (mesh replica1-0) did not start: "),
             std::string::npos)
@@ -463,7 +471,7 @@ TEST(ReplicaClient, ChaosKindsFireAtTheirPointsAndRecover) {
   // The survivors keep stepping (~0.7 k steps/s) while each fault recovers (1-2 s with a process
   // start), and each kind waits for the previous one to recover: 1500 steps once ran out before
   // the third kind fired (a clean-clone make test). 8000 leaves about 3x the margin.
-  Outcome out = run(0, /*chaos=*/true, 8000);
+  Outcome out = run(0, Scenario::chaos, 8000);
   const ft::RunStats& s = out.stats;
   const std::string& log = out.log;
   EXPECT_TRUE(s.replicas_bitwise_equal) << log;
