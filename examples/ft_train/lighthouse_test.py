@@ -183,13 +183,14 @@ def test_freeze(monarch, ft_train, workdir, secret_file):
         hb_timeout = lh.status()["heartbeat_timeout_ms"] / 1000.0
         before = max_step(lh)
         lh.proc.send_signal(signal.SIGSTOP)
-        # The fault itself: frozen for longer than the lighthouse's heartbeat timeout, and until
-        # a manager's channel has given up on its quorum request in flight (its delivery
-        # timeout, which ft_train sets above the mesh heartbeat timeout).
-        time.sleep(hb_timeout + 1.5)
+        frozen_at = time.monotonic()
+        # The fault itself: frozen until a manager's channel has given up on its quorum request in
+        # flight (its delivery timeout, which ft_train sets above the mesh heartbeat timeout), and
+        # for longer than the lighthouse's heartbeat timeout (+ 1.5 s), whichever comes last.
         log = os.path.join(workdir, "ft_train.log")
         wait_for("a manager to give up on its quorum request to the frozen lighthouse",
-                 lambda: "quorum request not delivered" in open(log).read(), 30, job)
+                 lambda: time.monotonic() - frozen_at > hb_timeout + 1.5 and
+                 "quorum request not delivered" in open(log).read(), 30, job)
         lh.proc.send_signal(signal.SIGCONT)
         # Every group, the one whose request was dropped included, back in one quorum and
         # training: well within ft.step_timeout, which the dropped request's ranks waited out.
