@@ -330,6 +330,9 @@ void Config::put(std::string_view key, std::string_view value, const std::string
     switch (k->kind) {
       case Kind::Duration:
         e.number = parse_duration(v).count();
+        // A bare number is milliseconds: say so wherever the value is shown (errors, dump()),
+        // so "5" does not read as 5 s next to "250ms".
+        if (number_and_unit(v, "duration").second.empty()) v += "ms";
         break;
       case Kind::Bytes:
         e.number = static_cast<int64_t>(parse_bytes(v));

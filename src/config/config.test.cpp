@@ -212,6 +212,9 @@ TEST(Config, TimeoutOrderIsEnforcedAndNamesBothKeys) {
   EXPECT_NE(e.find("at least 2"), std::string::npos) << e;
   e = error_of([&] { c.set("channel.reconnect_initial", "5s"); });
   EXPECT_NE(e.find("channel.reconnect_max"), std::string::npos) << e;
+  // A bare number is milliseconds, and the error says so: "= 5" read as 5 s beside "250ms".
+  e = error_of([&] { c.set("mesh.heartbeat_timeout", "5"); });
+  EXPECT_NE(e.find("mesh.heartbeat_timeout = 5ms (runtime)"), std::string::npos) << e;
 }
 
 TEST(Config, ValueSyntax) {
