@@ -378,27 +378,28 @@ void AllreduceGroup::op_failed(const std::exception& e, const std::string& op) {
   throw AllreduceError(prefix_, rank_, world_size_, op + ": " + cause);
 }
 
+struct AllreduceGroup::Collective {
+  std::vector<at::Tensor> tensors;
+  c10d::ReduceOp reduce;
+};
+
 // Members that pass different sizes must not reach gloo's ring allreduce: a member receiving a
 // chunk larger than it expects aborts its whole process (gloo::EnforceNotMet thrown on gloo's
 // device thread, op.preamble.length <= op.nbytes), and the member with the odd size may go on.
 // So the first allreduce of each size in a group first reduces (n, -n) with MAX: one 16-byte
 // collective per group and size, after which every member knows the largest and smallest size.
-void AllreduceGroup::check_sizes(std::size_t n) {
-  std::int64_t most = 0, least = 0;
+void AllreduceGroup::check_sizes(std::size_t n, const Watch* watch) {
+  const std::string what = "allreduce of " + std::to_string(n) + " floats: size check";
+  Collective op{{}, c10d::ReduceOp::MAX};
   try {
-    auto t = at::tensor({static_cast<std::int64_t>(n), -static_cast<std::int64_t>(n)},
-                        at::TensorOptions().dtype(at::kLong));
-    std::vector<at::Tensor> tensors{t};
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = c10d::ReduceOp::MAX;
-    opts.timeout = impl_->timeout;
-    auto work = impl_->pg->allreduce(tensors, opts);
-    work->wait();
-    most = t[0].item<std::int64_t>();
-    least = -t[1].item<std::int64_t>();
+    op.tensors.push_back(at::tensor({static_cast<std::int64_t>(n), -static_cast<std::int64_t>(n)},
+                                    at::TensorOptions().dtype(at::kLong)));
   } catch (const std::exception& e) {
-    op_failed(e, "allreduce of " + std::to_string(n) + " floats: size check");
+    op_failed(e, what);
   }
+  run(op, watch, what);
+  const std::int64_t most = op.tensors[0][0].item<std::int64_t>();
+  const std::int64_t least = -op.tensors[0][1].item<std::int64_t>();
   if (most != static_cast<std::int64_t>(n) || least != static_cast<std::int64_t>(n)) {
     abort();
     throw UsageError("allreduce of group " + prefix_ + " (rank " + std::to_string(rank_) + " of " +
@@ -418,25 +419,41 @@ void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
   }
   if (world_size_ == 1 || data.empty()) return;
   if (impl_->backend == AllreduceBackend::gloo && impl_->checked_size != data.size())
-    check_sizes(data.size());
+    check_sizes(data.size(), watch);
+  const std::string what = "allreduce of " + std::to_string(data.size()) + " floats";
+  Collective op{{}, c10d::ReduceOp::SUM};
+  at::Tensor cpu;
+#ifdef MONARCH_FT_HAVE_NCCL
+  const bool on_gpu = impl_->backend == AllreduceBackend::nccl;
+#else
+  const bool on_gpu = false;
+#endif
+  try {
+    cpu = at::from_blob(data.data(), {static_cast<int64_t>(data.size())},
+                        at::TensorOptions().dtype(at::kFloat));
+    op.tensors.push_back(on_gpu ? cpu.to(at::kCUDA) : cpu);
+  } catch (const std::exception& e) {
+    op_failed(e, what);
+  }
+  run(op, watch, what);
+  if (!on_gpu) return;
+  try {
+    cpu.copy_(op.tensors[0].cpu());
+  } catch (const std::exception& e) {
+    op_failed(e, what);
+  }
+}
+
+void AllreduceGroup::run(Collective& op, const Watch* watch, const std::string& what) {
   const bool watching = watch && watch->probe && watch->every.count() > 0;
   c10::intrusive_ptr<c10d::Work> work;
   std::string abandoned;
   auto c = std::make_shared<Completion>();
   try {
-    auto cpu = at::from_blob(data.data(), {static_cast<int64_t>(data.size())},
-                             at::TensorOptions().dtype(at::kFloat));
-    std::vector<at::Tensor> tensors;
-#ifdef MONARCH_FT_HAVE_NCCL
-    bool on_gpu = impl_->backend == AllreduceBackend::nccl;
-    tensors.push_back(on_gpu ? cpu.to(at::kCUDA) : cpu);
-#else
-    tensors.push_back(cpu);
-#endif
     c10d::AllreduceOptions opts;
-    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.reduceOp = op.reduce;
     opts.timeout = impl_->timeout;
-    work = impl_->pg->allreduce(tensors, opts);
+    work = impl_->pg->allreduce(op.tensors, opts);
     // gloo's own timeout (the configure timeout) completes the work with an error; the guard
     // here only covers a wedged backend.
     const auto start = std::chrono::steady_clock::now();
@@ -468,17 +485,14 @@ void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
     lock.unlock();
     if (abandoned.empty()) {
       work->wait();  // completed: rethrows the collective's error
-#ifdef MONARCH_FT_HAVE_NCCL
-      if (on_gpu) cpu.copy_(tensors[0].cpu());
-#endif
       return;
     }
   } catch (const std::exception& e) {
-    op_failed(e, "allreduce of " + std::to_string(data.size()) + " floats");
+    op_failed(e, what);
   }
   // Given up on while gloo still runs it (a frozen peer never closes its sockets, so gloo would
-  // wait out its timeout): close the group's connections, so that nothing more arrives into
-  // `data` and the peers blocked on this member fail fast. The worker itself stays in its wait
+  // wait out its timeout): close the group's connections, so that nothing more arrives into the
+  // tensors and the peers blocked on this member fail fast. The worker itself stays in its wait
   // until gloo's timeout, so the group is parked rather than destroyed (which would join it).
   impl_->publish_abort(prefix_);  // before the connections close: see other_gave_up()
   auto* gloo = dynamic_cast<WatchableGloo*>(impl_->pg.get());
@@ -488,9 +502,7 @@ void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
   }
   park({std::move(impl_->pg), std::move(work)});
   abort();
-  throw AllreduceError(
-      prefix_, rank_, world_size_,
-      "allreduce of " + std::to_string(data.size()) + " floats abandoned: " + abandoned);
+  throw AllreduceError(prefix_, rank_, world_size_, what + " abandoned: " + abandoned);
 }
 
 }  // namespace monarch::ft

@@ -252,6 +252,47 @@ TEST(AllreduceGroup, AWatchGivesUpOnAStoppedPeerAndNothingWritesIntoTheBufferAft
   g.expect_iterations({0, 1}, 10);
 }
 
+// The size check (the first collective of a group) is watched too: a member stopped right after
+// the group formed holds the others in that 16-byte check, and the report ends their wait there,
+// as in an allreduce, not the group timeout (3 s).
+TEST(AllreduceGroup, AWatchAlsoEndsTheSizeCheckWaitingForAStoppedPeer) {
+  Group g(3);
+  const std::string flag = ::testing::TempDir() + "silent-check." + std::to_string(::getpid());
+  std::remove(flag.c_str());
+  g.configure("q1", {0, 1, 2}, 3000);
+  g.peers[2]->kill(SIGSTOP);
+  for (int m : {0, 1})
+    g.peers[m]->write_line("watched_loop 0 " + std::to_string(kFloats) + " 5 " + flag);
+  for (int m : {0, 1}) {
+    while (true) {
+      auto l = expect(*g.peers[m], "");
+      ASSERT_FALSE(l.starts_with("OK ") || l.starts_with("ERROR ") || l.empty())
+          << "member " << m << "'s wait ended before the report: " << l;
+      if (l.starts_with("PROBE ") && std::stol(words(l)[2]) >= 3) break;
+    }
+  }
+  auto said_at = steady_ns();
+  { std::ofstream(flag) << "silent\n"; }
+  const std::string probed = "size check abandoned: the test says a member is silent";
+  int probers = 0;
+  for (int m : {0, 1}) {
+    std::string l;
+    double s = g.error_after(m, said_at, probed, 20s,
+                             "(another member had already given up on this group and closed "
+                             "its connections)",
+                             &l);
+    if (l.find(probed) != std::string::npos) ++probers;
+    EXPECT_LT(s, 2.5) << "the group timeout (3 s) ended it, not the report";
+  }
+  EXPECT_GE(probers, 1);
+  std::remove(flag.c_str());
+  g.peers[2]->kill(SIGCONT);
+  // The two reconfigure without it and go on.
+  g.configure("q2", {0, 1}, 60000);
+  for (int m : {0, 1}) g.peers[m]->write_line("loop 10 " + std::to_string(kFloats));
+  g.expect_iterations({0, 1}, 10);
+}
+
 // A probe with nothing to report changes nothing: a member stopped for a while (long enough for
 // both others to probe several times) holds the op up, and after SIGCONT every member gets the
 // exact sums and the same bits.

@@ -115,7 +115,7 @@ class AllreduceGroup {
   /// The first call with a given size in a group first checks, with one 16-byte collective, that
   /// every member passes that size: if not, every member throws UsageError naming the sizes seen
   /// (the group is closed), rather than gloo aborting the process of a member that receives more
-  /// than it expects.
+  /// than it expects. That collective is waited for like the allreduce (the same `watch`).
   /// Throws AllreduceError if the group is not configured, a peer died or aborted (typically
   /// within milliseconds: its sockets close), the op took longer than the configure timeout
   /// (a stopped peer), or `watch`'s probe gave a reason ("... abandoned: <reason>"; the group's
@@ -143,7 +143,12 @@ class AllreduceGroup {
   int world_size() const noexcept { return world_size_; }
 
  private:
-  void check_sizes(std::size_t n);  // gloo: every member passes n floats, else UsageError
+  struct Collective;  // one allreduce's tensors and reduce op (allreduce.cpp)
+  // Runs `op` and waits for it as allreduce_sum documents (watched, guarded, abandoned on the
+  // probe's word); returns once it completed, else throws AllreduceError naming `what`.
+  void run(Collective& op, const Watch* watch, const std::string& what);
+  // gloo: every member passes n floats, else UsageError. Watched like the allreduce itself.
+  void check_sizes(std::size_t n, const Watch* watch);
   [[noreturn]] void op_failed(const std::exception& e, const std::string& op);
 
   struct Impl;
