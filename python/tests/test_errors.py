@@ -334,6 +334,51 @@ def test_unhandled_supervision_reaches_the_client_hook(fault_hook):
         pm.stop().get(timeout=30)
 
 
+class Relayed(Actor):
+    """Rank 0 holds the call (its proc relays the others' replies: it is the cast tree's root);
+    the others answer at once. Each says on `port` that it runs the call."""
+
+    @endpoint
+    def pid(self):
+        return os.getpid()
+
+    @endpoint
+    def answer(self, port):
+        rank = current_rank().rank
+        port.send(rank)
+        if rank == 0:
+            threading.Event().wait()  # until its proc is killed
+        return rank
+
+
+def test_replies_lost_with_a_dead_relay_say_so_and_name_their_member(fault_hook):
+    """The members below a relay that dies mid-call hold a SupervisionError naming the relay's
+    proc, and the text says which member's reply was lost there and that its proc is alive."""
+    pm = this_host().spawn_procs(per_host={"gpus": 4}, name="relay")
+    port, rx = Channel.open()
+    try:
+        r = pm.spawn("relayed", Relayed)
+        pids = list(r.pid.call().get(timeout=30).values())
+        pending = r.answer.call(port)
+        assert sorted(rx.recv().get(timeout=30) for _ in range(4)) == [0, 1, 2, 3]
+        os.kill(pids[0], signal.SIGKILL)
+        got = pending.get(timeout=30)
+        assert isinstance(fault_hook.get(timeout=30), MeshFailure)
+        assert got.failed_ranks() == [0, 1, 2, 3]
+        for rank in range(4):
+            err = got.error(gpus=rank)
+            assert isinstance(err, SupervisionError), repr(err)
+            text = str(err)
+            assert "SIGKILL" in text or "signal 9" in text, text
+            if rank == 0:
+                assert ".relayed[" in text and "own proc is alive" not in text, text
+            else:
+                assert "monarch.comm" in text, text
+                assert "own proc is alive" in text and ".relayed[" in text, text
+    finally:
+        pm.stop().get(timeout=30)
+
+
 class Broadcaster(Actor):
     """Broadcasts to a mesh it was given; its copy of the mesh does not know the mesh stopped."""
 

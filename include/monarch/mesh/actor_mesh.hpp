@@ -555,7 +555,8 @@ class ActorMesh {
         // A hop whose comm actor's proc died fails every member below it with a SupervisionError
         // naming that comm actor. Members on that proc itself get one naming themselves, as when
         // the caster already knew the proc dead (CAST-12); members below it on live procs keep
-        // the comm actor's (their relay died, not their proc).
+        // the comm actor's (their relay died, not their proc), and its cause says which member
+        // lost its reply there and that the member may have run the call.
         void name_members_on_failed_procs() {
           for (auto& [r, e] : errors) {
             try {
@@ -565,8 +566,14 @@ class ActorMesh {
               // Not at(): this runs when the call ends, possibly after the procs are gone,
               // where at() throws (the error would escape the reply path).
               const ActorId& member = (*mesh.members_)[mesh.global(r)].id();
-              if (member.proc == x.proc())
+              if (member.proc == x.proc()) {
                 e = std::make_exception_ptr(SupervisionError(member, x.cause()));
+              } else {
+                e = std::make_exception_ptr(SupervisionError(
+                    x.actor(), x.cause() + " (this proc relayed the cast to " + member.to_string() +
+                                   ", whose own proc is alive: its handler may have run, and its "
+                                   "reply was lost with the relay)"));
+              }
             } catch (...) {
             }
           }
