@@ -29,11 +29,13 @@ broadcast fails the actor; its proc mesh reports a :class:`MeshFailure` to the o
 
 import asyncio
 import base64
+import builtins
 import atexit
 import contextvars
 import functools
 import inspect
 import itertools
+import math
 import operator
 import os
 import pickle
@@ -432,6 +434,77 @@ class Future(Generic[R]):
 
     def __repr__(self):
         return "<monarch Future %s>" % ("done" if self.done() else "pending")
+
+
+class _StreamPump:
+    """Hands a native stream's replies to its Futures in arrival order: the k-th reply to arrive
+    completes ``cfs[k]``. It has no thread: whoever waits on a Future pulls replies (under
+    ``_lock``) until that one is there. Any thread."""
+
+    def __init__(self, size):
+        self.size = size
+        self.cfs = [concurrent.futures.Future() for _ in range(size)]
+        self._started = threading.Event()
+        self._lock = threading.Lock()
+        self._st = None
+        self._where = None
+        self._next = 0  # the index of the next reply to arrive
+
+    def start(self, st, where):
+        self._st, self._where = st, where
+        self._started.set()
+
+    def fail(self, error):
+        """The stream could not be sent (its procs failed to start): every Future holds error."""
+        for cf in self.cfs:
+            cf.set_exception(error)
+        self._next = self.size
+        self._started.set()
+
+    def pull(self, k, timeout_s):
+        """Takes replies until the k-th is there; raises TimeoutError after timeout_s (< 0: no
+        deadline), leaving everything usable."""
+        deadline = None if timeout_s < 0 else time.monotonic() + timeout_s
+
+        def left():
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        if not self._started.wait(left()) or not self._lock.acquire(
+                timeout=-1 if deadline is None else left()):
+            raise TimeoutError("stream: reply %d not there within %s s" % (k, timeout_s))
+        try:
+            while self._next <= k:
+                t = left()
+                rank, v = self._st.next(-1.0 if t is None else t)
+                d = _decode_reply(v, rank, self._where())
+                cf = self.cfs[self._next]
+                self._next += 1
+                if isinstance(d, _Failure):
+                    cf.set_exception(d.error)
+                else:
+                    cf.set_result(d)
+        finally:
+            self._lock.release()
+
+
+class _StreamItem(Future):
+    """The k-th Future of a stream (see _StreamPump): waiting on it pulls the replies."""
+
+    def __init__(self, pump, k):
+        super().__init__(cf=pump.cfs[k])
+        self._pump = pump
+        self._k = k
+
+    def _wait(self, timeout_s):
+        if not self._cf.done():
+            try:
+                self._pump.pull(self._k, timeout_s)
+            except builtins.TimeoutError:
+                return False
+        return super()._wait(0)
+
+    def done(self):
+        return self._wait(0)
 
 
 def _ready(value) -> Future:
@@ -1292,21 +1365,28 @@ class EndpointRef(Generic[R]):
         return self._future(args, kwargs, send, self._one_reply)
 
     def stream(self, *args, **kwargs) -> Iterator[Future[R]]:
-        """Every member; yields one completed Future per member, in the order replies arrive."""
+        """Every member; returns at once an iterator of one Future per member, the k-th of which
+        completes with the k-th reply to arrive (value or the member's error). Nothing blocks
+        until a Future is waited on (``get``, or ``await`` inside a running loop, where waiting
+        happens on an executor thread, so the loop stays free for the replies it may owe).
+        Inside a running loop on a mesh whose procs are still starting, the stream is queued as
+        ``call`` is (PY-2)."""
         m, payload = self._prepare(args, kwargs)
-        st = m.stream(self._name, payload)
+        if m is not None:
+            pump = _StreamPump(len(m))
+            pump.start(m.stream(self._name, payload), self._where)
+        else:
+            pump = _StreamPump(math.prod(self._mesh._shape_if_known().sizes))
 
-        def gen():
-            while st.remaining() > 0:
-                rank, v = st.next(-1.0)
-                d = _decode_reply(v, rank, self._where())
-                if isinstance(d, _Failure):
-                    f = Future()
-                    f._error = d.error
-                    yield f
-                else:
-                    yield _ready(d)
-        return gen()
+            def op():
+                try:
+                    pump.start(self._mesh._mesh().stream(self._name, payload), self._where)
+                except BaseException as e:
+                    pump.fail(e)
+
+            if not self._mesh._lazy.later(op):
+                op()
+        return iter([_StreamItem(pump, k) for k in range(pump.size)])
 
     def broadcast(self, *args, **kwargs) -> None:
         """Every member, fire and forget; a handler that raises fails its actor."""

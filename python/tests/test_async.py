@@ -63,6 +63,16 @@ class Async(Actor):
         return self.most, self.order
 
     @endpoint
+    async def whoami(self):
+        return current_rank().rank
+
+    @endpoint
+    async def gather_stream(self, other):
+        """Awaits each Future of a stream from `other`, whose members share this one's procs
+        (and their asyncio loops): awaiting must leave the loop free for them to answer."""
+        return sorted([await f for f in other.whoami.stream()])
+
+    @endpoint
     async def blocking_get(self, other):
         try:
             other.slice(gpus=0).value.call_one(1).get(timeout=5)
@@ -111,6 +121,38 @@ def test_async_endpoint_awaits_another_mesh(asyncs, plain):
     assert got == ([1, 11, 21, 31], 31)
     vm = asyncs.relay.call(plain, 2).get(timeout=30)
     assert vm.values() == [([2, 12, 22, 32], 32)] * 4
+
+
+def test_an_async_endpoint_awaits_a_stream_from_actors_on_its_own_procs(procs, asyncs):
+    """stream() returns at once; awaiting its Futures does not block the proc's loop, which the
+    streamed actors (async too, on the same procs) need to answer (Monarch's
+    test_mesh_passed_to_mesh hung here: stream() waited for each reply inside next())."""
+    others = procs.spawn("others", Async)
+    got = asyncs.slice(gpus=0).gather_stream.call_one(others).get(timeout=30)
+    assert got == [0, 1, 2, 3]
+    vm = asyncs.gather_stream.call(others).get(timeout=30)
+    assert vm.values() == [[0, 1, 2, 3]] * 4
+
+
+def test_stream_inside_a_loop_before_the_procs_are_up_is_queued():
+    gate = socket.socket()
+    gate.bind(("127.0.0.1", 0))
+    gate.listen(8)
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, name="streamq",
+                                    bootstrap=functools.partial(_wait_for_gate,
+                                                                gate.getsockname()[1]))
+
+    async def main():
+        plain = procs.spawn("plain", Plain)
+        futs = list(plain.value.stream(5))  # returns at once: queued until the procs are up
+        assert len(futs) == 2 and not any(f.done() for f in futs)
+        gate.close()
+        return sorted([await asyncio.wait_for(f, timeout=60) for f in futs])
+
+    try:
+        assert asyncio.run(main()) == [5, 15]
+    finally:
+        procs.stop().get(timeout=60)
 
 
 def test_async_endpoints_run_one_at_a_time(asyncs):
