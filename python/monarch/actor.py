@@ -280,12 +280,17 @@ def _check_timeout(timeout):
     return float(timeout)  # inf or huge: forever (the runtime clamps)
 
 
+class _WouldBlock(RuntimeError):
+    """A blocking operation called inside a running event loop (_no_running_loop). Pickling
+    passes it on as it is, rather than as "cannot be serialised"."""
+
+
 def _no_running_loop(what, instead="use `await` on the future instead"):
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return
-    raise RuntimeError(
+    raise _WouldBlock(
         "%s called inside a running asyncio event loop (an async endpoint?): it would block the "
         "loop; %s" % (what, instead))
 
@@ -555,6 +560,8 @@ def _in_message() -> bool:
 def _dumps_args(args, kwargs, view, port, where):
     try:
         return _dumps((args, kwargs, view, port))
+    except _WouldBlock:
+        raise
     except Exception as e:
         for i, a in enumerate(args):
             try:
@@ -1698,6 +1705,8 @@ class ProcMesh(MeshTrait):
         self._live.check()
         try:
             spec = _dumps((Class, args, kwargs))
+        except _WouldBlock:
+            raise
         except Exception as e:
             raise TypeError("spawn %s: the class or its arguments cannot be serialised: %s"
                             % (name, e)) from None
