@@ -35,6 +35,7 @@ import contextvars
 import functools
 import inspect
 import itertools
+import logging
 import math
 import operator
 import os
@@ -705,7 +706,13 @@ class Actor:
     ``port.send``) could not be delivered; truthy means handled (the actor lives on), anything
     else, or a raise, fails the actor, which is also what happens without the hook.
     ``__cleanup__(self, exc)``: runs when the actor stops (``exc`` is None on a normal stop).
+
+    ``self.logger`` is ``logging.getLogger(<the class's name>)``, as in Monarch.
     """
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        return logging.getLogger(type(self).__name__)
 
 
 class UndeliverableMessageEnvelope:

@@ -93,9 +93,10 @@ class DeliveryFailure(MonarchError):
     code = 12
 
 
-class SupervisionError(MonarchError):
+class SupervisionError(MonarchError, RuntimeError):
     """The actor's proc failed, the actor itself failed (its ``__init__`` or a broadcast
-    handler raised, which fails its proc too), or the mesh was stopped."""
+    handler raised, which fails its proc too), or the mesh was stopped. Also a ``RuntimeError``,
+    as Monarch's is."""
 
     code = 13
 

@@ -368,6 +368,7 @@ def test_replies_lost_with_a_dead_relay_say_so_and_name_their_member(fault_hook)
         for rank in range(4):
             err = got.error(gpus=rank)
             assert isinstance(err, SupervisionError), repr(err)
+            assert isinstance(err, RuntimeError)  # as Monarch's SupervisionError is
             text = str(err)
             assert "SIGKILL" in text or "signal 9" in text, text
             if rank == 0:
@@ -667,6 +668,7 @@ class Cleaned(Actor):
         return current_rank().rank
 
     def __cleanup__(self, exc):
+        self.logger.info("cleaning up")  # Actor.logger, as Monarch's test_cleanup uses it
         self.port.send(("cleanup", current_rank().rank, exc))
 
 
