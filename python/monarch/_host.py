@@ -94,6 +94,7 @@ class InitError(Exception):
 class ActorHost:
     def __init__(self, spec, rank, actor_id, name, me=None, set_label=None):
         self.me = me  # .fail(text) fails this actor
+        self._unanswered = []  # replies of calls whose handler failed the actor (_fails_actor)
         try:
             cls, args, kwargs = pickle.loads(spec)
         except BaseException as e:
@@ -176,6 +177,8 @@ class ActorHost:
         try:
             result = self._invoke(ctx, ep, args, kwargs)
         except BaseException as e:
+            if self._fails_actor(e, label, reply):
+                return None
             if port is not None:
                 port._fail(e)
                 return None
@@ -202,6 +205,19 @@ class ActorHost:
         if port is not None:
             port.send(result)
 
+    def _fails_actor(self, e, label, reply):
+        """Whether ``e``, raised by a call's handler, fails the actor instead of being the
+        caller's error: it is not an ``Exception`` (SystemExit, KeyboardInterrupt, another
+        BaseException), as in Monarch. The actor is then failed here, which fails its proc
+        (PY-5): the call gets no reply and ends with the SupervisionError that brings. Its
+        ``reply`` is kept meanwhile (dropped, it would answer "promise dropped")."""
+        if isinstance(e, (Exception, asyncio.CancelledError)) or self.me is None:
+            return False  # a cancelled async handler (its actor stops) is no failure of it
+        self._unanswered.append(reply)
+        self.me.fail(_broadcast_failure(label, e, "a %s (not an Exception) in a call"
+                                        % type(e).__name__))
+        return True
+
     def _invoke(self, ctx, ep, args, kwargs):
         """Runs a def endpoint with ``ctx`` as the current context."""
         token = _actor._current.set(ctx)
@@ -214,6 +230,8 @@ class ActorHost:
         try:
             result = self._invoke(ctx, ep, args, kwargs)
         except BaseException as e:
+            if self._fails_actor(e, label, reply):
+                return
             if port is not None:
                 port._fail(e)
             else:
@@ -234,6 +252,8 @@ class ActorHost:
                 except BaseException as e:
                     if send:
                         reply.fail(_broadcast_failure(label, e))
+                    elif self._fails_actor(e, label, reply):
+                        pass
                     elif port is not None:
                         port._fail(e)
                     else:
@@ -312,10 +332,10 @@ class ActorHost:
                                      "port" % (self.instance_info.actor_id, p._label)))
 
 
-def _broadcast_failure(label, e):
-    """What fails an actor whose broadcast handler raised: the endpoint and the traceback."""
-    return "endpoint %s raised in a broadcast:\n%s" % (
-        label, "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+def _broadcast_failure(label, e, how="in a broadcast"):
+    """What fails an actor whose handler raised: the endpoint and the traceback."""
+    return "endpoint %s raised %s:\n%s" % (
+        label, how, "".join(traceback.format_exception(type(e), e, e.__traceback__)))
 
 
 def _rank(r):

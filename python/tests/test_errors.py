@@ -380,6 +380,47 @@ def test_replies_lost_with_a_dead_relay_say_so_and_name_their_member(fault_hook)
         pm.stop().get(timeout=30)
 
 
+class Fatal(BaseException):
+    """Not an Exception: raised by a handler, it fails the actor (Monarch's
+    test_base_exception_handling)."""
+
+
+class DiesOnBaseException(Actor):
+    @endpoint
+    def die(self):
+        raise Fatal("a BaseException")
+
+    @endpoint
+    def ok(self):
+        return "ok"
+
+
+@pytest.mark.parametrize("method", ["die", "die_async"])
+def test_a_base_exception_in_a_call_handler_fails_the_actor(fault_hook, method):
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, name="fatal")
+    try:
+        a = pm.spawn("fatal", DiesOnBaseException if method == "die" else AsyncDies)
+        with pytest.raises(SupervisionError) as err:
+            getattr(a, method).call_one().get(timeout=30)
+        assert "Fatal" in str(err.value) and "not an Exception" in str(err.value), str(err.value)
+        failure = fault_hook.get(timeout=30)
+        assert isinstance(failure, MeshFailure) and failure.mesh == "fatal", repr(failure)
+        with pytest.raises(SupervisionError):
+            a.ok.call_one().get(timeout=30)
+    finally:
+        pm.stop().get(timeout=30)
+
+
+class AsyncDies(Actor):
+    @endpoint
+    async def die_async(self):
+        raise Fatal("a BaseException")
+
+    @endpoint
+    async def ok(self):
+        return "ok"
+
+
 class Broadcaster(Actor):
     """Broadcasts to a mesh it was given; its copy of the mesh does not know the mesh stopped."""
 
