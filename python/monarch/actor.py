@@ -43,6 +43,7 @@ import pickle
 import sys
 import threading
 import time
+import weakref
 import concurrent.futures
 from collections.abc import Mapping
 from typing import Any, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
@@ -1042,6 +1043,27 @@ class _Liveness:
             raise SupervisionError("%s was stopped (%s); spawn a new one" % (self.what, self.stopped))
 
 
+class _Sized:
+    """``size()`` of proc and host meshes (not actor meshes: there an endpoint may be named
+    ``size``, as in Monarch, where an actor mesh's endpoints shadow its methods)."""
+
+    def size(self, dim=None) -> int:
+        """Members of the mesh (``dim`` None), along one dim (a str), or over several (a sequence
+        of dim names, their sizes multiplied), as Monarch's ``size``. ValueError names the dims
+        when one is not the mesh's."""
+        sizes = self.sizes
+        if dim is None:
+            return len(self)
+        dims = [dim] if isinstance(dim, str) else list(dim)
+        n = 1
+        for d in dims:
+            if d not in sizes:
+                raise ValueError("size: %r is not a dim of this mesh (its dims: %s)"
+                                 % (d, ", ".join(sizes) or "none"))
+            n *= sizes[d]
+        return n
+
+
 class ActorMesh(MeshTrait, Generic[R]):
     """Actors of one class on the procs of a ProcMesh, addressed as a whole or through views.
 
@@ -1100,6 +1122,11 @@ class ActorMesh(MeshTrait, Generic[R]):
     def survivors(self) -> "ActorMesh":
         """The members on procs not known to have failed (a view with extent {ranks: n})."""
         return _PickedMesh(self, self._mesh().survivors())
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completes once every actor is spawned (raises the spawn error if one failed)."""
+        return Future(cf=self._lazy.cf, decode=lambda _: True)
 
     def stop(self, reason: str = "stopped by the client") -> Future[None]:
         """Stops every member (queued messages run first, then ``__cleanup__``)."""
@@ -1642,7 +1669,7 @@ def _worker_env():
     return ["PYTHONPATH=" + os.pathsep.join(paths), "PYTHONUNBUFFERED=1"]
 
 
-class ProcMesh(MeshTrait):
+class ProcMesh(MeshTrait, _Sized):
     """Procs (worker processes running Python) arranged in an extent, e.g. {hosts: 2, gpus: 4}.
 
     Returned by ``HostMesh.spawn_procs`` at once; the procs start in the background, and the
@@ -1829,12 +1856,41 @@ def _rebuild_proc_mesh(encoded, name):
                     _Liveness("proc mesh %r" % name), remote=True)
 
 
-class HostMesh(MeshTrait):
+class HostMesh(MeshTrait, _Sized):
     """Hosts, each running a host agent: ``this_host()``, ``attach_to_workers(...)``, or a
     launcher's (SLURM, Kubernetes)."""
 
     def __init__(self, native):
         self._native = native
+        self._spawned = weakref.WeakSet()  # its ProcMeshes still referenced (shutdown())
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completed: a HostMesh exists once its host agents answered."""
+        return _ready(True)
+
+    def shutdown(self) -> Future[None]:
+        """Stops every ProcMesh spawned on this HostMesh that is still referenced; the Future
+        completes once they all stopped (with the first stop error, if any). The host agents
+        themselves keep running: this_host()'s is the client, and an attached worker's agent
+        may serve other clients (stop those with SIGTERM, or their job)."""
+        stops = [pm.stop() for pm in list(self._spawned)]
+        cf = concurrent.futures.Future()
+
+        def wait_all():
+            error = None
+            for f in stops:
+                try:
+                    f.get()
+                except BaseException as e:
+                    error = error or e
+            if error is None:
+                cf.set_result(None)
+            else:
+                cf.set_exception(error)
+
+        threading.Thread(target=wait_all, name="monarch-shutdown", daemon=True).start()
+        return Future(cf=cf)
 
     def __reduce__(self):
         raise TypeError("a HostMesh cannot be sent inside a message (it holds this client's "
@@ -1906,6 +1962,7 @@ class HostMesh(MeshTrait):
         except Exception:
             full = None  # a dim named twice: the spawn fails, and so does the first use
         mesh = ProcMesh(_Lazy(cf), name, live, full=full)
+        self._spawned.add(mesh)
         host = _current_host_instance()
         if host is not None and threading.current_thread().name != "monarch-asyncio":
             # Inside an actor's handler: the actor owns the procs (its __supervise__ sees

@@ -3,13 +3,15 @@ a wrong answer before its fix."""
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import client_env, write_client
+from conftest import client_env, pid_alive, write_client
 from monarch.actor import Actor, endpoint, this_host
 from monarch.errors import UsageError
 
@@ -129,6 +131,27 @@ def test_spawn_procs_rejects_a_bad_name_at_the_call():
     for bad in ("a[b]", "a.b", "x y"):
         with pytest.raises(ValueError, match="may hold only letters, digits"):
             this_host().spawn_procs(per_host={"gpus": 1}, name=bad)
+
+
+class Pid(Actor):
+    @endpoint
+    def pid(self):
+        return os.getpid()
+
+
+def test_host_mesh_initialized_and_shutdown_stops_its_proc_meshes():
+    """Monarch's HostMesh.initialized and shutdown() (rdma_pingpong.py ends with
+    workers.shutdown().get()): shutdown stops the proc meshes spawned on that HostMesh."""
+    host = this_host()
+    assert host.initialized.get(timeout=10) is True
+    pm = host.spawn_procs(per_host={"gpus": 2}, name="shut")
+    pids = pm.spawn("p", Pid).pid.call().get(timeout=60).values()
+    assert host.shutdown().get(timeout=60) is None
+    deadline = time.monotonic() + 30
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in pids), pids
+    assert this_host().shutdown().get(timeout=10) is None  # nothing spawned on it: done at once
 
 
 def test_this_proc_cannot_be_sliced():

@@ -37,6 +37,12 @@ def test_extent_sizes_len(grid, where):
         assert m.extent == Extent(["hosts", "gpus"], [2, 4])
         assert m.sizes == {"hosts": 2, "gpus": 4}
         assert len(m) == 8
+    # Monarch's ProcMesh.size(): the whole mesh, one dim, or several multiplied
+    assert (grid.size(), grid.size("gpus"), grid.size(["hosts", "gpus"])) == (8, 4, 8)
+    with pytest.raises(ValueError, match="'cpus' is not a dim"):
+        grid.size("cpus")
+    assert grid.slice(gpus=1).size("hosts") == 2
+    assert where.initialized.get(timeout=60) is True  # ActorMesh.initialized, as ProcMesh's
 
 
 def test_slice_with_an_int_drops_the_dim(where):
