@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import pickle
+import sys
 import threading
 import traceback
 import weakref
@@ -95,6 +96,8 @@ class ActorHost:
     def __init__(self, spec, rank, actor_id, name, me=None, set_label=None):
         self.me = me  # .fail(text) fails this actor
         self._unanswered = []  # replies of calls whose handler failed the actor (_fails_actor)
+        self._owned = []  # meshes spawned in its handlers: stopped with it (own, stop_owned)
+        self._owned_mu = threading.Lock()
         try:
             cls, args, kwargs = pickle.loads(spec)
         except BaseException as e:
@@ -316,10 +319,33 @@ class ActorHost:
             self.me.fail("unhandled failure of procs it spawned: " + text)
         return True
 
+    def own(self, mesh):
+        """A ProcMesh or ActorMesh spawned in this actor's handlers (or __init__): this actor
+        owns it (any thread)."""
+        with self._owned_mu:
+            self._owned = [m for m in self._owned if m._live.stopped is None]
+            self._owned.append(mesh)
+
+    def stop_owned(self, why):
+        """Stops the meshes this actor spawned, newest first (actor meshes before the procs
+        they run on), and waits for them (each stop is bounded by its mesh.stop_timeout).
+        A stop that fails is logged: the owner's own stop goes on."""
+        with self._owned_mu:
+            owned, self._owned = self._owned, []
+        for mesh in reversed(owned):
+            try:
+                mesh.stop(why).get()
+            except BaseException as e:
+                sys.stderr.write("monarch: %s: stopping %r, which it owns: %s\n"
+                                 % (self.instance_info.actor_id, mesh, e))
+
     def cleanup(self, error):
-        """PyActor::cleanup, once, on the actor's worker: runs ``__cleanup__``, then fails every
-        response port still unanswered (its caller gets ActorError naming the endpoint)."""
+        """PyActor::cleanup, once, on the actor's worker: stops the meshes the actor spawned
+        (Monarch's recursive stop), runs ``__cleanup__``, then fails every response port still
+        unanswered (its caller gets ActorError naming the endpoint)."""
         fn = getattr(self.instance, "__cleanup__", None)
+        self.stop_owned("its owner %s %s" % (self.instance_info.actor_id,
+                                              "stopped" if error is None else "failed"))
         try:
             if fn is not None:
                 self._run_hook(fn, None if error is None else _actor.ActorError(error))

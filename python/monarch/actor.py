@@ -518,6 +518,38 @@ def _ready(value) -> Future:
     return Future(value=value)
 
 
+def _all_of(futures, name) -> Future:
+    """A Future[None] that completes once every one of ``futures`` did (with the first error,
+    if any), waited for on a thread ``name``."""
+    if not futures:
+        return _ready(None)
+    cf = concurrent.futures.Future()
+
+    def wait_all():
+        error = None
+        for f in futures:
+            try:
+                f.get()
+            except BaseException as e:
+                error = error or e
+        if error is None:
+            cf.set_result(None)
+        else:
+            cf.set_exception(error)
+
+    threading.Thread(target=wait_all, name=name, daemon=True).start()
+    return Future(cf=cf)
+
+
+def _owned_by_current_actor(mesh):
+    """Records a mesh spawned inside an actor's handler (or ``__init__``) as that actor's: it is
+    stopped when the actor stops or fails (ActorHost.stop_owned), as in Monarch."""
+    host = _current_actor_host()
+    if host is not None:
+        host.own(mesh)
+    return mesh
+
+
 # --- Wire format (see monarch/_host.py) -----------------------------------------------------------
 
 _FRAME_HEADROOM = 64 * 1024  # headers around a payload, as the native check_frame leaves
@@ -1748,7 +1780,7 @@ class ProcMesh(MeshTrait, _Sized):
         if self._local:
             mesh = ActorMesh(Class, _Lazy.of(_native.spawn_local(name, spec)), name, live)
             self._spawned.append(mesh)
-            return mesh
+            return _owned_by_current_actor(mesh)
         cf = concurrent.futures.Future()
 
         def go(_):
@@ -1758,8 +1790,9 @@ class ProcMesh(MeshTrait, _Sized):
                 cf.set_exception(e)
 
         self._lazy.cf.add_done_callback(go)
-        return ActorMesh(Class, _Lazy(cf), name, live, procs=self,
-                         full=self._view if self._view is not None else self._full)
+        return _owned_by_current_actor(
+            ActorMesh(Class, _Lazy(cf), name, live, procs=self,
+                      full=self._view if self._view is not None else self._full))
 
     def stop(self, reason: str = "stopped by the client") -> Future[None]:
         """Stops every proc of the whole mesh (procs not gone within the stop timeout are
@@ -1776,19 +1809,7 @@ class ProcMesh(MeshTrait, _Sized):
             stops = [m.stop(reason) for m in self._spawned]  # before the parent is marked
             self._live.stopped = "ProcMesh.stop(): %s" % reason
             self._spawned = []
-            if not stops:
-                return _ready(None)
-            cf = concurrent.futures.Future()
-
-            def wait_all():
-                try:
-                    for f in stops:
-                        f.get()
-                    cf.set_result(None)
-                except BaseException as e:
-                    cf.set_exception(e)
-            threading.Thread(target=wait_all, name="monarch-stop", daemon=True).start()
-            return Future(cf=cf)
+            return _all_of(stops, "monarch-stop")
         self._live.stopped = "ProcMesh.stop(): %s" % reason
         cf = concurrent.futures.Future()
 
@@ -1874,23 +1895,7 @@ class HostMesh(MeshTrait, _Sized):
         completes once they all stopped (with the first stop error, if any). The host agents
         themselves keep running: this_host()'s is the client, and an attached worker's agent
         may serve other clients (stop those with SIGTERM, or their job)."""
-        stops = [pm.stop() for pm in list(self._spawned)]
-        cf = concurrent.futures.Future()
-
-        def wait_all():
-            error = None
-            for f in stops:
-                try:
-                    f.get()
-                except BaseException as e:
-                    error = error or e
-            if error is None:
-                cf.set_result(None)
-            else:
-                cf.set_exception(error)
-
-        threading.Thread(target=wait_all, name="monarch-shutdown", daemon=True).start()
-        return Future(cf=cf)
+        return _all_of([pm.stop() for pm in list(self._spawned)], "monarch-shutdown")
 
     def __reduce__(self):
         raise TypeError("a HostMesh cannot be sent inside a message (it holds this client's "
@@ -1963,6 +1968,7 @@ class HostMesh(MeshTrait, _Sized):
             full = None  # a dim named twice: the spawn fails, and so does the first use
         mesh = ProcMesh(_Lazy(cf), name, live, full=full)
         self._spawned.add(mesh)
+        _owned_by_current_actor(mesh)
         host = _current_host_instance()
         if host is not None and threading.current_thread().name != "monarch-asyncio":
             # Inside an actor's handler: the actor owns the procs (its __supervise__ sees

@@ -725,6 +725,52 @@ def test_cleanup_runs_on_stop(procs):
     assert got == [("cleanup", 0, None), ("cleanup", 1, None)]
 
 
+class Inner(Actor):
+    def __init__(self, port, tag):
+        self.port, self.tag = port, tag
+
+    @endpoint
+    def pid(self):
+        return os.getpid()
+
+    def __cleanup__(self, exc):
+        self.port.send(("cleanup", self.tag))
+
+
+class Wrapper(Actor):
+    """Spawns procs of its own and actor meshes on them and on procs it was given."""
+
+    def __init__(self, given, port):
+        self.procs = this_host().spawn_procs(per_host={"gpus": 2}, name="wrapped")
+        self.on_given = given.spawn("on_given", Inner, port, "given")
+        self.on_owned = self.procs.spawn("on_owned", Inner, port, "owned")
+
+    @endpoint
+    def pids(self):
+        return (self.on_given.pid.call().get(timeout=30).values(),
+                self.on_owned.pid.call().get(timeout=30).values())
+
+
+def test_stopping_an_actor_stops_the_meshes_it_spawned(procs):
+    """Monarch's test_recursive_stop: the meshes an actor spawned (actors on procs it was given,
+    its own procs and the actors on them) stop with it, their __cleanup__ runs, and its procs'
+    processes end; the procs it was given live on."""
+    port, rx = Channel.open()
+    given = procs.slice(gpus=slice(0, 2))
+    w = procs.slice(gpus=2).spawn("wrapper", Wrapper, given, port)
+    on_given, on_owned = w.pids.call_one().get(timeout=60)
+    assert set(on_given).isdisjoint(on_owned)
+    w.stop().get(timeout=60)
+    got = sorted(rx.recv().get(timeout=30) for _ in range(4))
+    assert got == [("cleanup", "given")] * 2 + [("cleanup", "owned")] * 2, got
+    deadline = time.monotonic() + 30
+    while any(pid_alive(p) for p in on_owned) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in on_owned), on_owned
+    assert all(pid_alive(p) for p in on_given)
+    assert given.spawn("after", Inner, port, "x").pid.call().get(timeout=30).values() == on_given
+
+
 # --- bad input ----------------------------------------------------------------------------------
 
 
