@@ -196,8 +196,9 @@ class Point(Mapping):
         return hash((tuple(self.coords), self.extent))
 
     def __repr__(self):
-        return "{" + ", ".join("%s=%d" % (k, v) for k, v in zip(self.extent.labels,
-                                                               self.coords)) + "}"
+        """Monarch's text: ``{'hosts': 0/1, 'gpus': 3/4}`` (coordinate/size per dim)."""
+        return "{" + ", ".join("'%s': %d/%d" % (k, c, n) for k, c, n in zip(
+            self.extent.labels, self.coords, self.extent.sizes)) + "}"
 
 
 def _point_from_tuple(t) -> Optional[Point]:

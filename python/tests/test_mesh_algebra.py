@@ -43,6 +43,8 @@ def test_extent_sizes_len(grid, where):
         grid.size("cpus")
     assert grid.slice(gpus=1).size("hosts") == 2
     assert where.initialized.get(timeout=60) is True  # ActorMesh.initialized, as ProcMesh's
+    # Monarch's text of a Point (its test_rank_string)
+    assert str(Extent(["hosts", "gpus"], [1, 2]).point(1)) == "{'hosts': 0/1, 'gpus': 1/2}"
 
 
 def test_slice_with_an_int_drops_the_dim(where):
