@@ -29,6 +29,7 @@ broadcast fails the actor; its proc mesh reports a :class:`MeshFailure` to the o
 
 import asyncio
 import base64
+import collections.abc
 import builtins
 import atexit
 import contextvars
@@ -513,6 +514,24 @@ class _StreamItem(Future):
 
     def done(self):
         return self._wait(0)
+
+
+class _Applied(collections.abc.Coroutine):
+    """What a setting that took effect at the call returns (logging_option): awaiting it, or
+    ``asyncio.run`` on it, completes at once with None. Not a real coroutine, so nothing warns
+    when it is never awaited."""
+
+    def send(self, value):
+        raise StopIteration(None)
+
+    def throw(self, typ, val=None, tb=None):
+        raise typ if val is None else val
+
+    def close(self):
+        pass
+
+    def __await__(self):
+        return iter(())
 
 
 def _ready(value) -> Future:
@@ -1834,8 +1853,11 @@ class ProcMesh(MeshTrait, _Sized):
         return Future(cf=cf)
 
     def logging_option(self, stream_to_client: bool = True, aggregate_window_sec=None,
-                       level=None) -> None:
-        """Whether the procs' output is shown here, with ``[mesh rank]`` prefixes (default
+                       level=None) -> "_Applied":
+        """Applied at the call (inside a running loop on procs still starting: queued, before the
+        operations issued after it); returns an awaitable that is done already, so that
+        Monarch's ``await procs.logging_option(...)`` and ``asyncio.run(procs.logging_option(
+        ...))`` work too. Whether the procs' output is shown here, with ``[mesh rank]`` prefixes (default
         on), and its aggregation: identical lines from several procs within
         ``aggregate_window_sec`` seconds print once, with the ranks that wrote them (0: every
         line at once; None: leave it, default the config key mesh.log_aggregate_window).
@@ -1851,11 +1873,29 @@ class ProcMesh(MeshTrait, _Sized):
         if aggregate_window_sec is not None and not 0 <= aggregate_window_sec <= 3600:
             raise ValueError("logging_option: aggregate_window_sec must be a number of seconds "
                              "in [0, 3600], not %r" % (aggregate_window_sec,))
-        if not self._local and not self._remote:
-            native = self._lazy.result()
+        if self._local or self._remote:
+            return _Applied()
+        lazy = self._lazy
+
+        def apply():
+            native = lazy.result()
             native.set_stream_logs(stream_to_client)
             if aggregate_window_sec is not None:
                 native.set_log_window(float(aggregate_window_sec))
+
+        if lazy.cf.done() or not _in_running_loop():
+            apply()
+            return _Applied()
+
+        def queued():  # on the thread that completes the spawn, before the operations queued next
+            try:
+                apply()
+            except BaseException:
+                pass  # the procs did not start: the mesh's first use raises that
+
+        if not lazy.later(queued):
+            queued()
+        return _Applied()
 
     def __enter__(self):
         return self

@@ -9,6 +9,7 @@ import pytest
 from conftest import run_client
 
 CLIENT = """
+    import asyncio
     import sys
     from monarch.actor import Actor, current_rank, endpoint, this_host
 
@@ -31,7 +32,8 @@ CLIENT = """
     # The switch applies to lines as they reach the client (a call's reply may overtake its
     # output), so this mesh has it off before anything runs, and until its procs are gone.
     hushed = this_host().spawn_procs(per_host={"gpus": 2}, name="hushed")
-    hushed.logging_option(stream_to_client=False)
+    # Monarch's getting_started form (its logging_option is async); applied at the call
+    asyncio.run(hushed.logging_option(stream_to_client=False))
     for bad, kind in (([1], TypeError), ("5", TypeError), (True, TypeError), (-1, ValueError),
                       (float("nan"), ValueError), (4000, ValueError)):
         try:
@@ -43,6 +45,17 @@ CLIENT = """
     assert q.talk.call("quiet", 50).get(timeout=30).values() == [0, 1]
     hushed.stop().get(timeout=30)
     print("HUSHED STOPPED", flush=True)
+
+    # Inside a running loop, on procs still starting: the switch is queued ahead of the calls.
+    early = this_host().spawn_procs(per_host={"gpus": 2}, name="early")
+
+    async def main():
+        await early.logging_option(stream_to_client=False)
+        return (await early.spawn("talker", Talker).talk.call("hidden", 50)).values()
+
+    assert asyncio.run(main()) == [0, 1]
+    early.stop().get(timeout=30)
+    print("EARLY STOPPED", flush=True)
 """
 
 
@@ -77,6 +90,8 @@ def test_stderr_is_forwarded_to_stderr(output):
 def test_stream_to_client_false_silences(output):
     assert "HUSHED STOPPED" in output.stdout.splitlines(), output.stdout[-2000:]
     assert "quiet" not in output.stdout and "quiet" not in output.stderr
+    assert "EARLY STOPPED" in output.stdout.splitlines(), output.stdout[-2000:]
+    assert "hidden" not in output.stdout and "hidden" not in output.stderr
 
 
 def test_runtime_warnings_go_to_stderr(tmp_path):
