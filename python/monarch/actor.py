@@ -829,65 +829,6 @@ def _check_actor_class(cls):
     return eps
 
 
-# --- ValueMesh ------------------------------------------------------------------------------------
-
-
-class ValueMesh(Generic[R]):
-    """One value per member of the view a call went to, indexed by Points.
-
-    A member that failed holds its error: reading it (``item``, ``values``, ``items``) raises
-    that error (ActorError, SupervisionError, DeliveryFailure); ``ok()``, ``failed_ranks()`` and
-    ``error()`` look without raising.
-    """
-
-    def __init__(self, extent: Extent, values: List[Any]):
-        self.extent = extent
-        self._values = values
-
-    def __len__(self):
-        return len(self._values)
-
-    def _at(self, rank):
-        v = self._values[rank]
-        if isinstance(v, _Failure):
-            raise v.error
-        return v
-
-    def item(self, **coords) -> R:
-        """The value at these coordinates (every dim of size > 1 must be given; a negative one
-        counts from the end). Raises what the member failed with, or KeyError / TypeError /
-        IndexError for bad coordinates (Extent.rank_of)."""
-        return self._at(self.extent.rank_of(coords))
-
-    def items(self) -> Iterator[Tuple[Point, R]]:
-        for r in range(len(self._values)):
-            yield self.extent.point(r), self._at(r)
-
-    def values(self) -> List[R]:
-        return [self._at(r) for r in range(len(self._values))]
-
-    def ok(self, **coords) -> bool:
-        return not isinstance(self._values[self.extent.rank_of(coords)], _Failure)
-
-    def error(self, **coords) -> Optional[BaseException]:
-        v = self._values[self.extent.rank_of(coords)]
-        return v.error if isinstance(v, _Failure) else None
-
-    def failed_ranks(self) -> List[int]:
-        return [r for r, v in enumerate(self._values) if isinstance(v, _Failure)]
-
-    def throw_if_failed(self):
-        for v in self._values:
-            if isinstance(v, _Failure):
-                raise v.error
-
-    def __iter__(self):
-        return self.items()
-
-    def __repr__(self):
-        return "ValueMesh(%s, %r)" % (self.extent, self._values)
-
-
 # --- Mesh algebra -------------------------------------------------------------------------------
 
 
@@ -1073,6 +1014,77 @@ class MeshTrait:
                 raise ValueError("rename: unknown dim %r (dims: %s)" % (old, ", ".join(s.labels)))
             s = s.rename(old, new)
         return self._with_shape(s)
+
+
+# --- ValueMesh ------------------------------------------------------------------------------------
+
+
+class ValueMesh(MeshTrait, Generic[R]):
+    """One value per member of the view a call went to, indexed by Points.
+
+    A member that failed holds its error: reading it (``item``, ``values``, ``items``) raises
+    that error (ActorError, SupervisionError, DeliveryFailure); ``ok()``, ``failed_ranks()`` and
+    ``error()`` look without raising. The mesh algebra (``slice``, ``flatten``, ``split``,
+    ``rename``) gives ValueMeshes of the values it selects, as in Monarch.
+    """
+
+    def __init__(self, extent: Extent, values: List[Any]):
+        self._extent = extent
+        self._values = values
+
+    @property
+    def extent(self) -> Extent:
+        return self._extent
+
+    def _shape(self):
+        return _native.Shape(self._extent.labels, self._extent.sizes)
+
+    def _with_shape(self, shape):
+        return ValueMesh(Extent(shape.labels, shape.sizes),
+                         [self._values[g] for g in shape.global_ranks()])
+
+    def __len__(self):
+        return len(self._values)
+
+    def _at(self, rank):
+        v = self._values[rank]
+        if isinstance(v, _Failure):
+            raise v.error
+        return v
+
+    def item(self, **coords) -> R:
+        """The value at these coordinates (every dim of size > 1 must be given; a negative one
+        counts from the end). Raises what the member failed with, or KeyError / TypeError /
+        IndexError for bad coordinates (Extent.rank_of)."""
+        return self._at(self.extent.rank_of(coords))
+
+    def items(self) -> Iterator[Tuple[Point, R]]:
+        for r in range(len(self._values)):
+            yield self.extent.point(r), self._at(r)
+
+    def values(self) -> List[R]:
+        return [self._at(r) for r in range(len(self._values))]
+
+    def ok(self, **coords) -> bool:
+        return not isinstance(self._values[self.extent.rank_of(coords)], _Failure)
+
+    def error(self, **coords) -> Optional[BaseException]:
+        v = self._values[self.extent.rank_of(coords)]
+        return v.error if isinstance(v, _Failure) else None
+
+    def failed_ranks(self) -> List[int]:
+        return [r for r, v in enumerate(self._values) if isinstance(v, _Failure)]
+
+    def throw_if_failed(self):
+        for v in self._values:
+            if isinstance(v, _Failure):
+                raise v.error
+
+    def __iter__(self):
+        return self.items()
+
+    def __repr__(self):
+        return "ValueMesh(%s, %r)" % (self.extent, self._values)
 
 
 # --- Actor meshes -----------------------------------------------------------------------------

@@ -87,6 +87,14 @@ def test_call_gives_a_value_mesh(members):
     for bad in ("2", 2.0, True):  # a TypeError naming the dim, not one from a comparison
         with pytest.raises(TypeError, match="coordinate gpus= takes an int"):
             vm.item(gpus=bad)
+    # Monarch's ValueMesh is a mesh: slicing and flattening select values (its test_value_mesh)
+    assert vm.slice(gpus=slice(1, 4, 2)).values() == [111, 131]
+    assert vm.slice(gpus=2).item() == 121
+    grid = vm.split(gpus=("dp", "tp"), tp=2)
+    assert grid.sizes == {"dp": 2, "tp": 2} and grid.item(dp=1, tp=0) == 121
+    assert grid.slice(tp=1).values() == [111, 131]
+    assert grid.flatten("all").values() == vm.values()
+    assert grid.rename(dp="data").slice(data=0).values() == [101, 111]
 
 
 def test_call_on_a_slice_covers_only_the_slice(members):
