@@ -127,6 +127,27 @@ struct Group {
     std::printf("member %d: %s\n", m, l.c_str());
     return static_cast<double>(std::stoll(w[1]) - since_ns) / 1e9;
   }
+
+  // Writes `flag` (the test standing in for the lighthouse's report that a member is silent)
+  // and expects members 0 and 1 to give up well before the group timeout (3 s): each at its
+  // probe (its error names `probed`), or, when the other gave up first and closed its
+  // connections, on those; at least one of them probed.
+  void report_silent_and_expect_give_up(const std::string& flag, const std::string& probed) {
+    auto said_at = steady_ns();
+    { std::ofstream(flag) << "silent\n"; }
+    int probers = 0;
+    for (int m : {0, 1}) {
+      std::string l;
+      double s = error_after(m, said_at, probed, 20s,
+                             "(another member had already given up on this group and closed "
+                             "its connections)",
+                             &l);
+      if (l.find(probed) != std::string::npos) ++probers;
+      std::printf("member %d gave up %.3f s after the report\n", m, s);
+      EXPECT_LT(s, 2.5) << "the group timeout (3 s) ended it, not the report";
+    }
+    EXPECT_GE(probers, 1);
+  }
 };
 
 TEST(AllreduceGroup, ThreeProcessesGetBitwiseIdenticalSums) {
@@ -219,25 +240,9 @@ TEST(AllreduceGroup, AWatchGivesUpOnAStoppedPeerAndNothingWritesIntoTheBufferAft
       if (std::stol(w[2]) >= 3) break;
     }
   }
-  auto said_at = steady_ns();
-  { std::ofstream(flag) << "silent\n"; }
-  // Each gives up at its probe, or, when the other one gave up first and closed its
-  // connections, fails on them and says so; at least one of them probed.
-  const std::string probed = "abandoned: the test says a member is silent";
+  g.report_silent_and_expect_give_up(flag, "abandoned: the test says a member is silent");
   std::vector<std::string> after(2);
-  int probers = 0;
-  for (int m : {0, 1}) {
-    std::string l;
-    double s = g.error_after(m, said_at, probed, 20s,
-                             "(another member had already given up on this group and closed "
-                             "its connections)",
-                             &l);
-    if (l.find(probed) != std::string::npos) ++probers;
-    std::printf("member %d gave up %.3f s after the report\n", m, s);
-    EXPECT_LT(s, 2.5) << "the group timeout (3 s) ended it, not the report";
-    after[static_cast<size_t>(m)] = expect(*g.peers[m], "BUFFER ");
-  }
-  EXPECT_GE(probers, 1);
+  for (int m : {0, 1}) after[static_cast<size_t>(m)] = expect(*g.peers[m], "BUFFER ");
   std::remove(flag.c_str());
   g.peers[2]->kill(SIGCONT);  // it goes on with its op: sends, then waits for the others
   auto woke = expect(*g.peers[2], "ERROR ", 20s);
@@ -271,20 +276,8 @@ TEST(AllreduceGroup, AWatchAlsoEndsTheSizeCheckWaitingForAStoppedPeer) {
       if (l.starts_with("PROBE ") && std::stol(words(l)[2]) >= 3) break;
     }
   }
-  auto said_at = steady_ns();
-  { std::ofstream(flag) << "silent\n"; }
-  const std::string probed = "size check abandoned: the test says a member is silent";
-  int probers = 0;
-  for (int m : {0, 1}) {
-    std::string l;
-    double s = g.error_after(m, said_at, probed, 20s,
-                             "(another member had already given up on this group and closed "
-                             "its connections)",
-                             &l);
-    if (l.find(probed) != std::string::npos) ++probers;
-    EXPECT_LT(s, 2.5) << "the group timeout (3 s) ended it, not the report";
-  }
-  EXPECT_GE(probers, 1);
+  g.report_silent_and_expect_give_up(flag,
+                                     "size check abandoned: the test says a member is silent");
   std::remove(flag.c_str());
   g.peers[2]->kill(SIGCONT);
   // The two reconfigure without it and go on.
