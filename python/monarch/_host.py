@@ -95,7 +95,6 @@ class InitError(Exception):
 class ActorHost:
     def __init__(self, spec, rank, actor_id, name, me=None, set_label=None):
         self.me = me  # .fail(text) fails this actor
-        self._unanswered = []  # replies of calls whose handler failed the actor (_fails_actor)
         self._owned = []  # meshes spawned in its handlers: stopped with it (own, stop_owned)
         self._owned_mu = threading.Lock()
         try:
@@ -211,14 +210,14 @@ class ActorHost:
     def _fails_actor(self, e, label, reply):
         """Whether ``e``, raised by a call's handler, fails the actor instead of being the
         caller's error: it is not an ``Exception`` (SystemExit, KeyboardInterrupt, another
-        BaseException), as in Monarch. The actor is then failed here, which fails its proc
-        (PY-5): the call gets no reply and ends with the SupervisionError that brings. Its
-        ``reply`` is kept meanwhile (dropped, it would answer "promise dropped")."""
+        BaseException), as in Monarch. The call ends with SupervisionError naming the actor
+        and the error, and the actor is failed, which fails its proc (PY-5; not this_proc()'s,
+        whose actors are in the client)."""
         if isinstance(e, (Exception, asyncio.CancelledError)) or self.me is None:
             return False  # a cancelled async handler (its actor stops) is no failure of it
-        self._unanswered.append(reply)
-        self.me.fail(_broadcast_failure(label, e, "a %s (not an Exception) in a call"
-                                        % type(e).__name__))
+        why = _broadcast_failure(label, e, "a %s (not an Exception) in a call" % type(e).__name__)
+        reply.actor_failed(why)
+        self.me.fail(why)
         return True
 
     def _invoke(self, ctx, ep, args, kwargs):

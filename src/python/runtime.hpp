@@ -138,6 +138,8 @@ struct Reply {
   std::shared_ptr<Promise<std::string>> promise;
   // broadcasts, and an actor's own `me`: fail() sends PyActor::fail to it
   std::optional<ActorRef<PyActor>> self;
+  // a call's: the actor answering (actor_failed() names it)
+  ActorId actor;
   void send(py::bytes b) {
     std::string s = b;
     NoGil nogil;
@@ -158,6 +160,17 @@ struct Reply {
       self->send(&PyActor::fail, std::move(why));
     } else if (promise && !promise->satisfied()) {
       promise->set_error(Error(why));
+    }
+  }
+  // A call's reply whose handler failed its actor (a BaseException that is not an Exception):
+  // the caller gets SupervisionError naming the actor and `why`, whether or not its proc then
+  // fails (a this_proc() actor's does not).
+  void actor_failed(std::string why) {
+    NoGil nogil;
+    if (!promise) return;
+    try {
+      promise->set_error(SupervisionError(actor, std::move(why)));
+    } catch (const UsageError&) {  // answered already (a response port)
     }
   }
   // An actor's own `me`: a broadcast it made was lost before it was sent (PyActor::lost_broadcast).
