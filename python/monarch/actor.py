@@ -30,7 +30,6 @@ broadcast fails the actor; its proc mesh reports a :class:`MeshFailure` to the o
 import asyncio
 import base64
 import collections.abc
-import builtins
 import atexit
 import contextvars
 import functools
@@ -421,7 +420,7 @@ class Future(Generic[R]):
     def __await__(self):
         if not self._settled():
             loop = asyncio.get_running_loop()
-            if self._native is not None:
+            if self._native is not None or self._cf is not None:  # no thread held while waiting
                 af = loop.create_future()
 
                 def wake():
@@ -432,7 +431,10 @@ class Future(Generic[R]):
                     except RuntimeError:
                         pass  # the loop closed since the check
 
-                self._native.add_done_callback(wake)
+                if self._native is not None:
+                    self._native.add_done_callback(wake)
+                else:
+                    self._cf.add_done_callback(lambda _: wake())
                 yield from af.__await__()
                 self._wait(0)
             else:
@@ -446,74 +448,35 @@ class Future(Generic[R]):
 
 
 class _StreamPump:
-    """Hands a native stream's replies to its Futures in arrival order: the k-th reply to arrive
-    completes ``cfs[k]``. It has no thread: whoever waits on a Future pulls replies (under
-    ``_lock``) until that one is there. Any thread."""
+    """Takes a native stream's replies in arrival order on a thread of its own
+    (``monarch-stream``, started once the stream is sent) and completes the k-th of ``cfs``
+    with the k-th reply: a value, or the member's error. Waiting on those futures therefore
+    needs no thread of the waiter's (``await`` holds no executor thread)."""
 
     def __init__(self, size):
-        self.size = size
         self.cfs = [concurrent.futures.Future() for _ in range(size)]
-        self._started = threading.Event()
-        self._lock = threading.Lock()
-        self._st = None
-        self._where = None
-        self._next = 0  # the index of the next reply to arrive
 
     def start(self, st, where):
-        self._st, self._where = st, where
-        self._started.set()
+        threading.Thread(target=self._run, args=(st, where), name="monarch-stream",
+                         daemon=True).start()
 
-    def fail(self, error):
-        """The stream could not be sent (its procs failed to start): every Future holds error."""
-        for cf in self.cfs:
-            cf.set_exception(error)
-        self._next = self.size
-        self._started.set()
-
-    def pull(self, k, timeout_s):
-        """Takes replies until the k-th is there; raises TimeoutError after timeout_s (< 0: no
-        deadline), leaving everything usable."""
-        deadline = None if timeout_s < 0 else time.monotonic() + timeout_s
-
-        def left():
-            return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-        if not self._started.wait(left()) or not self._lock.acquire(
-                timeout=-1 if deadline is None else left()):
-            raise TimeoutError("stream: reply %d not there within %s s" % (k, timeout_s))
-        try:
-            while self._next <= k:
-                t = left()
-                rank, v = self._st.next(-1.0 if t is None else t)
-                d = _decode_reply(v, rank, self._where())
-                cf = self.cfs[self._next]
-                self._next += 1
-                if isinstance(d, _Failure):
-                    cf.set_exception(d.error)
-                else:
-                    cf.set_result(d)
-        finally:
-            self._lock.release()
-
-
-class _StreamItem(Future):
-    """The k-th Future of a stream (see _StreamPump): waiting on it pulls the replies."""
-
-    def __init__(self, pump, k):
-        super().__init__(cf=pump.cfs[k])
-        self._pump = pump
-        self._k = k
-
-    def _wait(self, timeout_s):
-        if not self._cf.done():
+    def _run(self, st, where):
+        for k, cf in enumerate(self.cfs):
             try:
-                self._pump.pull(self._k, timeout_s)
-            except builtins.TimeoutError:
-                return False
-        return super()._wait(0)
+                rank, v = st.next(-1.0)
+            except BaseException as e:  # the runtime stopped waiting (the interpreter exits)
+                return self.fail(e, k)
+            d = _decode_reply(v, rank, where())
+            if isinstance(d, _Failure):
+                cf.set_exception(d.error)
+            else:
+                cf.set_result(d)
 
-    def done(self):
-        return self._wait(0)
+    def fail(self, error, first=0):
+        """The stream could not be sent (its procs failed to start), or its replies cannot be
+        taken any more: every Future from ``first`` on holds ``error``."""
+        for cf in self.cfs[first:]:
+            cf.set_exception(error)
 
 
 class _Applied(collections.abc.Coroutine):
@@ -1471,9 +1434,9 @@ class EndpointRef(Generic[R]):
 
     def stream(self, *args, **kwargs) -> Iterator[Future[R]]:
         """Every member; returns at once an iterator of one Future per member, the k-th of which
-        completes with the k-th reply to arrive (value or the member's error). Nothing blocks
-        until a Future is waited on (``get``, or ``await`` inside a running loop, where waiting
-        happens on an executor thread, so the loop stays free for the replies it may owe).
+        completes with the k-th reply to arrive (value or the member's error). The replies are
+        taken on a thread of the stream's own, so nothing blocks until a Future is waited on
+        (``get``, or ``await``, which leaves a running loop free for the replies it may owe).
         Inside a running loop on a mesh whose procs are still starting, the stream is queued as
         ``call`` is (PY-2)."""
         m, payload = self._prepare(args, kwargs)
@@ -1491,7 +1454,7 @@ class EndpointRef(Generic[R]):
 
             if not self._mesh._lazy.later(op):
                 op()
-        return iter([_StreamItem(pump, k) for k in range(pump.size)])
+        return iter([Future(cf=cf) for cf in pump.cfs])
 
     def broadcast(self, *args, **kwargs) -> None:
         """Every member, fire and forget; a handler that raises fails its actor."""

@@ -134,6 +134,26 @@ def test_an_async_endpoint_awaits_a_stream_from_actors_on_its_own_procs(procs, a
     assert vm.values() == [[0, 1, 2, 3]] * 4
 
 
+def test_awaits_on_a_stream_hold_no_thread_and_can_be_cancelled(plain):
+    """Waiting on a stream's Futures in a loop holds no executor thread: twelve awaits on a
+    reply that waits for a gate (more than the default executor's threads here) do not hold up
+    another stream, and a cancelled await leaves nothing behind that asyncio.run waits for."""
+    one = plain.slice(gpus=1)
+    gate = one.gate_port_of.call_one().get(timeout=30)
+
+    async def main():
+        slow = list(one.gated.stream(7))  # answers once the gate opens
+        waits = [asyncio.ensure_future(slow[0]) for _ in range(12)]
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(slow[0], 0.2)
+        fast = list(plain.slice(gpus=0).value.stream(1))
+        assert await asyncio.wait_for(fast[0], 30) == 1
+        gate.send("go")
+        return await asyncio.wait_for(asyncio.gather(*waits), 30)
+
+    assert asyncio.run(main()) == [("go", 7)] * 12
+
+
 def test_stream_inside_a_loop_before_the_procs_are_up_is_queued():
     gate = socket.socket()
     gate.bind(("127.0.0.1", 0))
