@@ -1081,6 +1081,9 @@ class _Sized:
         sizes = self.sizes
         if dim is None:
             return len(self)
+        if not isinstance(dim, (str, list, tuple)):
+            raise TypeError("size: dim must be a dim's name, a list of them or None, not %r"
+                            % (dim,))
         dims = [dim] if isinstance(dim, str) else list(dim)
         n = 1
         for d in dims:

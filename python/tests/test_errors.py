@@ -776,6 +776,35 @@ def test_stopping_an_actor_stops_the_meshes_it_spawned(procs):
     assert given.spawn("after", Inner, port, "x").pid.call().get(timeout=30).values() == on_given
 
 
+class SlowCleanup(Actor):
+    def __init__(self, port):
+        self.port = port
+
+    def __cleanup__(self, exc):
+        time.sleep(2)  # a slow cleanup, within mesh.stop_timeout (5 s)
+        self.port.send("cleaned")
+
+
+class OwnsSlowOnes(Actor):
+    def __init__(self, given, port):
+        self.meshes = [given.spawn("slow%d" % i, SlowCleanup, port) for i in range(3)]
+
+    @endpoint
+    def ready(self):
+        for m in self.meshes:
+            m.initialized.get(timeout=30)
+
+
+def test_an_owners_stop_waits_for_its_meshes_at_once_not_one_after_another(procs):
+    """Three owned meshes whose __cleanup__ takes 2 s each: stopped one after another they
+    would take 6 s, past the owner's own mesh.stop_timeout (5 s), and its stop would fail."""
+    port, rx = Channel.open()
+    owner = procs.slice(gpus=3).spawn("owner", OwnsSlowOnes, procs.slice(gpus=0), port)
+    owner.ready.call_one().get(timeout=60)
+    owner.stop().get(timeout=60)
+    assert [rx.recv().get(timeout=30) for _ in range(3)] == ["cleaned"] * 3
+
+
 # --- bad input ----------------------------------------------------------------------------------
 
 

@@ -563,8 +563,9 @@ NativeFuture mesh_stop(const Mesh& m) {
       auto msg = what + " did not finish within " + std::to_string(limit.count()) +
                  " ms (mesh.stop_timeout): a member is in a handler that does not return, which "
                  "holds its actor (a stop first waits for the messages sent before it), or in a "
-                 "__cleanup__ that does not return; stop the procs (ProcMesh.stop()), which ends "
-                 "them";
+                 "__cleanup__ that does not return, or still stopping the meshes it spawned "
+                 "(each within its own mesh.stop_timeout); stop the procs (ProcMesh.stop()), "
+                 "which ends them";
       complete(s, [msg]() -> py::object { throw TimeoutError(msg); });
     }
   };
