@@ -1832,15 +1832,17 @@ class ProcMesh(MeshTrait, _Sized):
 
     def logging_option(self, stream_to_client: bool = True, aggregate_window_sec=None,
                        level=None) -> "_Applied":
-        """Applied at the call (inside a running loop on procs still starting: queued, before the
-        operations issued after it); returns an awaitable that is done already, so that
-        Monarch's ``await procs.logging_option(...)`` and ``asyncio.run(procs.logging_option(
-        ...))`` work too. Whether the procs' output is shown here, with ``[mesh rank]`` prefixes (default
+        """Whether the procs' output is shown here, with ``[mesh rank]`` prefixes (default
         on), and its aggregation: identical lines from several procs within
         ``aggregate_window_sec`` seconds print once, with the ranks that wrote them (0: every
         line at once; None: leave it, default the config key mesh.log_aggregate_window).
         Raises TypeError for a non-bool switch or a window that is not a number, ValueError for
-        a window outside [0, 3600] s (NaN included)."""
+        a window outside [0, 3600] s (NaN included).
+
+        Applied at the call (inside a running loop on procs still starting: queued, before the
+        operations issued after it). Returns an awaitable that is done already, so that
+        Monarch's ``await procs.logging_option(...)`` and ``asyncio.run(procs.logging_option(
+        ...))`` work too."""
         if not isinstance(stream_to_client, bool):
             raise TypeError("logging_option: stream_to_client must be a bool")
         if aggregate_window_sec is not None and (
