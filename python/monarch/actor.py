@@ -1853,6 +1853,7 @@ class ProcMesh(MeshTrait, _Sized):
         if aggregate_window_sec is not None and not 0 <= aggregate_window_sec <= 3600:
             raise ValueError("logging_option: aggregate_window_sec must be a number of seconds "
                              "in [0, 3600], not %r" % (aggregate_window_sec,))
+        self._live.check()  # a stopped mesh: SupervisionError, as for a call
         if self._local or self._remote:
             return _Applied()
         lazy = self._lazy

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import client_env, pid_alive, write_client
 from monarch.actor import Actor, endpoint, this_host
-from monarch.errors import UsageError
+from monarch.errors import SupervisionError, UsageError
 
 
 class Edge(Actor):
@@ -151,6 +151,8 @@ def test_host_mesh_initialized_and_shutdown_stops_its_proc_meshes():
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(pid_alive(p) for p in pids), pids
+    with pytest.raises(SupervisionError, match="was stopped"):  # as a call on it does
+        pm.logging_option(stream_to_client=False)
     assert this_host().shutdown().get(timeout=10) is None  # nothing spawned on it: done at once
 
 
