@@ -216,7 +216,7 @@ class ActorHost:
         if isinstance(e, (Exception, asyncio.CancelledError)) or self.me is None:
             return False  # a cancelled async handler (its actor stops) is no failure of it
         why = _broadcast_failure(label, e, "a %s (not an Exception) in a call" % type(e).__name__)
-        reply.actor_failed(why)
+        reply.actor_failed(why, self.me)
         self.me.fail(why)
         return True
 

@@ -193,7 +193,7 @@ void register_reply(py::module_& m) {
                                             "monarch._host answers through it).")
       .def("send", &Reply::send, py::arg("payload"))
       .def("fail", &Reply::fail, py::arg("why"))
-      .def("actor_failed", &Reply::actor_failed, py::arg("why"))
+      .def("actor_failed", &Reply::actor_failed, py::arg("why"), py::arg("me"))
       .def("lost", &Reply::lost, py::arg("dest"), py::arg("reason"), py::arg("text"))
       .def_property_readonly(
           "actor",
@@ -310,7 +310,6 @@ Future<std::string> PyActor::call(std::string method, std::string payload) {
   try {
     auto reply = std::make_shared<Reply>();
     reply->promise = promise;
-    reply->actor = id();
     py::object r = host().attr("handle")(method, py::bytes(payload), rank, reply);
     if (!r.is_none()) return Future<std::string>::ready_value(r.cast<std::string>());
   } catch (py::error_already_set& e) {

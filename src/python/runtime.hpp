@@ -138,8 +138,6 @@ struct Reply {
   std::shared_ptr<Promise<std::string>> promise;
   // broadcasts, and an actor's own `me`: fail() sends PyActor::fail to it
   std::optional<ActorRef<PyActor>> self;
-  // a call's: the actor answering (actor_failed() names it)
-  ActorId actor;
   void send(py::bytes b) {
     std::string s = b;
     NoGil nogil;
@@ -163,13 +161,13 @@ struct Reply {
     }
   }
   // A call's reply whose handler failed its actor (a BaseException that is not an Exception):
-  // the caller gets SupervisionError naming the actor and `why`, whether or not its proc then
-  // fails (a this_proc() actor's does not).
-  void actor_failed(std::string why) {
+  // the caller gets SupervisionError naming that actor (`me`, its own Reply) and `why`, whether
+  // or not its proc then fails (a this_proc() actor's does not).
+  void actor_failed(std::string why, const Reply& me) {
     NoGil nogil;
-    if (!promise) return;
+    if (!promise || !me.self) return;
     try {
-      promise->set_error(SupervisionError(actor, std::move(why)));
+      promise->set_error(SupervisionError(me.self->id(), std::move(why)));
     } catch (const UsageError&) {  // answered already (a response port)
     }
   }
