@@ -381,6 +381,10 @@ void AllreduceGroup::op_failed(const std::exception& e, const std::string& op) {
 struct AllreduceGroup::Collective {
   std::vector<at::Tensor> tensors;
   c10d::ReduceOp reduce;
+  std::size_t floats;  // what the caller passes, for messages
+  const char* label;   // "" (the allreduce) or ": size check"
+  // "allreduce of <n> floats<label>", built only when an error names it (not on every step).
+  std::string what() const { return "allreduce of " + std::to_string(floats) + " floats" + label; }
 };
 
 // Members that pass different sizes must not reach gloo's ring allreduce: a member receiving a
@@ -389,15 +393,14 @@ struct AllreduceGroup::Collective {
 // So the first allreduce of each size in a group first reduces (n, -n) with MAX: one 16-byte
 // collective per group and size, after which every member knows the largest and smallest size.
 void AllreduceGroup::check_sizes(std::size_t n, const Watch* watch) {
-  const std::string what = "allreduce of " + std::to_string(n) + " floats: size check";
-  Collective op{{}, c10d::ReduceOp::MAX};
+  Collective op{{}, c10d::ReduceOp::MAX, n, ": size check"};
   try {
     op.tensors.push_back(at::tensor({static_cast<std::int64_t>(n), -static_cast<std::int64_t>(n)},
                                     at::TensorOptions().dtype(at::kLong)));
   } catch (const std::exception& e) {
-    op_failed(e, what);
+    op_failed(e, op.what());
   }
-  run(op, watch, what);
+  run(op, watch);
   const std::int64_t most = op.tensors[0][0].item<std::int64_t>();
   const std::int64_t least = -op.tensors[0][1].item<std::int64_t>();
   if (most != static_cast<std::int64_t>(n) || least != static_cast<std::int64_t>(n)) {
@@ -420,8 +423,7 @@ void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
   if (world_size_ == 1 || data.empty()) return;
   if (impl_->backend == AllreduceBackend::gloo && impl_->checked_size != data.size())
     check_sizes(data.size(), watch);
-  const std::string what = "allreduce of " + std::to_string(data.size()) + " floats";
-  Collective op{{}, c10d::ReduceOp::SUM};
+  Collective op{{}, c10d::ReduceOp::SUM, data.size(), ""};
   at::Tensor cpu;
 #ifdef MONARCH_FT_HAVE_NCCL
   const bool on_gpu = impl_->backend == AllreduceBackend::nccl;
@@ -433,18 +435,18 @@ void AllreduceGroup::allreduce_sum(std::span<float> data, const Watch* watch) {
                         at::TensorOptions().dtype(at::kFloat));
     op.tensors.push_back(on_gpu ? cpu.to(at::kCUDA) : cpu);
   } catch (const std::exception& e) {
-    op_failed(e, what);
+    op_failed(e, op.what());
   }
-  run(op, watch, what);
+  run(op, watch);
   if (!on_gpu) return;
   try {
     cpu.copy_(op.tensors[0].cpu());
   } catch (const std::exception& e) {
-    op_failed(e, what);
+    op_failed(e, op.what());
   }
 }
 
-void AllreduceGroup::run(Collective& op, const Watch* watch, const std::string& what) {
+void AllreduceGroup::run(Collective& op, const Watch* watch) {
   const bool watching = watch && watch->probe && watch->every.count() > 0;
   c10::intrusive_ptr<c10d::Work> work;
   std::string abandoned;
@@ -488,7 +490,7 @@ void AllreduceGroup::run(Collective& op, const Watch* watch, const std::string& 
       return;
     }
   } catch (const std::exception& e) {
-    op_failed(e, what);
+    op_failed(e, op.what());
   }
   // Given up on while gloo still runs it (a frozen peer never closes its sockets, so gloo would
   // wait out its timeout): close the group's connections, so that nothing more arrives into the
@@ -502,7 +504,7 @@ void AllreduceGroup::run(Collective& op, const Watch* watch, const std::string& 
   }
   park({std::move(impl_->pg), std::move(work)});
   abort();
-  throw AllreduceError(prefix_, rank_, world_size_, what + " abandoned: " + abandoned);
+  throw AllreduceError(prefix_, rank_, world_size_, op.what() + " abandoned: " + abandoned);
 }
 
 }  // namespace monarch::ft

@@ -143,10 +143,10 @@ class AllreduceGroup {
   int world_size() const noexcept { return world_size_; }
 
  private:
-  struct Collective;  // one allreduce's tensors and reduce op (allreduce.cpp)
+  struct Collective;  // one allreduce's tensors, reduce op and name (allreduce.cpp)
   // Runs `op` and waits for it as allreduce_sum documents (watched, guarded, abandoned on the
-  // probe's word); returns once it completed, else throws AllreduceError naming `what`.
-  void run(Collective& op, const Watch* watch, const std::string& what);
+  // probe's word); returns once it completed, else throws AllreduceError naming it.
+  void run(Collective& op, const Watch* watch);
   // gloo: every member passes n floats, else UsageError. Watched like the allreduce itself.
   void check_sizes(std::size_t n, const Watch* watch);
   [[noreturn]] void op_failed(const std::exception& e, const std::string& op);
