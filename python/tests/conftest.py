@@ -9,10 +9,12 @@ Tests that expect a failure swap in their own hook with ``fault_hook``.
 
 import os
 import queue
+import select
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -79,6 +81,26 @@ def pid_alive(pid):
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def wait_exited(pids, timeout):
+    """Waits for every process in `pids` to exit (an event: each one's pidfd turns readable when
+    it ends), at most `timeout` seconds in all; returns those still running then."""
+    deadline = time.monotonic() + timeout
+    left = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone (and reaped) already
+        try:
+            p = select.poll()
+            p.register(fd, select.POLLIN)
+            if not p.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                left.append(pid)
+        finally:
+            os.close(fd)
+    return left
 
 
 def client_env():

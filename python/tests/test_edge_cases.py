@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import client_env, pid_alive, write_client
+from conftest import client_env, wait_exited, write_client
 from monarch.actor import Actor, endpoint, this_host
 from monarch.errors import SupervisionError, UsageError
 
@@ -147,10 +146,7 @@ def test_host_mesh_initialized_and_shutdown_stops_its_proc_meshes():
     pm = host.spawn_procs(per_host={"gpus": 2}, name="shut")
     pids = pm.spawn("p", Pid).pid.call().get(timeout=60).values()
     assert host.shutdown().get(timeout=60) is None
-    deadline = time.monotonic() + 30
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(pid_alive(p) for p in pids), pids
+    assert wait_exited(pids, 30) == [], pids
     with pytest.raises(SupervisionError, match="was stopped"):  # as a call on it does
         pm.logging_option(stream_to_client=False)
     assert this_host().shutdown().get(timeout=10) is None  # nothing spawned on it: done at once

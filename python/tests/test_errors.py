@@ -14,7 +14,7 @@ import monarch.errors
 from monarch.actor import (Actor, ActorError, Channel, MeshFailure, SupervisionError,
                            current_rank, endpoint, this_host, this_proc)
 
-from conftest import pid_alive, run_client
+from conftest import pid_alive, run_client, wait_exited
 
 
 class Faulty(Actor):
@@ -768,10 +768,7 @@ def test_stopping_an_actor_stops_the_meshes_it_spawned(procs):
     w.stop().get(timeout=60)
     got = sorted(rx.recv().get(timeout=30) for _ in range(4))
     assert got == [("cleanup", "given")] * 2 + [("cleanup", "owned")] * 2, got
-    deadline = time.monotonic() + 30
-    while any(pid_alive(p) for p in on_owned) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(pid_alive(p) for p in on_owned), on_owned
+    assert wait_exited(on_owned, 30) == [], on_owned
     assert all(pid_alive(p) for p in on_given)
     assert given.spawn("after", Inner, port, "x").pid.call().get(timeout=30).values() == on_given
 
