@@ -332,6 +332,10 @@ class ActorHost:
         owner's own stop goes on."""
         with self._owned_mu:
             owned, self._owned = self._owned, []
+        def failed(mesh, e):
+            sys.stderr.write("monarch: %s: stopping %r, which it owns: %s\n"
+                             % (self.instance_info.actor_id, mesh, e))
+
         for wave in ([m for m in owned if isinstance(m, _actor.ActorMesh)],
                      [m for m in owned if not isinstance(m, _actor.ActorMesh)]):
             stops = []
@@ -339,15 +343,12 @@ class ActorHost:
                 try:
                     stops.append((mesh, mesh.stop(why)))
                 except BaseException as e:
-                    stops.append((mesh, e))
+                    failed(mesh, e)
             for mesh, f in stops:
                 try:
-                    if isinstance(f, BaseException):
-                        raise f
                     f.get()
                 except BaseException as e:
-                    sys.stderr.write("monarch: %s: stopping %r, which it owns: %s\n"
-                                     % (self.instance_info.actor_id, mesh, e))
+                    failed(mesh, e)
 
     def cleanup(self, error):
         """PyActor::cleanup, once, on the actor's worker: stops the meshes the actor spawned
